@@ -1,0 +1,182 @@
+"""The producer API: submit turns, follow their events, wait for results, approve, cancel.
+
+The producer never imports worker code: it validates and stores a turn through
+`shared`, then sends `run_step` by name through its own Celery app.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+
+from shared.config import Settings, get_settings
+from shared.errors import ApprovalError, TurnNotFoundError
+from shared.models import Event, TurnResult, TurnState
+from shared.protocol import APPROVE, RUN_STEP, celery_config
+from shared.runtime import Runtime, get_runtime
+from shared.submit import LoopOverrides, create_turn
+
+
+@dataclass(frozen=True)
+class ApprovalReceipt:
+    """An approval decision on its way to a worker; `wait()` tells whether it was accepted."""
+
+    client: Client
+    approval_id: str
+    request_id: str
+
+    def wait(self, timeout: float = 30.0) -> bool:
+        """True when accepted; raises ApprovalError with the reason when refused."""
+        rt = self.client.runtime
+        popped = rt.redis.blpop([rt.keys.approval_reply(self.request_id)], timeout=max(1, int(timeout + 0.999)))
+        if popped is None:
+            raise TimeoutError(f"no worker answered approval {self.approval_id} within {timeout}s")
+        reply = json.loads(popped[1])
+        if not reply["accepted"]:
+            raise ApprovalError(reply["code"], reply["message"])
+        return True
+
+
+@dataclass(frozen=True)
+class TurnHandle:
+    client: Client
+    turn_id: str
+    created: bool = True
+
+    def events(self, after: int = 0, idle_timeout: float | None = None) -> Iterator[Event]:
+        return self.client.events(self.turn_id, after=after, idle_timeout=idle_timeout)
+
+    def wait(self, timeout: float | None = None) -> TurnResult:
+        return self.client.wait(self.turn_id, timeout=timeout)
+
+    def get(self) -> TurnState:
+        return self.client.get(self.turn_id)
+
+    def cancel(self) -> None:
+        self.client.cancel(self.turn_id)
+
+
+class Client:
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or get_settings()
+        self.runtime: Runtime = get_runtime(self.settings)
+        self._celery: Celery | None = None
+
+    @property
+    def celery(self) -> Celery:
+        if self._celery is None:
+            app = Celery("agentq-producer")
+            app.conf.update(celery_config(self.settings))
+            self._celery = app
+        return self._celery
+
+    def _send_step(self, turn_id: str, step: int) -> None:
+        self.celery.send_task(RUN_STEP, args=[turn_id, step], queue=self.settings.queue)
+
+    # ------------------------------------------------------------------ turns
+
+    def submit(
+        self,
+        agent: str,
+        *,
+        prompt: str | None = None,
+        messages: list[Any] | None = None,
+        idempotency_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        features: list[str] | None = None,
+        provider: str | None = None,
+        model: str | None = None,
+        loop: LoopOverrides | dict[str, Any] | None = None,
+    ) -> TurnHandle:
+        """Validate and enqueue a turn. The same idempotency key returns the same turn."""
+        state, created = create_turn(
+            self.runtime,
+            agent,
+            prompt=prompt,
+            messages=messages,
+            idempotency_key=idempotency_key,
+            metadata=metadata,
+            features=features,
+            provider=provider,
+            model=model,
+            loop=loop,
+        )
+        if created:
+            self._send_step(state.turn_id, 0)
+        return TurnHandle(self, state.turn_id, created)
+
+    def get(self, turn_id: str) -> TurnState:
+        state = self.runtime.turns.load(turn_id)
+        if state is None:
+            raise TurnNotFoundError(f"no turn {turn_id!r} (unknown, or expired after its TTL)")
+        return state
+
+    def events(self, turn_id: str, after: int = 0, idle_timeout: float | None = None) -> Iterator[Event]:
+        """Every event after `after`, once each, in order, live until the turn finishes."""
+        self.get(turn_id)
+
+        def finished() -> bool:
+            state = self.runtime.turns.load(turn_id)
+            return state is None or state.status.terminal
+
+        return self.runtime.events.follow(turn_id, after=after, idle_timeout=idle_timeout, is_finished=finished)
+
+    def wait(self, turn_id: str, timeout: float | None = None) -> TurnResult:
+        """Block until the turn ends (or `timeout` passes: TimeoutError) and return its result."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pubsub = self.runtime.redis.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(self.runtime.keys.channel(turn_id))
+        try:
+            while True:
+                state = self.get(turn_id)
+                if state.status.terminal:
+                    return state.result()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"turn {turn_id} still {state.status.value} after {timeout}s")
+                pubsub.get_message(timeout=min(remaining if remaining is not None else 1.0, 1.0))
+        finally:
+            pubsub.close()
+
+    def cancel(self, turn_id: str) -> None:
+        """Stop the turn: a running step stops between deltas; a queued or parked turn ends at once."""
+        state = self.get(turn_id)
+        if state.status.terminal:
+            return
+        self.runtime.turns.request_cancel(turn_id)
+        self._send_step(turn_id, state.step)
+
+    # ------------------------------------------------------------------ approvals
+
+    def approve(
+        self,
+        approval_id: str,
+        token: str,
+        approved: bool,
+        *,
+        reason: str = "",
+        reviewer: str = "",
+        args: dict[str, Any] | None = None,
+    ) -> ApprovalReceipt:
+        """Send a decision to the `approve` task; the worker verifies the token and decides once."""
+        request_id = uuid.uuid4().hex
+        self.celery.send_task(
+            APPROVE,
+            kwargs={
+                "approval_id": approval_id,
+                "token": token,
+                "approved": bool(approved),
+                "reason": reason,
+                "reviewer": reviewer,
+                "args": args,
+                "reply_to": request_id,
+            },
+            queue=self.settings.queue,
+        )
+        return ApprovalReceipt(self, approval_id, request_id)

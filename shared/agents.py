@@ -1,0 +1,190 @@
+"""Agent definitions and the registry that loads them from `AGENTQ_AGENT_MODULES`.
+
+An agent is a contract: which tools the model may see, what it may change, who may
+call it, how long its loop may run, and what shape its answer must have.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Any, Literal
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from shared.errors import DefinitionError
+from shared.models import LoopLimits
+from shared.providers.scripted import ScriptStep
+from shared.tools import ToolDefinition, all_tools
+
+MutationPolicy = Literal["read-only", "confirm-required", "destructive-confirm-required"]
+ExecutionMode = Literal["chat", "object"]
+_AGENT_ID = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
+
+
+class StopWhen(BaseModel):
+    """One stop condition: after `step_count` steps, or after a step that called `has_tool_call`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step_count: int | None = Field(default=None, ge=1)
+    has_tool_call: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StopWhen:
+        if (self.step_count is None) == (self.has_tool_call is None):
+            raise ValueError("a stop condition sets exactly one of step_count or has_tool_call")
+        return self
+
+
+class Budget(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_tool_calls: int | None = Field(default=None, ge=0)
+    max_wall_clock_s: float | None = Field(default=None, gt=0)
+    max_tokens: int | None = Field(default=None, ge=1)
+
+
+class LoopConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_steps: int = Field(default=10, ge=1, le=1000)
+    stop_when: list[StopWhen] = Field(default_factory=list)
+    budget: Budget = Field(default_factory=Budget)
+
+    def limits(self) -> LoopLimits:
+        step_counts = [s.step_count for s in self.stop_when if s.step_count is not None]
+        return LoopLimits(
+            max_steps=self.max_steps,
+            stop_after_steps=min(step_counts) if step_counts else None,
+            stop_on_tool=[s.has_tool_call for s in self.stop_when if s.has_tool_call],
+            max_tool_calls=self.budget.max_tool_calls,
+            max_wall_clock_s=self.budget.max_wall_clock_s,
+            max_tokens=self.budget.max_tokens,
+        )
+
+
+class AgentDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    id: str
+    description: str = ""
+    system_prompt: str = ""
+    allowed_tools: list[str] = Field(default_factory=list)
+    read_only: bool = True
+    mutation_policy: MutationPolicy = "confirm-required"
+    required_features: list[str] = Field(default_factory=list)
+    execution_mode: ExecutionMode = "chat"
+    output: Any = None  # a pydantic model class or a JSON schema dict (object mode)
+    output_repairs: int = Field(default=1, ge=0, le=5)
+    default_provider: str | None = None
+    default_model: str | None = None
+    loop: LoopConfig = Field(default_factory=LoopConfig)
+    allow_runtime_override: bool = False
+    retry_after_emission: bool = False
+    tool_failure_breaker: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    stop_sequences: list[str] = Field(default_factory=list)
+    approval_ttl_s: float | None = None
+    script: list[ScriptStep] | None = None  # for the offline `scripted` provider
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str) -> str:
+        if not _AGENT_ID.match(value):
+            raise ValueError(f"agent id {value!r} must look like '<module>.<name>' (lowercase, underscores)")
+        return value
+
+    @model_validator(mode="after")
+    def _check_output(self) -> AgentDefinition:
+        if self.execution_mode == "object":
+            if self.output is None:
+                raise ValueError("execution_mode='object' needs an `output` schema (pydantic model or JSON schema)")
+            if isinstance(self.output, dict):
+                try:
+                    jsonschema.Draft202012Validator.check_schema(self.output)
+                except jsonschema.SchemaError as exc:
+                    raise ValueError(f"output JSON schema is invalid: {exc.message}") from None
+            elif not (isinstance(self.output, type) and issubclass(self.output, BaseModel)):
+                raise ValueError("output must be a pydantic model class or a JSON schema dict")
+        return self
+
+    @property
+    def module(self) -> str:
+        return self.id.split(".", 1)[0]
+
+    def output_schema(self) -> dict[str, Any] | None:
+        if self.output is None:
+            return None
+        if isinstance(self.output, dict):
+            return self.output
+        schema: dict[str, Any] = self.output.model_json_schema()
+        return schema
+
+    def visible_tools(self) -> list[ToolDefinition]:
+        """The tools the model is shown: the whitelist, minus writes unless writes are unlocked."""
+        registry = all_tools()
+        tools = [registry[name] for name in self.allowed_tools if name in registry]
+        if not self.writes_allowed:
+            tools = [t for t in tools if not (t.is_mutation or t.destructive)]
+        return tools
+
+    @property
+    def writes_allowed(self) -> bool:
+        return not self.read_only and self.mutation_policy != "read-only"
+
+    def call_needs_approval(self, definition: ToolDefinition, args: dict[str, Any]) -> bool:
+        if definition.requires_approval(args):
+            return True
+        if self.mutation_policy == "confirm-required":
+            return definition.is_mutation
+        if self.mutation_policy == "destructive-confirm-required":
+            return definition.is_mutation or definition.destructive
+        return False
+
+
+class AgentRegistry:
+    """Agents by id, loaded from modules. Loading validates every tool reference."""
+
+    def __init__(self) -> None:
+        self._agents: dict[str, AgentDefinition] = {}
+        self._loaded: set[str] = set()
+
+    def register(self, agent: AgentDefinition) -> None:
+        existing = self._agents.get(agent.id)
+        if existing is not None and existing is not agent:
+            raise DefinitionError(f"agent {agent.id!r} is defined twice")
+        registry = all_tools()
+        unknown = [name for name in agent.allowed_tools if name not in registry]
+        if unknown:
+            raise DefinitionError(f"agent {agent.id}: allowed_tools names unknown tools: {', '.join(unknown)}")
+        self._agents[agent.id] = agent
+
+    def load_modules(self, modules: list[str]) -> None:
+        for name in modules:
+            if name in self._loaded:
+                continue
+            try:
+                module = importlib.import_module(name)
+            except ImportError as exc:
+                raise DefinitionError(f"cannot import agent module {name!r}: {exc}") from exc
+            found = [v for v in vars(module).values() if isinstance(v, AgentDefinition)]
+            for agent in found:
+                if agent.id not in self._agents:
+                    self.register(agent)
+            self._loaded.add(name)
+
+    def get(self, agent_id: str) -> AgentDefinition | None:
+        return self._agents.get(agent_id)
+
+    def ids(self) -> list[str]:
+        return sorted(self._agents)
+
+
+_REGISTRY = AgentRegistry()
+
+
+def registry() -> AgentRegistry:
+    return _REGISTRY

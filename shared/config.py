@@ -1,0 +1,95 @@
+"""Runtime configuration from `AGENTQ_*` environment variables.
+
+One `Settings` object is read per process; tests and the demo pass their own
+instance instead of mutating the environment.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob agentq reads. Unset `redis_url` means the embedded default (no services)."""
+
+    model_config = SettingsConfigDict(env_prefix="AGENTQ_", extra="ignore")
+
+    redis_url: str | None = None
+    broker_url: str | None = None
+    key_prefix: str = "agentq"
+    agent_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    approval_secret: SecretStr | None = None
+    approval_old_secrets: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    approval_ttl_s: float = 3600.0
+
+    provider: str | None = None
+    model: str | None = None
+
+    # Celery / durability
+    visibility_timeout_s: int = 3600
+    lease_ttl_s: float = 30.0
+    sweep_interval_s: float = 10.0
+    reschedule_countdown_s: float | None = None  # default: lease_ttl_s / 2
+    queue: str = "agentq"
+    broker_transport_options: dict[str, Any] = Field(default_factory=dict)
+    queued_grace_s: float = 300.0  # a queued turn untouched this long is presumed to have lost its message
+    beat: bool = True  # `agentq worker` runs the sweeper's schedule unless --no-beat
+    memory_polling_interval_s: float = 0.01
+
+    # Retry before the first chunk
+    retry_base_s: float = 1.0
+    retry_cap_s: float = 30.0
+    retry_max_attempts: int = 5
+
+    # Streams
+    coalesce_window_ms: float = 10.0
+    event_ttl_s: int = 24 * 3600
+    event_maxlen: int = 100_000
+    cancel_poll_s: float = 0.05
+
+    # Input limits
+    max_prompt_chars: int = 200_000
+    max_messages: int = 500
+    max_tool_result_chars: int = 20_000
+
+    @field_validator("agent_modules", mode="before")
+    @classmethod
+    def _split_modules(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("approval_old_secrets", mode="before")
+    @classmethod
+    def _split_secrets(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @property
+    def embedded(self) -> bool:
+        """True when no Redis is configured: fakeredis + Celery's memory transport in one process."""
+        return not self.redis_url
+
+    @property
+    def effective_broker_url(self) -> str:
+        if self.broker_url:
+            return self.broker_url
+        return self.redis_url or "memory://"
+
+    @property
+    def effective_reschedule_countdown_s(self) -> float:
+        if self.reschedule_countdown_s is not None:
+            return self.reschedule_countdown_s
+        return max(self.lease_ttl_s / 2, 0.05)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

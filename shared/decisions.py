@@ -1,0 +1,142 @@
+"""Deciding an approval (the work of the `approve` task) and sweeping turns nobody is running."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from shared.approvals import ApprovalClaim, canonical_args_hash
+from shared.errors import ApprovalError
+from shared.models import EventType, TurnStatus
+from shared.runtime import Runtime
+
+
+@dataclass(frozen=True)
+class ApprovalOutcome:
+    accepted: bool
+    code: str
+    message: str
+    resume: tuple[str, int] | None = None  # (turn_id, step) to enqueue when the step is fully decided
+
+
+def decide_approval(
+    rt: Runtime,
+    approval_id: str,
+    token: str,
+    approved: bool,
+    *,
+    reason: str = "",
+    reviewer: str = "",
+    args: dict[str, object] | None = None,
+) -> ApprovalOutcome:
+    """Verify the capability and record the decision once. Never raises for a refused decision."""
+    try:
+        return _decide(rt, approval_id, token, approved, reason, reviewer, args)
+    except ApprovalError as exc:
+        return ApprovalOutcome(False, exc.code, str(exc))
+
+
+def _decide(
+    rt: Runtime,
+    approval_id: str,
+    token: str,
+    approved: bool,
+    reason: str,
+    reviewer: str,
+    args: dict[str, object] | None,
+) -> ApprovalOutcome:
+    record = rt.approvals.get(approval_id) if isinstance(approval_id, str) and approval_id else None
+    if record is None:
+        raise ApprovalError("unknown", f"unknown approval id {approval_id!r}")
+    claim = ApprovalClaim(
+        record.approval_id,
+        record.turn_id,
+        record.tool_call_id,
+        record.tool_name,
+        record.args_hash,
+        record.expires_at,
+    )
+    if not isinstance(token, str) or not rt.signer.verify(claim, token):
+        raise ApprovalError("invalid-token", f"approval {approval_id}: the token is not valid for this approval")
+    if args is not None and canonical_args_hash(dict(args)) != record.args_hash:
+        raise ApprovalError("changed-args", f"approval {approval_id}: the arguments differ from the ones requested")
+    now = time.time()
+    verdict = rt.approvals.decide(approval_id, approved, reviewer[:200], reason[:2000], now)
+    if verdict == "expired":
+        _publish_decision(rt, record.turn_id, record.step, approval_id, record.tool_call_id, "expired", "", "")
+        return ApprovalOutcome(
+            False,
+            "expired",
+            f"approval {approval_id} expired; it resolves as a denial",
+            resume=_resume_target(rt, record.turn_id, record.step),
+        )
+    if verdict != "ok":
+        status = verdict.partition(":")[2] or verdict
+        raise ApprovalError("not-pending", f"approval {approval_id} is already {status}")
+    decision = "approved" if approved else "denied"
+    _publish_decision(rt, record.turn_id, record.step, approval_id, record.tool_call_id, decision, reviewer, reason)
+    return ApprovalOutcome(
+        True, decision, f"approval {approval_id} {decision}", resume=_resume_target(rt, record.turn_id, record.step)
+    )
+
+
+def _publish_decision(
+    rt: Runtime,
+    turn_id: str,
+    step: int,
+    approval_id: str,
+    call_id: str,
+    decision: str,
+    reviewer: str,
+    reason: str,
+) -> None:
+    data = {"approval_id": approval_id, "tool_call_id": call_id, "decision": decision}
+    if reviewer:
+        data["reviewer"] = reviewer
+    if reason:
+        data["reason"] = reason
+    rt.events.publish(turn_id, EventType.APPROVAL_DECISION, step, data)
+
+
+def _resume_target(rt: Runtime, turn_id: str, step: int) -> tuple[str, int] | None:
+    """The step to resume when none of its approvals is still pending."""
+    state = rt.turns.load(turn_id)
+    if state is None or state.status != TurnStatus.AWAITING_APPROVAL or state.parked is None or state.step != step:
+        return None
+    records = rt.approvals.get_many([a.approval_id for a in state.parked.approvals])
+    now = time.time()
+    for pending in state.parked.approvals:
+        rec = records.get(pending.approval_id)
+        if rec is not None and rec.status == "pending" and now < rec.expires_at:
+            return None
+    return (turn_id, step)
+
+
+def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int]]:
+    """Turns to re-enqueue: running with no live lease and a step that started but never committed,
+    queued/running with no progress for `queued_grace_s` (a lost message), or parked past an expiry."""
+    if not rt.redis.set(rt.keys.sweep_lock, "1", nx=True, px=max(int(rt.settings.sweep_interval_s * 800), 50)):
+        return []
+    now = time.time()
+    found: list[tuple[str, int]] = []
+    for turn_id in rt.turns.stale_active(now - min(rt.settings.lease_ttl_s, queued_grace_s)):
+        state = rt.turns.load(turn_id)
+        if state is None or state.status.terminal or state.status == TurnStatus.AWAITING_APPROVAL:
+            rt.redis.zrem(rt.keys.active, turn_id)
+            continue
+        if rt.redis.exists(rt.keys.lease(turn_id)):
+            continue
+        if state.not_before and state.not_before > now:
+            continue
+        crashed = rt.leases.started_step(turn_id) == state.step
+        if crashed or state.updated_at < now - queued_grace_s:
+            found.append((turn_id, state.step))
+            rt.redis.zadd(rt.keys.active, {turn_id: now}, xx=True)
+    for turn_id in rt.turns.expired_awaiting(now):
+        state = rt.turns.load(turn_id)
+        if state is None or state.status != TurnStatus.AWAITING_APPROVAL:
+            rt.redis.zrem(rt.keys.awaiting, turn_id)
+            continue
+        found.append((turn_id, state.step))
+        rt.redis.zadd(rt.keys.awaiting, {turn_id: now + rt.settings.lease_ttl_s}, xx=True)
+    return found

@@ -1,0 +1,75 @@
+"""The bundled demo agents: a support agent with a read tool and an approval-gated refund,
+and an object-mode extractor. They run on the offline `scripted` provider.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from shared.agents import AgentDefinition, LoopConfig
+from shared.providers.scripted import ScriptStep, ScriptToolCall
+from shared.tools import ToolContext, tool
+
+ORDERS = {
+    "A-1001": {"order_id": "A-1001", "item": "espresso grinder", "amount_eur": 129.0, "status": "delivered damaged"},
+    "A-1002": {"order_id": "A-1002", "item": "milk frother", "amount_eur": 39.5, "status": "in transit"},
+}
+REFUNDS: list[dict[str, object]] = []
+
+
+@tool
+def lookup_order(order_id: str) -> dict[str, object]:
+    """Look up an order by id: item, amount and delivery status."""
+    order = ORDERS.get(order_id)
+    if order is None:
+        raise ValueError(f"no order {order_id}")
+    return order
+
+
+@tool(is_mutation=True)
+def issue_refund(order_id: str, amount_eur: float, ctx: ToolContext) -> dict[str, object]:
+    """Refund an order (a write: needs a person's approval)."""
+    refund = {"order_id": order_id, "amount_eur": amount_eur, "refund_id": f"R-{ctx.idempotency_key[-8:]}"}
+    REFUNDS.append(refund)
+    return refund
+
+
+support = AgentDefinition(
+    id="demo.support",
+    description="Answers order questions and proposes refunds.",
+    system_prompt="You are a support agent. Look orders up before acting; refunds need approval.",
+    allowed_tools=["lookup_order", "issue_refund"],
+    read_only=False,
+    mutation_policy="confirm-required",
+    loop=LoopConfig(max_steps=6),
+    script=[
+        ScriptStep(
+            text="Let me look that order up.",
+            tool_calls=[ScriptToolCall(name="lookup_order", args={"order_id": "A-1001"})],
+        ),
+        ScriptStep(
+            text="The grinder arrived damaged, so I am proposing a full refund of 129.00 EUR.",
+            tool_calls=[ScriptToolCall(name="issue_refund", args={"order_id": "A-1001", "amount_eur": 129.0})],
+        ),
+        ScriptStep(text="Done: the refund is on its way. Anything else I can help with?"),
+    ],
+)
+
+
+class Contact(BaseModel):
+    name: str = Field(description="Full name")
+    email: str
+    company: str | None = None
+
+
+extractor = AgentDefinition(
+    id="demo.extractor",
+    description="Extracts a contact card from free text (object mode).",
+    system_prompt="Extract the contact as JSON.",
+    execution_mode="object",
+    output=Contact,
+    script=[
+        ScriptStep(object={"name": "Ada Lovelace", "company": "Analytical Engines Ltd"}),  # missing email
+        ScriptStep(object={"name": "Ada Lovelace", "email": "ada@engines.example", "company": "Analytical Engines Ltd"}),
+    ],
+)

@@ -1,0 +1,135 @@
+"""Tool dispatch for one step: validate, gate by policy, execute once, store the result.
+
+Nothing a tool or the model does here ends the turn: an unknown tool, bad
+arguments, a raising or timed-out tool all become error results the model reads.
+Results are stored under (turn_id, tool_call_id) before the loop moves on, so a
+re-run step reuses them instead of executing twice.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from shared.agents import AgentDefinition
+from shared.approvals import canonical_args_hash
+from shared.models import ToolCall, ToolResult, TurnState
+from shared.store.tool_results import ToolResultStore
+from shared.tools import ToolArgumentError, ToolContext, ToolDefinition
+
+log = logging.getLogger("agentq.tools")
+_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="agentq-tool")
+
+
+@dataclass
+class PreparedCall:
+    call: ToolCall
+    definition: ToolDefinition | None
+    args: dict[str, Any] | None
+    error: ToolResult | None  # set when the call cannot run (unknown tool, bad args, breaker)
+    needs_approval: bool = False
+
+    @property
+    def args_hash(self) -> str:
+        return canonical_args_hash(self.args or {})
+
+
+class StepDispatcher:
+    def __init__(
+        self,
+        agent: AgentDefinition,
+        state: TurnState,
+        results: ToolResultStore,
+        breaker: int | None,
+        max_result_chars: int,
+    ) -> None:
+        self.agent = agent
+        self.state = state
+        self.results = results
+        self.breaker = breaker
+        self.max_result_chars = max_result_chars
+        self.visible = {t.name: t for t in agent.visible_tools()}
+
+    def prepare(self, call: ToolCall) -> PreparedCall:
+        def fail(output: dict[str, Any]) -> PreparedCall:
+            result = ToolResult(tool_call_id=call.id, name=call.name, output=output, is_error=True)
+            return PreparedCall(call, None, None, result)
+
+        strikes = self.state.failed_tools.get(call.name)
+        if self.breaker is not None and strikes and strikes[0] >= self.breaker:
+            count, last = strikes
+            return fail(
+                {
+                    "error": f'TOOL_PERMANENTLY_FAILED: "{call.name}" has failed {count} times. Last error: {last}.',
+                    "status": "permanently_failed",
+                    "do_not_retry": True,
+                }
+            )
+        definition = self.visible.get(call.name)
+        if definition is None:
+            if self.breaker is not None:
+                return fail(
+                    {
+                        "error": f'TOOL_NOT_FOUND: "{call.name}" does not exist.',
+                        "status": "permanently_failed",
+                        "do_not_retry": True,
+                    }
+                )
+            return fail({"error": f"Tool not found: {call.name}"})
+        try:
+            args = definition.validate(call.args)
+        except ToolArgumentError as exc:
+            return fail({"error": f"Invalid arguments for {call.name}: {exc}", "status": "invalid_arguments"})
+        needs = self.agent.call_needs_approval(definition, args)
+        return PreparedCall(call, definition, args, None, needs_approval=needs)
+
+    def stored(self, calls: list[ToolCall]) -> dict[str, ToolResult]:
+        return self.results.get_many(self.state.turn_id, [c.id for c in calls])
+
+    def execute(self, prepared: PreparedCall) -> ToolResult:
+        """Run a validated call (or record its error) and store the result; first stored wins."""
+        if prepared.error is not None:
+            return self.results.put(self.state.turn_id, prepared.error)
+        assert prepared.definition is not None and prepared.args is not None
+        result = self._run(prepared.definition, prepared.call, prepared.args)
+        return self.results.put(self.state.turn_id, result)
+
+    def record(self, result: ToolResult) -> ToolResult:
+        return self.results.put(self.state.turn_id, result)
+
+    def _run(self, definition: ToolDefinition, call: ToolCall, args: dict[str, Any]) -> ToolResult:
+        ctx = ToolContext(
+            turn_id=self.state.turn_id,
+            tool_call_id=call.id,
+            idempotency_key=f"{self.state.turn_id}:{call.id}",
+            metadata=self.state.metadata,
+            logger=log.getChild(definition.name),
+        )
+        future = _EXECUTOR.submit(definition.invoke, args, ctx)
+        try:
+            output = future.result(timeout=definition.timeout_s)
+            output = self._truncate(output)
+            return ToolResult(tool_call_id=call.id, name=call.name, output=output)
+        except concurrent.futures.TimeoutError:
+            message = f"tool {call.name} timed out after {definition.timeout_s}s"
+        except Exception as exc:  # a tool's failure is the model's to read, not the turn's end
+            message = str(exc) or type(exc).__name__
+        if self.breaker is not None:
+            count, _ = self.state.failed_tools.get(call.name, (0, ""))
+            self.state.failed_tools[call.name] = (count + 1, message)
+        return ToolResult(
+            tool_call_id=call.id, name=call.name, output={"error": message, "status": "failed"}, is_error=True
+        )
+
+    def _truncate(self, output: Any) -> Any:
+        try:
+            encoded = json.dumps(output, default=str)
+        except (TypeError, ValueError):
+            return str(output)[: self.max_result_chars]
+        if len(encoded) <= self.max_result_chars:
+            return json.loads(encoded)
+        cut = len(encoded) - self.max_result_chars
+        return encoded[: self.max_result_chars] + f"…[truncated {cut} chars]"

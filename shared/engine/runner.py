@@ -1,0 +1,504 @@
+"""One delivery of `run_step(turn_id, step)`: fence, lease, run the step, commit, decide what's next.
+
+The Celery task is a thin shell around `StepRunner.deliver`: it maps the returned
+`Decision` onto Celery (enqueue the next step, retry with a countdown, reschedule
+itself while another worker holds the lease, or nothing). Everything durable
+happens here, against Redis, so it runs the same in-process with no broker.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Literal
+
+from shared.agents import AgentDefinition
+from shared.approvals import ApprovalClaim
+from shared.engine.dispatch import PreparedCall, StepDispatcher
+from shared.engine.emitter import StepEmitter
+from shared.engine.output import OutputInvalid, parse_object, repair_note
+from shared.models import (
+    EventType,
+    FinishReason,
+    ParkedStep,
+    PendingApproval,
+    StepTrace,
+    ToolResult,
+    ToolResultMessage,
+    TurnState,
+    TurnStatus,
+    UserMessage,
+)
+from shared.providers.base import ProviderError, StepOutput, StepRequest, ToolSpec
+from shared.providers.registry import create_adapter
+from shared.retry import retry_countdown
+from shared.runtime import Runtime
+from shared.store.approvals import ApprovalRecord
+from shared.store.leases import StepLease
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the task shell must do after a delivery."""
+
+    action: Literal["none", "next", "retry", "reschedule"]
+    step: int = 0
+    countdown: float = 0.0
+    attempt: int = 0
+    reason: str = ""
+
+
+def _none(reason: str) -> Decision:
+    return Decision("none", reason=reason)
+
+
+class StepRunner:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    # ------------------------------------------------------------------ delivery
+
+    def deliver(self, turn_id: str, step: int) -> Decision:
+        rt = self.rt
+        state = rt.turns.load(turn_id)
+        if state is None:
+            return _none("unknown turn")
+        if state.status.terminal or state.step != step:
+            return _none("stale delivery")
+        lease = rt.leases.acquire(turn_id, step)
+        if lease is None:
+            return Decision(
+                "reschedule",
+                step=step,
+                countdown=rt.settings.effective_reschedule_countdown_s,
+                reason="leased",
+            )
+        try:
+            state = rt.turns.load(turn_id)  # reload under the lease: the fence is this copy
+            if state is None or state.status.terminal or state.step != step:
+                return _none("stale delivery")
+            now = time.time()
+            if state.not_before and state.not_before > now + 0.05 and not rt.turns.cancel_requested(turn_id):
+                return Decision("reschedule", step=step, countdown=state.not_before - now, reason="not yet")
+            return self._run(state, lease)
+        finally:
+            rt.leases.release(lease)
+
+    def _run(self, state: TurnState, lease: StepLease) -> Decision:
+        rt = self.rt
+        agent = rt.agents.get(state.agent)
+        emitter = StepEmitter(rt.events, state.turn_id, state.step, rt.settings.coalesce_window_ms / 1000)
+        if agent is None:
+            return self._fail(state, emitter, f"agent {state.agent!r} is not loaded on this worker")
+        stale_step = rt.turns.clear_emitted(state.turn_id)
+        if stale_step == state.step:
+            emitter.publish(EventType.STEP_RESET, {"reason": "redelivered after the worker stopped mid-step"})
+        if rt.turns.cancel_requested(state.turn_id):
+            return self._finish(state, emitter, TurnStatus.CANCELLED, FinishReason.CANCELLED)
+        if state.status == TurnStatus.AWAITING_APPROVAL:
+            return self._resume(state, agent, emitter)
+        if self._over_wall_clock(state):
+            return self._finish_limit(state, agent, emitter, FinishReason.BUDGET, "wall-clock budget exhausted")
+        if state.status == TurnStatus.QUEUED:
+            state.status = TurnStatus.RUNNING
+            state.started_at = state.started_at or time.time()
+        return self._model_step(state, agent, emitter, lease)
+
+    # ------------------------------------------------------------------ the model call
+
+    def _model_step(self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter, lease: StepLease) -> Decision:
+        rt = self.rt
+        started = time.monotonic()
+        try:
+            adapter = create_adapter(state.provider, agent, state.model)
+        except Exception as exc:
+            return self._fail(state, emitter, str(exc))
+        tools = agent.visible_tools()
+        request = StepRequest(
+            provider=state.provider,
+            model=state.model,
+            system=agent.system_prompt or None,
+            messages=state.messages,
+            tools=[ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema) for t in tools],
+            max_tokens=agent.max_output_tokens,
+            temperature=agent.temperature,
+            stop_sequences=agent.stop_sequences,
+            step=state.step,
+            attempt=state.attempt,
+        )
+        emitter.publish(
+            EventType.STEP_START,
+            {
+                "attempt": state.attempt,
+                "provider": state.provider,
+                "model": state.model,
+                "tools": [t.name for t in tools],
+            },
+        )
+        try:
+            output = adapter.stream_step(request, emitter.emit, lambda: lease.should_stop)
+        except ProviderError as exc:
+            emitter.flush()
+            return self._provider_failure(state, agent, emitter, exc)
+        except Exception as exc:  # an adapter bug must not leave the turn hanging
+            emitter.flush()
+            err = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False)
+            return self._provider_failure(state, agent, emitter, err)
+        emitter.flush()
+        if lease.lost.is_set() or not rt.leases.still_held(lease):
+            return _none("lease lost mid-step; another delivery owns the turn")
+        if lease.cancelled.is_set():
+            state.text = emitter_text(emitter)
+            return self._finish(state, emitter, TurnStatus.CANCELLED, FinishReason.CANCELLED)
+
+        trace = StepTrace(
+            step=state.step,
+            provider=state.provider,
+            model=state.model,
+            tool_calls=[c.name for c in output.message.tool_calls],
+            usage=output.usage,
+            retries=state.attempt,
+            duration_s=round(time.monotonic() - started, 4),
+            stop_reason=output.finish_reason.value,
+            raw_stop_reason=output.raw_finish_reason,
+        )
+        state.usage = state.usage + output.usage
+        state.trace.steps.append(trace)
+        state.attempt = 0
+        state.not_before = None
+        emitter.publish(EventType.STEP_FINISH, {"usage": output.usage.model_dump(), "finish_reason": trace.stop_reason})
+
+        if not state.malformed_retry_used and adapter.is_malformed(output):
+            state.malformed_retry_used = True
+            state.messages.append(UserMessage(content=adapter.malformed_note()))
+            return self._advance(state, agent, emitter)
+
+        calls = output.message.tool_calls
+        if not calls:
+            return self._final_answer(state, agent, emitter, output)
+
+        state.messages.append(output.message)
+        limits = state.limits
+        if limits.max_tool_calls is not None and state.tool_calls_made + len(calls) > limits.max_tool_calls:
+            return self._finish_limit(state, agent, emitter, FinishReason.BUDGET, "tool-call budget exhausted")
+        dispatcher = self._dispatcher(state, agent, adapter.tool_failure_breaker)
+        prepared = [dispatcher.prepare(c) for c in calls]
+        for p in prepared:
+            emitter.publish(EventType.TOOL_CALL, {"id": p.call.id, "name": p.call.name, "args": p.call.args})
+        stored = dispatcher.stored(calls)
+        results: dict[str, ToolResult] = {}
+        for p in prepared:
+            if p.needs_approval:
+                continue
+            results[p.call.id] = stored.get(p.call.id) or dispatcher.execute(p)
+            self._publish_result(emitter, results[p.call.id])
+        waiting = [p for p in prepared if p.needs_approval and p.call.id not in stored]
+        for p in prepared:
+            if p.needs_approval and p.call.id in stored:
+                results[p.call.id] = stored[p.call.id]
+        if waiting:
+            return self._park(state, agent, emitter, output, trace, waiting)
+        state.messages.append(ToolResultMessage(results=[results[c.id] for c in calls]))
+        state.tool_calls_made += len(calls)
+        return self._after_tools(state, agent, emitter, calls)
+
+    def _dispatcher(self, state: TurnState, agent: AgentDefinition, provider_breaker: int | None) -> StepDispatcher:
+        breaker = agent.tool_failure_breaker or provider_breaker
+        return StepDispatcher(agent, state, self.rt.tool_results, breaker, self.rt.settings.max_tool_result_chars)
+
+    @staticmethod
+    def _publish_result(emitter: StepEmitter, result: ToolResult) -> None:
+        emitter.publish(
+            EventType.TOOL_RESULT,
+            {
+                "id": result.tool_call_id,
+                "name": result.name,
+                "output": result.output,
+                "is_error": result.is_error,
+            },
+        )
+
+    # ------------------------------------------------------------------ after a step
+
+    def _final_answer(
+        self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter, output: StepOutput
+    ) -> Decision:
+        text = output.message.text
+        if agent.execution_mode == "object":
+            try:
+                state.object = parse_object(agent, text)
+            except OutputInvalid as exc:
+                if state.repairs_used < agent.output_repairs and self._steps_left(state):
+                    state.repairs_used += 1
+                    state.messages.append(output.message)
+                    state.messages.append(UserMessage(content=repair_note(agent, str(exc))))
+                    return self._advance(state, agent, emitter)
+                state.messages.append(output.message)
+                return self._fail(state, emitter, f"the answer does not match the output schema: {exc}")
+        state.messages.append(output.message)
+        state.text = text
+        return self._finish(state, emitter, TurnStatus.COMPLETED, output.finish_reason)
+
+    def _after_tools(self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter, calls: list) -> Decision:  # type: ignore[type-arg]
+        limits = state.limits
+        done = state.step + 1
+        if any(c.name in limits.stop_on_tool for c in calls):
+            return self._finish_limit(state, agent, emitter, FinishReason.TOOL_CALLS, None)
+        if limits.stop_after_steps is not None and done >= limits.stop_after_steps:
+            return self._finish_limit(state, agent, emitter, FinishReason.TOOL_CALLS, None)
+        if done >= limits.max_steps:
+            return self._finish_limit(state, agent, emitter, FinishReason.MAX_STEPS, "step limit reached")
+        if limits.max_tokens is not None and state.usage.total_tokens >= limits.max_tokens:
+            return self._finish_limit(state, agent, emitter, FinishReason.BUDGET, "token budget exhausted")
+        if self._over_wall_clock(state):
+            return self._finish_limit(state, agent, emitter, FinishReason.BUDGET, "wall-clock budget exhausted")
+        return self._advance(state, agent, emitter)
+
+    def _steps_left(self, state: TurnState) -> bool:
+        return state.step + 1 < state.limits.max_steps
+
+    def _over_wall_clock(self, state: TurnState) -> bool:
+        limit = state.limits.max_wall_clock_s
+        return bool(limit and state.started_at and time.time() - state.started_at > limit)
+
+    def _advance(self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter) -> Decision:
+        state.step += 1
+        state.parked = None
+        state.status = TurnStatus.RUNNING
+        if not self.rt.turns.commit(state):
+            return _none("commit lost to a concurrent writer")
+        return Decision("next", step=state.step)
+
+    # ------------------------------------------------------------------ endings
+
+    def _finish_limit(
+        self,
+        state: TurnState,
+        agent: AgentDefinition,
+        emitter: StepEmitter,
+        reason: FinishReason,
+        why: str | None,
+    ) -> Decision:
+        if agent.execution_mode == "object" and state.object is None:
+            return self._fail(state, emitter, f"no valid object before the loop stopped: {why or reason.value}")
+        return self._finish(state, emitter, TurnStatus.COMPLETED, reason)
+
+    def _fail(self, state: TurnState, emitter: StepEmitter, message: str) -> Decision:
+        state.error = message
+        emitter.publish(EventType.ERROR, {"message": message})
+        return self._finish(state, emitter, TurnStatus.FAILED, FinishReason.ERROR)
+
+    def _finish(self, state: TurnState, emitter: StepEmitter, status: TurnStatus, reason: FinishReason) -> Decision:
+        state.status = status
+        state.finish_reason = reason
+        state.finished_at = time.time()
+        state.parked = None
+        if not self.rt.turns.commit(state):
+            return _none("commit lost to a concurrent writer")
+        emitter.publish(
+            EventType.TURN_FINISH,
+            {
+                "status": status.value,
+                "finish_reason": reason.value,
+                "text": state.text,
+                "object": state.object,
+                "usage": state.usage.model_dump(),
+                "error": state.error,
+            },
+        )
+        return _none(f"turn {status.value}")
+
+    # ------------------------------------------------------------------ retries
+
+    def _provider_failure(
+        self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter, exc: ProviderError
+    ) -> Decision:
+        s = self.rt.settings
+        emitted = emitter.emitted_content
+        may_retry = exc.retryable and (not emitted or agent.retry_after_emission)
+        if not may_retry:
+            if emitted:
+                state.text = emitter_text(emitter)
+                return self._fail(state, emitter, f"provider error after content was streamed: {exc.describe()}")
+            return self._fail(state, emitter, f"provider error: {exc.describe()}")
+        attempt = state.attempt + 1
+        if attempt >= s.retry_max_attempts:
+            return self._fail(state, emitter, f"provider error after {attempt} attempts: {exc.describe()}")
+        countdown = retry_countdown(exc.retry_after_s, state.attempt, s.retry_base_s, s.retry_cap_s)
+        if emitted:
+            self.rt.turns.clear_emitted(state.turn_id)
+            emitter.publish(EventType.STEP_RESET, {"reason": "retrying after partial output"})
+        emitter.publish(
+            EventType.STEP_RETRY,
+            {
+                "attempt": attempt,
+                "countdown": countdown,
+                "error": exc.message,
+                "status": exc.status,
+                "code": exc.code,
+                "retry_after": exc.retry_after_s,
+            },
+        )
+        state.attempt = attempt
+        state.not_before = time.time() + countdown
+        if state.status == TurnStatus.QUEUED:
+            state.status = TurnStatus.RUNNING
+        if not self.rt.turns.commit(state):
+            return _none("commit lost to a concurrent writer")
+        return Decision("retry", step=state.step, countdown=countdown, attempt=attempt)
+
+    # ------------------------------------------------------------------ approvals
+
+    def _park(
+        self,
+        state: TurnState,
+        agent: AgentDefinition,
+        emitter: StepEmitter,
+        output: StepOutput,
+        trace: StepTrace,
+        waiting: list[PreparedCall],
+    ) -> Decision:
+        rt = self.rt
+        ttl = agent.approval_ttl_s or rt.settings.approval_ttl_s
+        expires_at = round(time.time() + ttl, 3)
+        pending: list[PendingApproval] = []
+        requests = []
+        for p in waiting:
+            assert p.args is not None
+            approval_id = f"apv_{uuid.uuid4().hex}"
+            claim = ApprovalClaim(approval_id, state.turn_id, p.call.id, p.call.name, p.args_hash, expires_at)
+            rt.approvals.create(
+                ApprovalRecord(
+                    approval_id=approval_id,
+                    turn_id=state.turn_id,
+                    step=state.step,
+                    tool_call_id=p.call.id,
+                    tool_name=p.call.name,
+                    args=p.args,
+                    args_hash=p.args_hash,
+                    expires_at=expires_at,
+                )
+            )
+            pending.append(
+                PendingApproval(
+                    approval_id=approval_id,
+                    tool_call_id=p.call.id,
+                    tool_name=p.call.name,
+                    expires_at=expires_at,
+                )
+            )
+            requests.append(
+                {
+                    "approval_id": approval_id,
+                    "tool_call_id": p.call.id,
+                    "tool": p.call.name,
+                    "args": p.args,
+                    "expires_at": expires_at,
+                    "token": rt.signer.sign(claim),
+                }
+            )
+        state.parked = ParkedStep(
+            assistant=output.message,
+            step_usage=output.usage,
+            raw_stop_reason=output.raw_finish_reason,
+            finish_reason=output.finish_reason,
+            approvals=pending,
+            step_trace=trace,
+        )
+        state.messages.pop()  # the assistant message is re-added with the results on resume
+        state.status = TurnStatus.AWAITING_APPROVAL
+        if not rt.turns.commit(state):
+            return _none("commit lost to a concurrent writer")
+        for req in requests:
+            emitter.publish(EventType.APPROVAL_REQUEST, req)
+        return _none("parked for approval")
+
+    def _resume(self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter) -> Decision:
+        rt = self.rt
+        parked = state.parked
+        if parked is None:
+            return self._fail(state, emitter, "turn was awaiting approval with no parked step")
+        now = time.time()
+        records = rt.approvals.get_many([a.approval_id for a in parked.approvals])
+        for pending in parked.approvals:
+            record = records.get(pending.approval_id)
+            if record is not None and record.status == "pending":
+                if now < record.expires_at:
+                    return _none("approvals still pending")
+                rt.approvals.expire(pending.approval_id, now)
+                record.status = "expired"
+                emitter.publish(
+                    EventType.APPROVAL_DECISION,
+                    {
+                        "approval_id": pending.approval_id,
+                        "tool_call_id": pending.tool_call_id,
+                        "decision": "expired",
+                    },
+                )
+        calls = parked.assistant.tool_calls
+        dispatcher = self._dispatcher(state, agent, None)
+        stored = dispatcher.stored(calls)
+        by_call = {a.tool_call_id: records.get(a.approval_id) for a in parked.approvals}
+        results: list[ToolResult] = []
+        for call in calls:
+            if call.id in stored:
+                results.append(stored[call.id])
+                continue
+            if call.id not in by_call:
+                results.append(dispatcher.execute(dispatcher.prepare(call)))  # not approval-gated
+                continue
+            record = by_call[call.id]
+            prepared = dispatcher.prepare(call)
+            if record is None or record.status == "expired":
+                result = ToolResult(
+                    tool_call_id=call.id,
+                    name=call.name,
+                    is_error=True,
+                    output={"error": "approval expired: the tool was not run", "status": "denied"},
+                )
+                result = dispatcher.record(result)
+            elif record.status == "denied":
+                reason = record.reason or "no reason given"
+                result = dispatcher.record(
+                    ToolResult(
+                        tool_call_id=call.id,
+                        name=call.name,
+                        is_error=True,
+                        output={
+                            "error": f"denied by reviewer: {reason}",
+                            "status": "denied",
+                            "do_not_retry": True,
+                        },
+                    )
+                )
+            elif prepared.error is None and prepared.args_hash == record.args_hash:
+                result = dispatcher.execute(prepared)
+            else:
+                result = dispatcher.record(
+                    ToolResult(
+                        tool_call_id=call.id,
+                        name=call.name,
+                        is_error=True,
+                        output={
+                            "error": "approval does not match the call's arguments; not run",
+                            "status": "denied",
+                        },
+                    )
+                )
+            results.append(result)
+            self._publish_result(emitter, result)
+        state.messages.append(parked.assistant)
+        state.messages.append(ToolResultMessage(results=results))
+        state.tool_calls_made += len(calls)
+        state.parked = None
+        state.status = TurnStatus.RUNNING
+        return self._after_tools(state, agent, emitter, calls)
+
+
+def emitter_text(emitter: StepEmitter) -> str:
+    return "".join(emitter.text_parts)
+
+
+def new_turn_id() -> str:
+    return f"turn_{uuid.uuid4().hex}"

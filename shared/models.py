@@ -1,0 +1,273 @@
+"""Canonical, provider-neutral data: transcript, usage, events, trace, turn state.
+
+Everything here round-trips through JSON, because all of it lives in Redis and
+crosses process boundaries. Adapters translate these to and from wire formats.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# --------------------------------------------------------------------------- transcript
+
+
+class TextPart(BaseModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ReasoningPart(BaseModel):
+    """Model reasoning; `signature` / `data` are opaque and sent back verbatim to the same provider."""
+
+    type: Literal["reasoning"] = "reasoning"
+    text: str = ""
+    signature: str | None = None
+    redacted_data: str | None = None
+    provider: str | None = None
+
+
+class ToolCall(BaseModel):
+    type: Literal["tool-call"] = "tool-call"
+    id: str
+    name: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    provider_data: dict[str, Any] | None = None  # e.g. a Gemini thought signature on the call
+
+
+AssistantPart = Annotated[TextPart | ReasoningPart | ToolCall, Field(discriminator="type")]
+
+
+class SystemMessage(BaseModel):
+    role: Literal["system"] = "system"
+    content: str
+
+
+class UserMessage(BaseModel):
+    role: Literal["user"] = "user"
+    content: str
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    parts: list[AssistantPart] = Field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(p.text for p in self.parts if isinstance(p, TextPart))
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return [p for p in self.parts if isinstance(p, ToolCall)]
+
+
+class ToolResult(BaseModel):
+    tool_call_id: str
+    name: str
+    output: Any = None
+    is_error: bool = False
+
+
+class ToolResultMessage(BaseModel):
+    role: Literal["tool"] = "tool"
+    results: list[ToolResult]
+
+
+Message = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolResultMessage, Field(discriminator="role")]
+
+
+# --------------------------------------------------------------------------- usage
+
+
+class Usage(BaseModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+    def __add__(self, other: Usage) -> Usage:
+        def opt(a: int | None, b: int | None) -> int | None:
+            total = (a or 0) + (b or 0)
+            return total or None  # digest §3.5: a sum of 0 collapses to None
+
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cache_read_tokens=opt(self.cache_read_tokens, other.cache_read_tokens),
+            cache_write_tokens=opt(self.cache_write_tokens, other.cache_write_tokens),
+            reasoning_tokens=opt(self.reasoning_tokens, other.reasoning_tokens),
+        )
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+# --------------------------------------------------------------------------- status vocabulary
+
+
+class TurnStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.CANCELLED)
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool-calls"
+    CONTENT_FILTER = "content-filter"
+    ERROR = "error"
+    MAX_STEPS = "max-steps"
+    BUDGET = "budget"
+    CANCELLED = "cancelled"
+    AWAITING_APPROVAL = "awaiting-approval"
+
+
+class EventType(StrEnum):
+    TURN_START = "turn-start"
+    STEP_START = "step-start"
+    TEXT_DELTA = "text-delta"
+    REASONING_DELTA = "reasoning-delta"
+    TOOL_CALL = "tool-call"
+    TOOL_RESULT = "tool-result"
+    APPROVAL_REQUEST = "approval-request"
+    APPROVAL_DECISION = "approval-decision"
+    STEP_RETRY = "step-retry"
+    STEP_RESET = "step-reset"
+    STEP_FINISH = "step-finish"
+    TURN_FINISH = "turn-finish"
+    ERROR = "error"
+
+
+CONTENT_EVENTS = frozenset({EventType.TEXT_DELTA, EventType.REASONING_DELTA})
+
+
+class Event(BaseModel):
+    turn_id: str
+    seq: int
+    type: EventType
+    step: int
+    data: dict[str, Any] = Field(default_factory=dict)
+    ts: float
+
+
+# --------------------------------------------------------------------------- trace and result
+
+
+class StepTrace(BaseModel):
+    step: int
+    provider: str
+    model: str
+    tool_calls: list[str] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    retries: int = 0
+    duration_s: float = 0.0
+    stop_reason: str | None = None
+    raw_stop_reason: str | None = None
+
+
+class LoopTrace(BaseModel):
+    steps: list[StepTrace] = Field(default_factory=list)
+
+
+class TurnResult(BaseModel):
+    turn_id: str
+    agent: str
+    status: TurnStatus
+    text: str = ""
+    object: Any = None
+    finish_reason: FinishReason | None = None
+    usage: Usage = Field(default_factory=Usage)
+    error: str | None = None
+    trace: LoopTrace = Field(default_factory=LoopTrace)
+
+
+# --------------------------------------------------------------------------- persisted turn state
+
+
+class LoopLimits(BaseModel):
+    """The effective loop configuration for one turn (agent definition tightened by overrides)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_steps: int = 10
+    stop_after_steps: int | None = None
+    stop_on_tool: list[str] = Field(default_factory=list)
+    max_tool_calls: int | None = None
+    max_wall_clock_s: float | None = None
+    max_tokens: int | None = None
+
+
+class PendingApproval(BaseModel):
+    approval_id: str
+    tool_call_id: str
+    tool_name: str
+    expires_at: float
+
+
+class ParkedStep(BaseModel):
+    """A step whose tool calls wait for approvals; holds everything needed to resume it."""
+
+    assistant: AssistantMessage
+    step_usage: Usage
+    raw_stop_reason: str | None = None
+    finish_reason: FinishReason | None = None
+    approvals: list[PendingApproval]
+    step_trace: StepTrace
+
+
+class TurnState(BaseModel):
+    turn_id: str
+    agent: str
+    status: TurnStatus = TurnStatus.QUEUED
+    version: int = 0
+    step: int = 0
+    attempt: int = 0
+    provider: str
+    model: str
+    messages: list[Message]
+    limits: LoopLimits
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    priority: str = "interactive"
+    idempotency_key: str | None = None
+    created_at: float = Field(default_factory=time.time)
+    started_at: float | None = None
+    updated_at: float = Field(default_factory=time.time)
+    finished_at: float | None = None
+    not_before: float | None = None  # a scheduled retry: the sweeper leaves the turn alone until then
+    usage: Usage = Field(default_factory=Usage)
+    tool_calls_made: int = 0
+    failed_tools: dict[str, tuple[int, str]] = Field(default_factory=dict)
+    malformed_retry_used: bool = False
+    repairs_used: int = 0
+    parked: ParkedStep | None = None
+    trace: LoopTrace = Field(default_factory=LoopTrace)
+    text: str = ""
+    object: Any = None
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+
+    def result(self) -> TurnResult:
+        return TurnResult(
+            turn_id=self.turn_id,
+            agent=self.agent,
+            status=self.status,
+            text=self.text,
+            object=self.object,
+            finish_reason=self.finish_reason,
+            usage=self.usage,
+            error=self.error,
+            trace=self.trace,
+        )

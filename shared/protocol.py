@@ -1,0 +1,45 @@
+"""What producers and workers agree on without importing each other: task names and Celery settings.
+
+This module builds plain dicts; it does not import Celery (DESIGN §1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.config import Settings
+
+RUN_STEP = "agentq.run_step"
+APPROVE = "agentq.approve"
+SWEEP = "agentq.sweep"
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Celery settings per DESIGN §4.1: late acks, requeue on worker loss, prefetch 1, JSON only."""
+    url = settings.effective_broker_url
+    transport: dict[str, Any] = {}
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        transport = {"visibility_timeout": settings.visibility_timeout_s, "global_keyprefix": f"{settings.key_prefix}:"}
+    elif url.startswith("memory://"):
+        transport = {"polling_interval": settings.memory_polling_interval_s}
+    transport.update(settings.broker_transport_options)
+    return {
+        "broker_url": url,
+        "broker_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "task_ignore_result": True,
+        "result_backend": None,
+        "task_default_queue": settings.queue,
+        "task_create_missing_queues": True,
+        "worker_hijack_root_logger": False,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "beat_schedule": {
+            "agentq-sweep": {"task": SWEEP, "schedule": settings.sweep_interval_s, "options": {"queue": settings.queue}}
+        },
+    }

@@ -1,0 +1,1 @@
+"""One adapter per wire protocol. The engine sees only `ProviderAdapter` (base.py)."""

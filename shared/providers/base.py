@@ -1,0 +1,113 @@
+"""The provider-neutral adapter contract (after seed 001's AgenticLoopAdapter).
+
+An adapter turns a canonical `StepRequest` into one streamed model call, calls
+`emit` for every content delta, and returns the assistant message with usage and
+finish reason. It classifies every failure as a `ProviderError` (retryable or
+fatal, with an optional retry-after) and never retries by itself: the engine's
+retry is the only one.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from shared.models import AssistantMessage, FinishReason, Message, Usage
+
+
+class ToolSpec(BaseModel):
+    """A tool as declared to the model: name, description, JSON schema of its input."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+ToolChoice = Literal["auto", "none", "required"] | str  # a bare tool name forces that tool
+
+
+class StepRequest(BaseModel):
+    provider: str
+    model: str
+    system: str | None = None
+    messages: list[Message]
+    tools: list[ToolSpec] = Field(default_factory=list)
+    tool_choice: ToolChoice | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    stop_sequences: list[str] = Field(default_factory=list)
+    output_schema: dict[str, Any] | None = None
+    step: int = 0
+    attempt: int = 0
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Delta:
+    kind: Literal["text", "reasoning"]
+    text: str
+
+
+class StepOutput(BaseModel):
+    message: AssistantMessage
+    usage: Usage = Field(default_factory=Usage)
+    raw_finish_reason: str | None = None
+    finish_reason: FinishReason = FinishReason.STOP
+
+
+class ProviderError(Exception):
+    """A classified provider failure. `retryable` decides whether the engine may retry before content."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+        self.status = status
+        self.retry_after_s = retry_after_s
+        self.code = code
+
+    def describe(self) -> str:
+        bits = [self.message]
+        if self.status is not None:
+            bits.append(f"status={self.status}")
+        if self.code:
+            bits.append(f"code={self.code}")
+        return " ".join(bits)
+
+
+Emit = Callable[[Delta], None]
+ShouldStop = Callable[[], bool]
+
+
+class ProviderAdapter(ABC):
+    """Base class for adapters. Subclasses implement `stream_step`; the rest have safe defaults."""
+
+    name: str = "abstract"
+    tool_failure_breaker: int | None = None  # the provider's preferred breaker (the agent may set one too)
+
+    @abstractmethod
+    def stream_step(self, request: StepRequest, emit: Emit, should_stop: ShouldStop) -> StepOutput:
+        """Run one model call. Call `emit` per content delta; stop early (returning what was
+        gathered) when `should_stop()` turns true. Raise `ProviderError` on failure."""
+
+    def check_tools(self, tools: list[ToolSpec]) -> None:  # noqa: B027 - optional hook
+        """Raise DefinitionError if a tool schema cannot be expressed for this provider."""
+
+    def is_malformed(self, output: StepOutput) -> bool:
+        """True when the step's output is a malformed tool call worth one corrective retry."""
+        return False
+
+    def malformed_note(self) -> str:
+        return "Your last function call was malformed. Call the function again with valid JSON arguments."

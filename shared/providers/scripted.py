@@ -1,0 +1,159 @@
+"""The offline `scripted` provider: deterministic steps carried by the agent definition.
+
+It is the demo's model and the tests' model. Step N of a turn plays `script[N]`
+(the last entry repeats once the script runs out). A step streams its text in
+several deltas and can inject the failures the retry rule cares about:
+`before` (an HTTP error before the stream), `in-stream` (an error event inside a
+200 stream, before content) and `after-content` (an error after partial text).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.models import AssistantMessage, FinishReason, ReasoningPart, TextPart, ToolCall, Usage
+from shared.providers.base import (
+    Delta,
+    Emit,
+    ProviderAdapter,
+    ProviderError,
+    ShouldStop,
+    StepOutput,
+    StepRequest,
+)
+
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
+
+
+class ScriptFailure(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    when: Literal["before", "in-stream", "after-content"] = "before"
+    status: int | None = 429
+    retry_after_s: float | None = None
+    message: str = "rate limited"
+    code: str | None = None
+    times: int = Field(default=1, ge=1)  # fail on attempts 0..times-1, then succeed
+    retryable: bool | None = None  # default: decided by status (in-stream errors are retryable)
+
+
+class ScriptToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    args: Any = Field(default_factory=dict)
+    id: str | None = None
+
+
+class ScriptStep(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ScriptToolCall] = Field(default_factory=list)
+    object: Any = None  # object mode: the final JSON answer (serialized as the step's text)
+    fail: ScriptFailure | None = None
+    echo_tools: bool = False  # prepend "tools: a,b" to the text: shows what the model was shown
+    delta_chars: int = Field(default=6, ge=1)
+    delta_delay_s: float = Field(default=0.0, ge=0)
+    raw_finish_reason: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+    def full_text(self, tool_names: list[str]) -> str:
+        text = self.text
+        if self.object is not None:
+            text = json.dumps(self.object)
+        if self.echo_tools:
+            text = f"tools: {','.join(tool_names)}" + (f"\n{text}" if text else "")
+        return text
+
+
+_FINISH_MAP = {
+    "stop": FinishReason.STOP,
+    "end_turn": FinishReason.STOP,
+    "length": FinishReason.LENGTH,
+    "max_tokens": FinishReason.LENGTH,
+    "tool_use": FinishReason.TOOL_CALLS,
+    "content_filter": FinishReason.CONTENT_FILTER,
+}
+
+
+def _chunks(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _raise(failure: ScriptFailure) -> None:
+    retryable = failure.retryable
+    if retryable is None:
+        retryable = failure.when == "in-stream" or (failure.status in RETRYABLE_STATUSES)
+    raise ProviderError(
+        failure.message,
+        retryable=retryable,
+        status=failure.status,
+        retry_after_s=failure.retry_after_s,
+        code=failure.code,
+    )
+
+
+class ScriptedAdapter(ProviderAdapter):
+    """Plays an agent's script. Stateless: which step to play comes from the request."""
+
+    name = "scripted"
+    tool_failure_breaker: int | None = None
+
+    def __init__(self, script: list[ScriptStep]) -> None:
+        if not script:
+            raise ValueError("the scripted provider needs an agent with a non-empty `script`")
+        self.script = script
+
+    def stream_step(self, request: StepRequest, emit: Emit, should_stop: ShouldStop) -> StepOutput:
+        step = self.script[min(request.step, len(self.script) - 1)]
+        failing = step.fail is not None and request.attempt < step.fail.times
+        if failing and step.fail is not None and step.fail.when in ("before", "in-stream"):
+            _raise(step.fail)
+
+        parts: list[Any] = []
+        if step.reasoning:
+            for chunk in _chunks(step.reasoning, step.delta_chars):
+                emit(Delta("reasoning", chunk))
+            parts.append(ReasoningPart(text=step.reasoning, signature="scripted-sig", provider="scripted"))
+
+        text = step.full_text([t.name for t in request.tools])
+        chunks = _chunks(text, step.delta_chars)
+        emitted: list[str] = []
+        for index, chunk in enumerate(chunks):
+            if should_stop():
+                break
+            if step.delta_delay_s:
+                time.sleep(step.delta_delay_s)  # simulated model latency
+            emit(Delta("text", chunk))
+            emitted.append(chunk)
+            if failing and step.fail is not None and index == (len(chunks) - 1) // 2:
+                _raise(step.fail)
+        if failing and step.fail is not None and not chunks:
+            _raise(step.fail)
+        if emitted:
+            parts.append(TextPart(text="".join(emitted)))
+
+        calls = [
+            ToolCall(id=c.id or f"call_{request.step}_{i}", name=c.name, args=c.args)
+            for i, c in enumerate(step.tool_calls)
+        ]
+        parts.extend(calls)
+        raw = step.raw_finish_reason or ("tool_use" if calls else "end_turn")
+        transcript_chars = sum(len(m.model_dump_json()) for m in request.messages)
+        usage = Usage(
+            input_tokens=step.input_tokens if step.input_tokens is not None else max(1, transcript_chars // 4),
+            output_tokens=step.output_tokens if step.output_tokens is not None else max(1, len(text) // 4),
+        )
+        return StepOutput(
+            message=AssistantMessage(parts=parts),
+            usage=usage,
+            raw_finish_reason=raw,
+            finish_reason=_FINISH_MAP.get(raw, FinishReason.STOP),
+        )

@@ -1,0 +1,87 @@
+"""The per-process bundle of settings, Redis stores and registries that every layer uses."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from dataclasses import dataclass, field
+
+import redis
+
+from shared.agents import AgentRegistry, registry
+from shared.approvals import ApprovalSigner
+from shared.config import Settings, get_settings
+from shared.store.approvals import ApprovalStore
+from shared.store.connection import get_redis
+from shared.store.events import EventLog
+from shared.store.keys import Keys
+from shared.store.leases import LeaseManager
+from shared.store.tool_results import ToolResultStore
+from shared.store.turns import TurnStore
+
+log = logging.getLogger("agentq")
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    redis: redis.Redis
+    keys: Keys
+    turns: TurnStore
+    events: EventLog
+    leases: LeaseManager
+    tool_results: ToolResultStore
+    approvals: ApprovalStore
+    agents: AgentRegistry
+    _signer: ApprovalSigner | None = field(default=None, repr=False)
+
+    @classmethod
+    def build(cls, settings: Settings) -> Runtime:
+        client = get_redis(settings)
+        keys = Keys(settings.key_prefix)
+        agents = registry()
+        if not settings.embedded or settings.agent_modules:
+            agents.load_modules(settings.agent_modules)
+        return cls(
+            settings=settings,
+            redis=client,
+            keys=keys,
+            turns=TurnStore(client, keys, settings.event_ttl_s),
+            events=EventLog(client, keys, settings.event_maxlen),
+            leases=LeaseManager(client, keys, settings.lease_ttl_s, settings.cancel_poll_s),
+            tool_results=ToolResultStore(client, keys),
+            approvals=ApprovalStore(client, keys, settings.event_ttl_s),
+            agents=agents,
+        )
+
+    @property
+    def signer(self) -> ApprovalSigner:
+        """HMAC signer from AGENTQ_APPROVAL_SECRET; without one, a random secret shared through Redis."""
+        if self._signer is None:
+            s = self.settings
+            if s.approval_secret is not None:
+                current = s.approval_secret.get_secret_value().encode()
+            else:
+                self.redis.set(self.keys.generated_secret, secrets.token_hex(32), nx=True)
+                current = str(self.redis.get(self.keys.generated_secret)).encode()
+                if not s.embedded:
+                    log.warning("AGENTQ_APPROVAL_SECRET is not set; using a generated secret kept in Redis")
+            old = [x.get_secret_value().encode() for x in s.approval_old_secrets]
+            self._signer = ApprovalSigner(current, old)
+        return self._signer
+
+
+_lock = threading.Lock()
+_runtimes: dict[int, Runtime] = {}
+
+
+def get_runtime(settings: Settings | None = None) -> Runtime:
+    """The runtime for these settings (default: the environment's), built once per process."""
+    settings = settings or get_settings()
+    with _lock:
+        rt = _runtimes.get(id(settings))
+        if rt is None:
+            rt = Runtime.build(settings)
+            _runtimes[id(settings)] = rt
+        return rt

@@ -1,0 +1,83 @@
+"""Approval records and the atomic, once-only decision on them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+from pydantic import BaseModel
+
+from shared.store.keys import Keys
+
+# KEYS: approval. ARGV: now, decision, reviewer, reason
+_DECIDE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 'unknown' end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'pending' then return 'not-pending:' .. status end
+if tonumber(ARGV[1]) >= tonumber(redis.call('HGET', KEYS[1], 'expires_at')) then
+  redis.call('HSET', KEYS[1], 'status', 'expired', 'decided_at', ARGV[1])
+  return 'expired'
+end
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'reviewer', ARGV[3], 'reason', ARGV[4], 'decided_at', ARGV[1])
+return 'ok'
+"""
+
+
+class ApprovalRecord(BaseModel):
+    approval_id: str
+    turn_id: str
+    step: int
+    tool_call_id: str
+    tool_name: str
+    args: dict[str, Any]
+    args_hash: str
+    expires_at: float
+    status: str = "pending"  # pending | approved | denied | expired
+    reviewer: str = ""
+    reason: str = ""
+
+
+class ApprovalStore:
+    def __init__(self, client: redis.Redis, keys: Keys, retention_s: int) -> None:
+        self.client = client
+        self.keys = keys
+        self.retention_s = retention_s
+        self._decide = client.register_script(_DECIDE)
+
+    def create(self, record: ApprovalRecord) -> None:
+        key = self.keys.approval(record.approval_id)
+        fields = record.model_dump()
+        fields["args"] = json.dumps(record.args)
+        pipe = self.client.pipeline()
+        pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
+        pipe.expire(key, int(record.expires_at - _now()) + self.retention_s)
+        pipe.execute()
+
+    def get(self, approval_id: str) -> ApprovalRecord | None:
+        raw = self.client.hgetall(self.keys.approval(approval_id))
+        if not raw:
+            return None
+        raw["args"] = json.loads(raw["args"])
+        return ApprovalRecord.model_validate(raw)
+
+    def get_many(self, approval_ids: list[str]) -> dict[str, ApprovalRecord]:
+        return {aid: rec for aid in approval_ids if (rec := self.get(aid)) is not None}
+
+    def decide(self, approval_id: str, approved: bool, reviewer: str, reason: str, now: float) -> str:
+        """'ok' when this call's decision was recorded; otherwise why not (atomic, first wins)."""
+        result: str = self._decide(
+            keys=[self.keys.approval(approval_id)],
+            args=[f"{now:.6f}", "approved" if approved else "denied", reviewer, reason],
+        )
+        return result
+
+    def expire(self, approval_id: str, now: float) -> None:
+        """Resolve a pending approval past its expiry as expired (a denial)."""
+        self._decide(keys=[self.keys.approval(approval_id)], args=[f"{now:.6f}", "expired", "", ""])
+
+
+def _now() -> float:
+    import time
+
+    return time.time()

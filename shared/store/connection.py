@@ -1,0 +1,34 @@
+"""Redis clients: a real server from `AGENTQ_REDIS_URL`, or one in-process fakeredis for the embedded mode."""
+
+from __future__ import annotations
+
+import threading
+
+import fakeredis
+import redis
+
+from shared.config import Settings
+
+_lock = threading.Lock()
+_clients: dict[str, redis.Redis] = {}
+_fake_server: fakeredis.FakeServer | None = None
+
+
+def get_redis(settings: Settings) -> redis.Redis:
+    """One shared, thread-safe client per URL (redis-py pools connections internally)."""
+    key = settings.redis_url or "embedded"
+    with _lock:
+        client = _clients.get(key)
+        if client is None:
+            client = _make_client(settings)
+            _clients[key] = client
+        return client
+
+
+def _make_client(settings: Settings) -> redis.Redis:
+    global _fake_server
+    if settings.redis_url:
+        return redis.Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30)
+    if _fake_server is None:
+        _fake_server = fakeredis.FakeServer()
+    return fakeredis.FakeRedis(server=_fake_server, decode_responses=True)

@@ -1,0 +1,111 @@
+"""Per-turn leases with a heartbeat, and cancel polling, for every step a process is running.
+
+One background thread per process serves all running steps: each tick it reads
+their cancel flags in one pipeline and, when due, renews their leases (only if
+still the holder). A step that loses its lease stops and never commits.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import redis
+
+from shared.store.keys import Keys
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1], KEYS[2]) end
+return 0
+"""
+
+
+@dataclass
+class StepLease:
+    turn_id: str
+    token: str
+    ttl_ms: int
+    lost: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    renewed_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def should_stop(self) -> bool:
+        return self.lost.is_set() or self.cancelled.is_set()
+
+
+class LeaseManager:
+    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: float, poll_s: float) -> None:
+        self.client = client
+        self.keys = keys
+        self.ttl_ms = max(int(ttl_s * 1000), 100)
+        self.poll_s = poll_s
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+        self._held: dict[str, StepLease] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self, turn_id: str, step: int) -> StepLease | None:
+        token = uuid.uuid4().hex
+        if not self.client.set(self.keys.lease(turn_id), token, nx=True, px=self.ttl_ms):
+            return None
+        self.client.set(self.keys.started(turn_id), step)
+        lease = StepLease(turn_id, token, self.ttl_ms)
+        with self._lock:
+            self._held[token] = lease
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="agentq-leases", daemon=True)
+                self._thread.start()
+        return lease
+
+    def still_held(self, lease: StepLease) -> bool:
+        return bool(self.client.get(self.keys.lease(lease.turn_id)) == lease.token)
+
+    def release(self, lease: StepLease) -> None:
+        with self._lock:
+            self._held.pop(lease.token, None)
+        self._release(keys=[self.keys.lease(lease.turn_id), self.keys.started(lease.turn_id)], args=[lease.token])
+
+    def started_step(self, turn_id: str) -> int | None:
+        value = self.client.get(self.keys.started(turn_id))
+        return int(value) if value is not None else None
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.poll_s)  # the heartbeat's period, not synchronization
+            with self._lock:
+                leases = list(self._held.values())
+            if not leases:
+                continue
+            try:
+                self._tick(leases)
+            except redis.RedisError:
+                continue  # a dropped connection: the lease may lapse, and the sweeper recovers the turn
+
+    def _tick(self, leases: list[StepLease]) -> None:
+        now = time.monotonic()
+        due = [lease for lease in leases if (now - lease.renewed_at) * 1000 >= lease.ttl_ms / 3]
+        pipe = self.client.pipeline(transaction=False)
+        for lease in leases:
+            pipe.exists(self.keys.cancel(lease.turn_id))
+        for lease in due:
+            self._renew(keys=[self.keys.lease(lease.turn_id)], args=[lease.token, lease.ttl_ms], client=pipe)
+        results = pipe.execute()
+        for lease, flag in zip(leases, results[: len(leases)], strict=True):
+            if flag:
+                lease.cancelled.set()
+        for lease, renewed in zip(due, results[len(leases) :], strict=True):
+            if renewed:
+                lease.renewed_at = now
+            else:
+                lease.lost.set()

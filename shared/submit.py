@@ -1,0 +1,153 @@
+"""Validate a submit request and store the new turn. Every refusal happens before anything is written."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from shared.agents import AgentDefinition, Budget, StopWhen
+from shared.engine.runner import new_turn_id
+from shared.errors import MissingFeaturesError, OverrideError, SubmitError, UnknownAgentError
+from shared.models import EventType, LoopLimits, Message, SystemMessage, TurnState, UserMessage
+from shared.providers.registry import resolve_model
+from shared.runtime import Runtime
+
+_MESSAGES = TypeAdapter(list[Message])
+
+
+class LoopOverrides(BaseModel):
+    """What a caller may change about the loop: each value may only tighten the agent's own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_steps: int | None = Field(default=None, ge=1)
+    stop_when: list[StopWhen] = Field(default_factory=list)
+    budget: Budget = Field(default_factory=Budget)
+
+
+def tighten(agent: AgentDefinition, overrides: LoopOverrides | dict[str, Any] | None) -> LoopLimits:
+    """The agent's loop limits with the caller's overrides applied; a widening attempt is refused."""
+    limits = agent.loop.limits()
+    if overrides is None:
+        return limits
+    if isinstance(overrides, dict):
+        try:
+            overrides = LoopOverrides.model_validate(overrides)
+        except ValidationError as exc:
+            raise OverrideError(
+                f"invalid loop overrides: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}"
+            ) from None
+
+    def narrower(name: str, asked: float | None, allowed: float | None) -> float | None:
+        if asked is None:
+            return allowed
+        if allowed is not None and asked > allowed:
+            raise OverrideError(
+                f"{name}={asked} exceeds agent {agent.id}'s limit of {allowed}; overrides may only tighten"
+            )
+        return asked
+
+    budget = overrides.budget
+    max_steps = narrower("max_steps", overrides.max_steps, limits.max_steps)
+    max_tool_calls = narrower("budget.max_tool_calls", budget.max_tool_calls, limits.max_tool_calls)
+    max_tokens = narrower("budget.max_tokens", budget.max_tokens, limits.max_tokens)
+    extra_counts = [s.step_count for s in overrides.stop_when if s.step_count is not None]
+    stop_after = min([c for c in [limits.stop_after_steps, *extra_counts] if c is not None], default=None)
+    return LoopLimits(
+        max_steps=int(max_steps or limits.max_steps),
+        stop_after_steps=stop_after,
+        stop_on_tool=sorted({*limits.stop_on_tool, *(s.has_tool_call for s in overrides.stop_when if s.has_tool_call)}),
+        max_tool_calls=int(max_tool_calls) if max_tool_calls is not None else None,
+        max_wall_clock_s=narrower("budget.max_wall_clock_s", budget.max_wall_clock_s, limits.max_wall_clock_s),
+        max_tokens=int(max_tokens) if max_tokens is not None else None,
+    )
+
+
+def build_messages(
+    rt: Runtime, agent: AgentDefinition, prompt: str | None, messages: list[Any] | None
+) -> list[Message]:
+    if (prompt is None) == (messages is None):
+        raise SubmitError("give exactly one of prompt=… or messages=…")
+    limit = rt.settings.max_prompt_chars
+    if prompt is not None:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise SubmitError("prompt must be a non-empty string")
+        if len(prompt) > limit:
+            raise SubmitError(f"prompt is {len(prompt)} characters; the limit is {limit} (AGENTQ_MAX_PROMPT_CHARS)")
+        return [UserMessage(content=prompt)]
+    try:
+        parsed = _MESSAGES.validate_python(messages)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise SubmitError(f"malformed messages: {first['msg']} at {'.'.join(map(str, first['loc']))}") from None
+    if not parsed:
+        raise SubmitError("messages must not be empty")
+    if len(parsed) > rt.settings.max_messages:
+        raise SubmitError(f"{len(parsed)} messages; the limit is {rt.settings.max_messages}")
+    size = sum(len(m.model_dump_json()) for m in parsed)
+    if size > limit:
+        raise SubmitError(f"messages total {size} characters; the limit is {limit} (AGENTQ_MAX_PROMPT_CHARS)")
+    if any(isinstance(m, SystemMessage) for m in parsed):
+        raise SubmitError("system messages come from the agent definition, not the caller")
+    return parsed
+
+
+def create_turn(
+    rt: Runtime,
+    agent_id: str,
+    *,
+    prompt: str | None = None,
+    messages: list[Any] | None = None,
+    idempotency_key: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    features: list[str] | None = None,
+    provider: str | None = None,
+    model: str | None = None,
+    loop: LoopOverrides | dict[str, Any] | None = None,
+    priority: str = "interactive",
+) -> tuple[TurnState, bool]:
+    """Validate and store a turn. Returns (state, created); created is False for a repeated key."""
+    agent = rt.agents.get(agent_id) if isinstance(agent_id, str) else None
+    if agent is None:
+        known = ", ".join(rt.agents.ids()) or "none loaded (set AGENTQ_AGENT_MODULES)"
+        raise UnknownAgentError(f"unknown agent {agent_id!r}; known agents: {known}")
+    missing = sorted(set(agent.required_features) - set(features or []))
+    if missing:
+        raise MissingFeaturesError(f"agent {agent.id} requires features the caller lacks: {', '.join(missing)}")
+    if idempotency_key is not None and (not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 200):
+        raise SubmitError("idempotency_key must be a string of 1 to 200 characters")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise SubmitError("metadata must be a JSON object")
+    chosen_provider, chosen_model = resolve_model(agent, provider, model, rt.settings.provider, rt.settings.model)
+    limits = tighten(agent, loop)
+    state = TurnState(
+        turn_id=new_turn_id(),
+        agent=agent.id,
+        provider=chosen_provider,
+        model=chosen_model,
+        messages=build_messages(rt, agent, prompt, messages),
+        limits=limits,
+        metadata=metadata or {},
+        priority=priority,
+        idempotency_key=idempotency_key,
+        created_at=time.time(),
+    )
+    try:
+        TurnState.model_validate_json(state.model_dump_json())
+    except ValidationError as exc:
+        raise SubmitError(f"metadata is not JSON-serializable: {exc.errors()[0]['msg']}") from None
+    existing = rt.turns.create(state, idempotency_key)
+    if existing:
+        found = rt.turns.load(existing)
+        if found is None:
+            raise SubmitError(f"idempotency key {idempotency_key!r} names turn {existing}, which has expired")
+        return found, False
+    rt.events.publish(
+        state.turn_id,
+        EventType.TURN_START,
+        0,
+        {"agent": agent.id, "provider": chosen_provider, "model": chosen_model, "mode": agent.execution_mode},
+    )
+    return state, True

@@ -1,0 +1,187 @@
+"""Tool definitions: a JSON schema the model sees, validation before execution, and the call context.
+
+A tool is declared with `@tool` on a function whose type hints (or a pydantic
+model) give the input schema. Arguments from the model are validated before the
+function runs; validation failures become tool errors the model can read.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from shared.errors import DefinitionError
+
+ApprovalPredicate = Callable[[dict[str, Any]], bool]
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a running tool may know about the call. `idempotency_key` is stable across re-runs."""
+
+    turn_id: str
+    tool_call_id: str
+    idempotency_key: str
+    metadata: Mapping[str, Any]
+    logger: logging.Logger
+
+
+class ToolArgumentError(ValueError):
+    """The model's arguments do not match the tool's schema."""
+
+
+@dataclass
+class ToolDefinition:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    fn: Callable[..., Any]
+    args_model: type[BaseModel] | None = None
+    is_mutation: bool = False
+    destructive: bool = False
+    needs_approval: bool | ApprovalPredicate = False
+    timeout_s: float | None = 60.0
+    context_param: str | None = None
+    _validator: Any = field(default=None, repr=False)
+
+    def validate(self, args: Any) -> dict[str, Any]:
+        """Return the validated (and for pydantic tools, coerced) arguments or raise ToolArgumentError."""
+        if not isinstance(args, dict):
+            raise ToolArgumentError(f"arguments must be a JSON object, got {type(args).__name__}")
+        if self.args_model is not None:
+            try:
+                return self.args_model.model_validate(args).model_dump(mode="json")
+            except ValidationError as exc:
+                raise ToolArgumentError(_describe_validation(exc)) from None
+        if self._validator is None:
+            self._validator = jsonschema.Draft202012Validator(self.input_schema)
+        errors = sorted(self._validator.iter_errors(args), key=lambda e: list(e.absolute_path))
+        if errors:
+            raise ToolArgumentError(
+                "; ".join(f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}" for e in errors)
+            )
+        return args
+
+    def requires_approval(self, args: dict[str, Any]) -> bool:
+        if callable(self.needs_approval):
+            return bool(self.needs_approval(args))
+        return bool(self.needs_approval)
+
+    def invoke(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        kwargs = dict(args)
+        if self.context_param:
+            kwargs[self.context_param] = ctx
+        return self.fn(**kwargs)
+
+
+def _describe_validation(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _schema_from_signature(fn: Callable[..., Any]) -> tuple[type[BaseModel], str | None]:
+    hints = get_type_hints(fn)
+    fields: dict[str, Any] = {}
+    context_param = None
+    for name, param in inspect.signature(fn).parameters.items():
+        annotation = hints.get(name, Any)
+        if annotation is ToolContext:
+            context_param = name
+            continue
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            raise DefinitionError(f"tool {fn.__name__}: *args/**kwargs cannot be described to a model")
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[name] = (annotation, default)
+    model = create_model(  # type: ignore[call-overload]
+        f"{fn.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields
+    )
+    return model, context_param
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    args_model: type[BaseModel] | None = None,
+    input_schema: dict[str, Any] | None = None,
+    is_mutation: bool = False,
+    destructive: bool = False,
+    needs_approval: bool | ApprovalPredicate = False,
+    timeout_s: float | None = 60.0,
+) -> Any:
+    """Declare a tool. Its schema comes from `args_model`, `input_schema`, or the type hints."""
+
+    def wrap(func: Callable[..., Any]) -> ToolDefinition:
+        model = args_model
+        context_param = None
+        hints = get_type_hints(func)
+        for pname in inspect.signature(func).parameters:
+            if hints.get(pname) is ToolContext:
+                context_param = pname
+        if input_schema is not None:
+            schema = input_schema
+            model = None
+        else:
+            if model is None:
+                model, context_param = _schema_from_signature(func)
+            schema = model.model_json_schema()
+        schema = {k: v for k, v in schema.items() if k != "title"}
+        tool_name = name or func.__name__
+        desc = description or inspect.getdoc(func) or ""
+        if not desc:
+            raise DefinitionError(f"tool {tool_name}: a description (or docstring) is required")
+        if model is None:
+            try:
+                jsonschema.Draft202012Validator.check_schema(schema)
+            except jsonschema.SchemaError as exc:
+                raise DefinitionError(f"tool {tool_name}: invalid input_schema: {exc.message}") from None
+        definition = ToolDefinition(
+            name=tool_name,
+            description=desc,
+            input_schema=schema,
+            fn=func,
+            args_model=model,
+            is_mutation=is_mutation,
+            destructive=destructive,
+            needs_approval=needs_approval,
+            timeout_s=timeout_s,
+            context_param=context_param,
+        )
+        register_tool(definition)
+        return definition
+
+    if fn is not None:
+        return wrap(fn)
+    return wrap
+
+
+_TOOLS: dict[str, ToolDefinition] = {}
+
+
+def register_tool(definition: ToolDefinition) -> None:
+    existing = _TOOLS.get(definition.name)
+    if (
+        existing is not None
+        and existing.fn is not definition.fn
+        and getattr(existing.fn, "__qualname__", None) != getattr(definition.fn, "__qualname__", None)
+    ):
+        raise DefinitionError(f"tool name {definition.name!r} is registered twice")
+    _TOOLS[definition.name] = definition
+
+
+def get_tool(name: str) -> ToolDefinition | None:
+    return _TOOLS.get(name)
+
+
+def all_tools() -> dict[str, ToolDefinition]:
+    return dict(_TOOLS)
