@@ -70,6 +70,8 @@ extractor = AgentDefinition(
     output=Contact,
     script=[
         ScriptStep(object={"name": "Ada Lovelace", "company": "Analytical Engines Ltd"}),  # missing email
-        ScriptStep(object={"name": "Ada Lovelace", "email": "ada@engines.example", "company": "Analytical Engines Ltd"}),
+        ScriptStep(
+            object={"name": "Ada Lovelace", "email": "ada@engines.example", "company": "Analytical Engines Ltd"}
+        ),
     ],
 )

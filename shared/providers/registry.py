@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from shared.agents import AgentDefinition
 
 AdapterFactory = Callable[["AgentDefinition", str], ProviderAdapter]
+ConfigCheck = Callable[[], None]  # raises SubmitError naming the variable to set
 
 
 def _scripted(agent: AgentDefinition, model: str) -> ProviderAdapter:
@@ -22,17 +23,49 @@ def _scripted(agent: AgentDefinition, model: str) -> ProviderAdapter:
 
 
 _FACTORIES: dict[str, AdapterFactory] = {"scripted": _scripted}
+_CHECKS: dict[str, ConfigCheck] = {}
+# Official-SDK adapters, imported on first use: "name" -> "module:factory[:check]"
+_LAZY: dict[str, str] = {
+    "anthropic": "shared.providers.anthropic:create_adapter:check_configured",
+    "gemini": "shared.providers.gemini:create_adapter:check_configured",
+    "bedrock": "shared.providers.bedrock:create_adapter:check_configured",
+}
 
 
-def register_provider(name: str, factory: AdapterFactory) -> None:
+def register_provider(name: str, factory: AdapterFactory, check: ConfigCheck | None = None) -> None:
     _FACTORIES[name] = factory
+    if check is not None:
+        _CHECKS[name] = check
+
+
+def _load_lazy(name: str) -> None:
+    spec = _LAZY.get(name)
+    if spec is None or name in _FACTORIES:
+        return
+    import importlib
+
+    module_name, factory_name, *check = spec.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SubmitError(f"provider {name!r} is not available: {exc}") from exc
+    register_provider(name, getattr(module, factory_name), getattr(module, check[0]) if check else None)
+
+
+def check_configured(provider: str) -> None:
+    """Fail before any call when a provider lacks its configuration (its check names what to set)."""
+    _load_lazy(provider)
+    check = _CHECKS.get(provider)
+    if check is not None:
+        check()
 
 
 def known_providers() -> list[str]:
-    return sorted(_FACTORIES)
+    return sorted({*_FACTORIES, *_LAZY})
 
 
 def create_adapter(provider: str, agent: AgentDefinition, model: str) -> ProviderAdapter:
+    _load_lazy(provider)
     factory = _FACTORIES.get(provider)
     if factory is None:
         raise SubmitError(f"unknown provider {provider!r}; known: {', '.join(known_providers())}")
@@ -43,7 +76,7 @@ def split_shorthand(provider: str | None, model: str | None) -> tuple[str | None
     """`provider/model` shorthand in the model field fills the provider when it is not given."""
     if model and "/" in model and provider is None:
         head, tail = model.split("/", 1)
-        if head in _FACTORIES:
+        if head in _FACTORIES or head in _LAZY:
             return head, tail
     return provider, model
 
@@ -67,8 +100,9 @@ def resolve_model(
             chosen_provider = "scripted"
         else:
             raise SubmitError(f"no provider for agent {agent.id}: set default_provider on the agent or AGENTQ_PROVIDER")
-    if chosen_provider not in _FACTORIES:
+    if chosen_provider not in _FACTORIES and chosen_provider not in _LAZY:
         raise SubmitError(f"unknown provider {chosen_provider!r}; known: {', '.join(known_providers())}")
+    check_configured(chosen_provider)
     chosen_model = model or default_model or env_m or ("scripted" if chosen_provider == "scripted" else None)
     if chosen_model is None:
         raise SubmitError(f"no model for agent {agent.id} on {chosen_provider}: set default_model or AGENTQ_MODEL")

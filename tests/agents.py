@@ -1,0 +1,100 @@
+"""Agents and tools for the runtime tests (scripted provider)."""
+
+from __future__ import annotations
+
+import redis
+
+from shared.agents import AgentDefinition, Budget, LoopConfig, StopWhen
+from shared.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
+from shared.tools import ToolContext, tool
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+_redis = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+
+
+@tool
+def rt_echo(text: str) -> dict[str, str]:
+    """Echo the text back."""
+    return {"echo": text}
+
+
+@tool(is_mutation=True)
+def rt_side_effect(label: str, ctx: ToolContext) -> dict[str, object]:
+    """Record one side effect in Redis (counts executions per turn)."""
+    count = _redis.incr(f"{ctx.metadata['prefix']}:side-effects:{ctx.turn_id}:{label}")
+    return {"label": label, "count": count}
+
+
+@tool
+def rt_marker_side_effect(label: str, ctx: ToolContext) -> dict[str, object]:
+    """A non-mutation tool with a side effect (counts executions per turn)."""
+    count = _redis.incr(f"{ctx.metadata['prefix']}:side-effects:{ctx.turn_id}:{label}")
+    return {"label": label, "count": count}
+
+
+basic = AgentDefinition(
+    id="rt.basic",
+    system_prompt="test",
+    allowed_tools=["rt_echo"],
+    script=[
+        ScriptStep(text="calling echo", tool_calls=[ScriptToolCall(name="rt_echo", args={"text": "hi"})]),
+        ScriptStep(text="all done here, thanks"),
+    ],
+)
+
+slow_stream = AgentDefinition(
+    id="rt.slow_stream",
+    allowed_tools=["rt_marker_side_effect"],
+    script=[
+        ScriptStep(
+            text="side effect first",
+            tool_calls=[ScriptToolCall(name="rt_marker_side_effect", args={"label": "once"})],
+        ),
+        ScriptStep(text="x" * 40, delta_chars=2, delta_delay_s=0.15),  # ~3 s of streaming
+        ScriptStep(text="finished"),
+    ],
+)
+
+rate_limited = AgentDefinition(
+    id="rt.rate_limited",
+    script=[ScriptStep(text="ok after retry", fail=ScriptFailure(when="before", status=429, retry_after_s=1.0))],
+)
+
+in_stream_error = AgentDefinition(
+    id="rt.in_stream_error",
+    script=[
+        ScriptStep(
+            text="ok after in-stream error",
+            fail=ScriptFailure(when="in-stream", status=None, code="overloaded_error", message="Overloaded"),
+        )
+    ],
+)
+
+error_after_content = AgentDefinition(
+    id="rt.error_after_content",
+    script=[
+        ScriptStep(
+            text="partial answer that breaks",
+            fail=ScriptFailure(when="after-content", status=529, message="overloaded mid-stream"),
+        )
+    ],
+)
+
+always_failing = AgentDefinition(
+    id="rt.always_failing",
+    script=[ScriptStep(text="never", fail=ScriptFailure(when="before", status=503, times=100, message="unavailable"))],
+)
+
+looping = AgentDefinition(
+    id="rt.looping",
+    allowed_tools=["rt_echo"],
+    loop=LoopConfig(max_steps=3, budget=Budget(max_tool_calls=10)),
+    script=[ScriptStep(text="again", tool_calls=[ScriptToolCall(name="rt_echo", args={"text": "x"})])],
+)
+
+stop_on_tool = AgentDefinition(
+    id="rt.stop_on_tool",
+    allowed_tools=["rt_echo"],
+    loop=LoopConfig(max_steps=5, stop_when=[StopWhen(has_tool_call="rt_echo")]),
+    script=[ScriptStep(text="one", tool_calls=[ScriptToolCall(name="rt_echo", args={"text": "x"})])],
+)

@@ -1,0 +1,137 @@
+"""Shared fixtures: a unique key prefix per test on the real local Redis, a runtime, in-process and
+subprocess Celery workers. Each test cleans up only the keys under its own prefix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from celery.contrib.testing.worker import start_worker
+
+from shared.config import Settings
+from shared.runtime import Runtime, get_runtime
+
+REDIS_URL = os.environ.get("AGENTQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+AMQP_URL = os.environ.get("AGENTQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+ROOT = Path(__file__).resolve().parent.parent
+# every tests/agents*.py module defines agents and tools for the tests; workers load them all
+TEST_AGENT_MODULES = sorted(f"tests.{p.stem}" for p in Path(__file__).parent.glob("agents*.py")) + [
+    "shared.demo_agents"
+]
+
+
+def make_settings(prefix: str, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "redis_url": REDIS_URL,
+        "key_prefix": prefix,
+        "queue": f"{prefix}.steps",
+        "agent_modules": TEST_AGENT_MODULES,
+        "approval_secret": "test-secret-" + prefix,
+        "lease_ttl_s": 2.0,
+        "sweep_interval_s": 0.5,
+        "retry_base_s": 0.05,
+        "retry_cap_s": 0.2,
+        "coalesce_window_ms": 5.0,
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that gives a subprocess the same settings."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        key = f"AGENTQ_{name.upper()}"
+        if name == "approval_secret":
+            env[key] = settings.approval_secret.get_secret_value() if settings.approval_secret else ""
+        elif name == "approval_old_secrets":
+            env[key] = ",".join(s.get_secret_value() for s in settings.approval_old_secrets)
+        elif name == "agent_modules":
+            env[key] = ",".join(value)
+        elif isinstance(value, dict | list):
+            env[key] = json.dumps(value)
+        else:
+            env[key] = str(value)
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+@pytest.fixture
+def prefix() -> Iterator[str]:
+    value = f"aqt-{uuid.uuid4().hex[:10]}"
+    yield value
+    client = redis.Redis.from_url(REDIS_URL)
+    for key in client.scan_iter(match=f"{value}:*", count=1000):
+        client.delete(key)
+    for key in client.scan_iter(match=f"{value}.*", count=1000):
+        client.delete(key)
+    client.close()
+
+
+@pytest.fixture
+def settings(prefix: str) -> Settings:
+    return make_settings(prefix)
+
+
+@pytest.fixture
+def rt(settings: Settings) -> Runtime:
+    return get_runtime(settings)
+
+
+@pytest.fixture
+def worker(settings: Settings) -> Iterator[object]:
+    """An in-process Celery worker (threads pool) serving this test's queue on real Redis."""
+    from workers.app import create_app
+
+    app = create_app(settings)
+    with start_worker(
+        app, pool="threads", concurrency=4, perform_ping_check=False, loglevel="WARNING", queues=[settings.queue]
+    ) as w:
+        yield w
+
+
+@pytest.fixture
+def client(settings: Settings, rt: Runtime) -> object:
+    from producer.client import Client
+
+    return Client(settings)
+
+
+class WorkerProcess:
+    """`celery worker` in a subprocess, so a test can SIGKILL it."""
+
+    def __init__(self, settings: Settings, name: str, beat: bool = True, concurrency: int = 2) -> None:
+        self.name = name
+        cmd = [
+            sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
+            "--pool=threads", f"--concurrency={concurrency}", "--loglevel=WARNING",
+            f"--hostname={name}@%h", "-Q", settings.queue, "--without-gossip", "--without-mingle",
+        ]  # fmt: skip
+        if beat:
+            cmd += ["-B", "--schedule", f"/tmp/{settings.key_prefix}-{name}-beat"]
+        self.proc = subprocess.Popen(
+            cmd, env=settings_env(settings), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
