@@ -98,3 +98,14 @@ stop_on_tool = AgentDefinition(
     loop=LoopConfig(max_steps=5, stop_when=[StopWhen(has_tool_call="rt_echo")]),
     script=[ScriptStep(text="one", tool_calls=[ScriptToolCall(name="rt_echo", args={"text": "x"})])],
 )
+
+reset_on_error = AgentDefinition(
+    id="rt.reset_on_error",
+    retry_after_emission=True,
+    script=[
+        ScriptStep(
+            text="partial answer that breaks",
+            fail=ScriptFailure(when="after-content", status=503, message="dropped mid-stream"),
+        )
+    ],
+)

@@ -1,4 +1,8 @@
-"""Tasks: `run_step` (exactly one loop step per task), `approve`, and the periodic `sweep`."""
+"""Tasks: `run_step` (exactly one loop step per task), `approve`, and the periodic `sweep`.
+
+The task bodies are module-level functions registered on each app (the same callables
+for every app); they read their settings from the app that runs them.
+"""
 
 from __future__ import annotations
 
@@ -11,59 +15,75 @@ from celery import Celery, Task
 from shared.config import Settings
 from shared.decisions import decide_approval, sweep
 from shared.engine.runner import StepRunner
+from shared.metrics import STEP_DELIVERIES
 from shared.protocol import APPROVE, RUN_STEP, SWEEP
 from shared.runtime import Runtime, get_runtime
 
 log = logging.getLogger("agentq.worker")
 
 
+def _settings(task: Task) -> Settings:
+    settings: Settings = task.app.conf.agentq_settings
+    return settings
+
+
+def _runtime(task: Task) -> Runtime:
+    return get_runtime(_settings(task))
+
+
+def _enqueue_step(task: Task, turn_id: str, step: int, countdown: float | None = None) -> None:
+    task.app.send_task(RUN_STEP, args=[turn_id, step], countdown=countdown, queue=_settings(task).queue)
+
+
+def run_step(self: Task, turn_id: str, step: int, attempt: int = 0) -> str:
+    """Run one delivery of step `step`; `attempt` is informational (the turn state holds the truth)."""
+    decision = StepRunner(_runtime(self)).deliver(turn_id, step)
+    STEP_DELIVERIES.labels(decision.action).inc()
+    if decision.action == "next":
+        _enqueue_step(self, turn_id, decision.step)
+    elif decision.action == "retry":
+        raise self.retry(args=[turn_id, step], kwargs={"attempt": decision.attempt}, countdown=decision.countdown)
+    elif decision.action == "reschedule":
+        _enqueue_step(self, turn_id, step, countdown=decision.countdown)
+    return f"{decision.action}:{decision.reason}"
+
+
+def approve(
+    self: Task,
+    approval_id: str,
+    token: str,
+    approved: bool,
+    reason: str = "",
+    reviewer: str = "",
+    args: dict[str, Any] | None = None,
+    reply_to: str | None = None,
+) -> str:
+    """Decide an approval once; resume the loop when the step's last approval is decided."""
+    rt = _runtime(self)
+    outcome = decide_approval(rt, approval_id, token, approved, reason=reason, reviewer=reviewer, args=args)
+    if outcome.resume is not None:
+        _enqueue_step(self, *outcome.resume)
+    if reply_to:
+        reply = rt.keys.approval_reply(reply_to)
+        payload = {"accepted": outcome.accepted, "code": outcome.code, "message": outcome.message}
+        pipe = rt.redis.pipeline()
+        pipe.rpush(reply, json.dumps(payload))
+        pipe.expire(reply, 300)
+        pipe.execute()
+    return outcome.code
+
+
+def sweep_turns(self: Task) -> int:
+    """Re-enqueue turns whose step died (lease expired without a commit) or whose approvals expired."""
+    found = sweep(_runtime(self), _settings(self).queued_grace_s)
+    for turn_id, step in found:
+        log.warning("sweeper re-enqueues turn %s step %s", turn_id, step)
+        _enqueue_step(self, turn_id, step)
+    return len(found)
+
+
 def register_tasks(app: Celery) -> None:
-    settings: Settings = app.conf.agentq_settings
-
-    def runtime() -> Runtime:
-        return get_runtime(settings)
-
-    def enqueue_step(turn_id: str, step: int, countdown: float | None = None) -> None:
-        app.send_task(RUN_STEP, args=[turn_id, step], countdown=countdown, queue=settings.queue)
-
-    @app.task(name=RUN_STEP, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
-    def run_step(self: Task, turn_id: str, step: int, attempt: int = 0) -> str:
-        decision = StepRunner(runtime()).deliver(turn_id, step)
-        if decision.action == "next":
-            enqueue_step(turn_id, decision.step)
-        elif decision.action == "retry":
-            raise self.retry(args=[turn_id, step], kwargs={"attempt": decision.attempt}, countdown=decision.countdown)
-        elif decision.action == "reschedule":
-            enqueue_step(turn_id, step, countdown=decision.countdown)
-        return f"{decision.action}:{decision.reason}"
-
-    @app.task(name=APPROVE, acks_late=True, reject_on_worker_lost=True)
-    def approve(
-        approval_id: str,
-        token: str,
-        approved: bool,
-        reason: str = "",
-        reviewer: str = "",
-        args: dict[str, Any] | None = None,
-        reply_to: str | None = None,
-    ) -> str:
-        rt = runtime()
-        outcome = decide_approval(rt, approval_id, token, approved, reason=reason, reviewer=reviewer, args=args)
-        if outcome.resume is not None:
-            enqueue_step(*outcome.resume)
-        if reply_to:
-            reply = rt.keys.approval_reply(reply_to)
-            payload = {"accepted": outcome.accepted, "code": outcome.code, "message": outcome.message}
-            pipe = rt.redis.pipeline()
-            pipe.rpush(reply, json.dumps(payload))
-            pipe.expire(reply, 300)
-            pipe.execute()
-        return outcome.code
-
-    @app.task(name=SWEEP, ignore_result=True)
-    def sweep_task() -> int:
-        found = sweep(runtime(), settings.queued_grace_s)
-        for turn_id, step in found:
-            log.warning("sweeper re-enqueues turn %s step %s", turn_id, step)
-            enqueue_step(turn_id, step)
-        return len(found)
+    common: dict[str, Any] = {"bind": True, "acks_late": True, "reject_on_worker_lost": True}
+    app.task(name=RUN_STEP, max_retries=None, **common)(run_step)
+    app.task(name=APPROVE, **common)(approve)
+    app.task(name=SWEEP, ignore_result=True, **common)(sweep_turns)

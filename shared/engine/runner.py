@@ -8,6 +8,8 @@ happens here, against Redis, so it runs the same in-process with no broker.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -36,6 +38,11 @@ from shared.retry import retry_countdown
 from shared.runtime import Runtime
 from shared.store.approvals import ApprovalRecord
 from shared.store.leases import StepLease
+
+
+def worker_id() -> str:
+    """Host and pid of the process running a step (computed per call: prefork children differ)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @dataclass(frozen=True)
@@ -92,7 +99,8 @@ class StepRunner:
         if agent is None:
             return self._fail(state, emitter, f"agent {state.agent!r} is not loaded on this worker")
         stale_step = rt.turns.clear_emitted(state.turn_id)
-        if stale_step == state.step:
+        # a parked step's output was committed with it: only a crashed running step needs a reset
+        if stale_step == state.step and state.status != TurnStatus.AWAITING_APPROVAL:
             emitter.publish(EventType.STEP_RESET, {"reason": "redelivered after the worker stopped mid-step"})
         if rt.turns.cancel_requested(state.turn_id):
             return self._finish(state, emitter, TurnStatus.CANCELLED, FinishReason.CANCELLED)
@@ -126,6 +134,7 @@ class StepRunner:
             stop_sequences=agent.stop_sequences,
             step=state.step,
             attempt=state.attempt,
+            options=agent.provider_options,
         )
         emitter.publish(
             EventType.STEP_START,

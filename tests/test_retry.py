@@ -1,0 +1,89 @@
+"""Retry only before the first chunk (DESIGN §4.3), through a real Celery worker."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.models import EventType, TurnStatus
+from shared.retry import backoff_countdown
+
+
+def _events(handle):
+    return list(handle.events(idle_timeout=60))
+
+
+def test_429_with_retry_after_is_retried_with_that_countdown(worker, client):
+    handle = client.submit("rt.rate_limited", prompt="go")
+    result = handle.wait(timeout=60)
+    assert result.status == TurnStatus.COMPLETED
+    assert result.text == "ok after retry"
+    retries = [e for e in _events(handle) if e.type == EventType.STEP_RETRY]
+    assert len(retries) == 1
+    assert retries[0].data["countdown"] == 1.0
+    assert retries[0].data["status"] == 429
+    assert result.trace.steps[0].retries == 1
+
+
+def test_in_stream_error_before_content_is_retried(worker, client):
+    handle = client.submit("rt.in_stream_error", prompt="go")
+    result = handle.wait(timeout=60)
+    assert result.status == TurnStatus.COMPLETED
+    events = _events(handle)
+    retries = [e for e in events if e.type == EventType.STEP_RETRY]
+    assert len(retries) == 1 and retries[0].data["code"] == "overloaded_error"
+    # nothing from the failed attempt reached subscribers before the retry
+    first_retry = retries[0].seq
+    assert not [e for e in events if e.seq < first_retry and e.type == EventType.TEXT_DELTA]
+
+
+def test_error_after_first_chunk_is_not_retried(worker, client):
+    handle = client.submit("rt.error_after_content", prompt="go")
+    result = handle.wait(timeout=60)
+    assert result.status == TurnStatus.FAILED
+    events = _events(handle)
+    types = [e.type for e in events]
+    assert EventType.STEP_RETRY not in types
+    partial = "".join(e.data["text"] for e in events if e.type == EventType.TEXT_DELTA)
+    assert partial and "partial answer that breaks".startswith(partial)
+    assert len(partial) < len("partial answer that breaks")
+    errors = [e for e in events if e.type == EventType.ERROR]
+    assert errors and "overloaded mid-stream" in errors[0].data["message"]
+    assert result.text == partial
+    assert "after content" in (result.error or "")
+
+
+def test_attempts_exhausted_fails_with_last_error(settings, worker, client):
+    handle = client.submit("rt.always_failing", prompt="go")
+    result = handle.wait(timeout=60)
+    assert result.status == TurnStatus.FAILED
+    assert "unavailable" in (result.error or "")
+    assert f"{settings.retry_max_attempts} attempts" in (result.error or "")
+    retries = [e for e in _events(handle) if e.type == EventType.STEP_RETRY]
+    assert [e.data["attempt"] for e in retries] == list(range(1, settings.retry_max_attempts))
+    for e in retries:  # no retry-after: full jitter within the capped exponential ceiling
+        ceiling = min(settings.retry_cap_s, settings.retry_base_s * 2 ** (e.data["attempt"] - 1))
+        assert 0 <= e.data["countdown"] <= ceiling
+
+
+def test_retry_after_emission_resets_then_retries(worker, client):
+    handle = client.submit("rt.reset_on_error", prompt="go")
+    result = handle.wait(timeout=60)
+    assert result.status == TurnStatus.COMPLETED
+    events = _events(handle)
+    types = [e.type for e in events]
+    reset = types.index(EventType.STEP_RESET)
+    assert types.index(EventType.STEP_RETRY) > reset
+    assert EventType.TEXT_DELTA in types[:reset]  # the partial output that subscribers must drop
+    after = "".join(e.data["text"] for e in events[reset:] if e.type == EventType.TEXT_DELTA)
+    assert after == result.text == "partial answer that breaks"
+
+
+@pytest.mark.parametrize("attempt", [0, 1, 3, 10])
+def test_full_jitter_stays_within_capped_ceiling(attempt):
+    import random
+
+    rng = random.Random(attempt)
+    values = [backoff_countdown(attempt, 1.0, 30.0, rng) for _ in range(200)]
+    ceiling = min(30.0, 2**attempt)
+    assert all(0 <= v <= ceiling for v in values)
+    assert max(values) > ceiling / 2  # it is jittered over the whole range, not a constant
