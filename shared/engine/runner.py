@@ -140,6 +140,7 @@ class StepRunner:
             EventType.STEP_START,
             {
                 "attempt": state.attempt,
+                "worker": worker_id(),
                 "provider": state.provider,
                 "model": state.model,
                 "tools": [t.name for t in tools],

@@ -1,0 +1,143 @@
+"""Crashes and duplicates: kill -9 mid-stream (Redis and RabbitMQ brokers), a step longer than the
+visibility timeout, duplicated run_step messages. State, streams and approvals live in Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import redis
+from kombu import Connection
+
+from shared.models import EventType, TurnStatus
+from shared.protocol import RUN_STEP
+from tests.conftest import AMQP_URL, REDIS_URL, WorkerProcess, make_settings
+
+
+def _amqp_available() -> bool:
+    try:
+        with Connection(AMQP_URL, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+        return True
+    except Exception:
+        return False
+
+
+def _side_effects(prefix: str, turn_id: str, label: str) -> int:
+    client = redis.Redis.from_url(REDIS_URL)
+    value = client.get(f"{prefix}:side-effects:{turn_id}:{label}")
+    return int(value or 0)
+
+
+def _kill_mid_stream(settings, prefix):
+    from producer.client import Client
+
+    client = Client(settings)
+    workers = [WorkerProcess(settings, "w1"), WorkerProcess(settings, "w2")]
+    try:
+        handle = client.submit("rt.slow_stream", prompt="go", metadata={"prefix": prefix})
+        pids = {f":{w.proc.pid}": w for w in workers}
+        victim = None
+        running_step_start = None
+        seen = []
+        for event in handle.events(idle_timeout=120):
+            seen.append(event)
+            if event.type == EventType.STEP_START and event.step == 1:
+                running_step_start = event
+            if event.type == EventType.TEXT_DELTA and event.step == 1 and victim is None:
+                worker_id = running_step_start.data["worker"]
+                victim = next(w for suffix, w in pids.items() if worker_id.endswith(suffix))
+                os.kill(victim.proc.pid, signal.SIGKILL)  # mid-stream, no warning
+                victim.proc.wait(timeout=30)
+        result = handle.wait(timeout=120)
+        return result, seen, victim, handle.turn_id
+    finally:
+        for w in workers:
+            w.stop()
+
+
+def _assert_recovered(result, seen, victim, prefix, turn_id):
+    assert victim is not None
+    assert result.status == TurnStatus.COMPLETED, result.error
+    assert result.text == "x" * 40
+    types = [(e.type, e.step) for e in seen]
+    assert (EventType.STEP_RESET, 1) in types
+    starts = [e for e in seen if e.type == EventType.STEP_START and e.step == 1]
+    assert len(starts) == 2 and starts[0].data["worker"] != starts[1].data["worker"]
+    reset_at = types.index((EventType.STEP_RESET, 1))
+    assert seen[reset_at].seq < starts[1].seq  # subscribers drop the partial output before the re-run
+    after = "".join(
+        e.data["text"] for e in seen if e.type == EventType.TEXT_DELTA and e.seq > starts[1].seq and e.step == 1
+    )
+    assert after == "x" * 40
+    assert _side_effects(prefix, turn_id, "once") == 1
+    assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
+
+
+def test_sigkill_mid_stream_recovers_on_other_worker_redis_broker(prefix):
+    # the broker would only redeliver after an hour: recovery must come from lease expiry + the sweeper
+    settings = make_settings(prefix, visibility_timeout_s=3600)
+    result, seen, victim, turn_id = _kill_mid_stream(settings, prefix)
+    _assert_recovered(result, seen, victim, prefix, turn_id)
+
+
+@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+def test_sigkill_mid_stream_recovers_on_other_worker_rabbitmq_broker(prefix):
+    settings = make_settings(prefix, broker_url=AMQP_URL)
+    try:
+        result, seen, victim, turn_id = _kill_mid_stream(settings, prefix)
+        _assert_recovered(result, seen, victim, prefix, turn_id)
+    finally:
+        with Connection(AMQP_URL) as conn:
+            channel = conn.channel()
+            for name in (settings.queue,):
+                try:
+                    channel.queue_delete(name)
+                    channel.exchange_delete(name)
+                except Exception:
+                    pass
+
+
+def test_step_longer_than_visibility_timeout_runs_once(prefix):
+    from celery.contrib.testing.worker import start_worker
+
+    from producer.client import Client
+    from shared.metrics import STEP_DELIVERIES
+    from workers.app import create_app
+
+    # the broker restores the unacked message after ~1 s while the step still streams for ~3 s
+    options = {"visibility_timeout": 1, "unacked_restore_interval": 0.2, "unacked_restore_throttle": 1}
+    settings = make_settings(prefix, broker_transport_options=options, lease_ttl_s=2.0)
+    client = Client(settings)
+    leased = STEP_DELIVERIES.labels("reschedule")
+    before = leased._value.get()
+    app = create_app(settings)
+    with start_worker(app, pool="threads", concurrency=3, perform_ping_check=False, queues=[settings.queue]):
+        handle = client.submit("rt.slow_stream", prompt="go", metadata={"prefix": prefix})
+        result = handle.wait(timeout=120)
+    events = list(handle.events())
+    assert result.status == TurnStatus.COMPLETED
+    # the broker did deliver the step again while it ran: that delivery found the live lease
+    assert leased._value.get() > before
+    starts = [e for e in events if e.type == EventType.STEP_START and e.step == 1]
+    assert len(starts) == 1  # never executed twice, concurrently or after
+    assert EventType.STEP_RESET not in [e.type for e in events]
+    assert _side_effects(prefix, handle.turn_id, "once") == 1
+
+
+def test_duplicated_run_step_message_is_a_noop(worker, client, prefix):
+    handle = client.submit("rt.slow_stream", prompt="go", metadata={"prefix": prefix})
+    for _ in range(3):  # the same step, delivered again and again
+        client.celery.send_task(RUN_STEP, args=[handle.turn_id, 0], queue=client.settings.queue)
+    result = handle.wait(timeout=60)
+    assert result.status == TurnStatus.COMPLETED
+    events = list(handle.events())
+    assert len([e for e in events if e.type == EventType.STEP_START and e.step == 0]) == 1
+    assert _side_effects(prefix, handle.turn_id, "once") == 1
+    # and once the turn is done, a late duplicate changes nothing
+    from shared.engine.runner import StepRunner
+
+    before = client.runtime.events.last_seq(handle.turn_id)
+    assert StepRunner(client.runtime).deliver(handle.turn_id, 0).action == "none"
+    assert client.runtime.events.last_seq(handle.turn_id) == before
