@@ -109,3 +109,47 @@ reset_on_error = AgentDefinition(
         )
     ],
 )
+
+approver = AgentDefinition(
+    id="rt.approver",
+    allowed_tools=["rt_echo", "rt_side_effect"],
+    read_only=False,
+    mutation_policy="confirm-required",
+    script=[
+        ScriptStep(
+            text="echo, then write",
+            tool_calls=[
+                ScriptToolCall(name="rt_echo", args={"text": "now"}),
+                ScriptToolCall(name="rt_side_effect", args={"label": "gated"}),
+            ],
+        ),
+        ScriptStep(text="done"),
+    ],
+)
+
+approver_two = AgentDefinition(
+    id="rt.approver_two",
+    allowed_tools=["rt_side_effect"],
+    read_only=False,
+    mutation_policy="confirm-required",
+    script=[
+        ScriptStep(
+            tool_calls=[
+                ScriptToolCall(name="rt_side_effect", args={"label": "a"}),
+                ScriptToolCall(name="rt_side_effect", args={"label": "b"}),
+            ],
+        ),
+        ScriptStep(text="done"),
+    ],
+)
+
+approver_expiring = AgentDefinition(
+    id="rt.approver_expiring",
+    allowed_tools=["rt_side_effect"],
+    read_only=False,
+    approval_ttl_s=0.001,
+    script=[
+        ScriptStep(tool_calls=[ScriptToolCall(name="rt_side_effect", args={"label": "late"})]),
+        ScriptStep(text="done"),
+    ],
+)

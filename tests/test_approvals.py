@@ -1,0 +1,176 @@
+"""Approvals as capabilities (DESIGN §4.4): parked turns, signed tokens, decided once."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from shared.decisions import decide_approval, sweep
+from shared.engine.runner import StepRunner
+from shared.errors import ApprovalError
+from shared.models import EventType, ToolResultMessage, TurnStatus
+from shared.runtime import get_runtime
+from shared.submit import create_turn
+from tests.conftest import make_settings
+from tests.test_durability import _side_effects
+
+
+def _park(client, prefix, agent="rt.approver"):
+    handle = client.submit(agent, prompt="go", metadata={"prefix": prefix})
+    requests = []
+    for event in handle.events(idle_timeout=60):
+        if event.type == EventType.APPROVAL_REQUEST:
+            requests.append(event)
+        state = client.get(handle.turn_id)
+        if requests and state.status == TurnStatus.AWAITING_APPROVAL and len(requests) == len(state.parked.approvals):
+            break
+    return handle, requests
+
+
+def _tool_results(state):
+    return {r.name: r for m in state.messages if isinstance(m, ToolResultMessage) for r in m.results}
+
+
+def test_approve_runs_the_gated_call_once_and_resumes(worker, client, prefix, rt):
+    handle, [request] = _park(client, prefix)
+    state = client.get(handle.turn_id)
+    assert state.status == TurnStatus.AWAITING_APPROVAL
+    assert not rt.redis.exists(rt.keys.lease(handle.turn_id))  # parked: no worker holds the turn
+    assert _side_effects(prefix, handle.turn_id, "gated") == 0
+    data = request.data
+    assert data["tool"] == "rt_side_effect" and data["args"] == {"label": "gated"}
+    assert data["expires_at"] > state.updated_at and data["token"]
+    # the call that needed no approval already ran, before anyone decided
+    earlier = list(rt.events.read(handle.turn_id, 0, request.seq))
+    assert any(e.type == EventType.TOOL_RESULT and e.data["name"] == "rt_echo" for e in earlier)
+
+    assert client.approve(data["approval_id"], data["token"], True, reviewer="ops@example", reason="ok").wait(30)
+    result = handle.wait(timeout=60)
+    assert result.status == TurnStatus.COMPLETED and result.text == "done"
+    assert _side_effects(prefix, handle.turn_id, "gated") == 1
+    results = _tool_results(client.get(handle.turn_id))
+    assert results["rt_side_effect"].output == {"label": "gated", "count": 1}
+    decisions = [e for e in handle.events() if e.type == EventType.APPROVAL_DECISION]
+    assert [d.data["decision"] for d in decisions] == ["approved"] and decisions[0].data["reviewer"] == "ops@example"
+    # a replay of the same decision is refused
+    with pytest.raises(ApprovalError) as err:
+        client.approve(data["approval_id"], data["token"], True).wait(30)
+    assert err.value.code == "not-pending"
+
+
+def test_deny_becomes_the_tool_result_the_model_sees(worker, client, prefix):
+    handle, [request] = _park(client, prefix)
+    data = request.data
+    assert client.approve(data["approval_id"], data["token"], False, reason="too risky").wait(30)
+    result = handle.wait(timeout=60)
+    assert result.status == TurnStatus.COMPLETED
+    assert _side_effects(prefix, handle.turn_id, "gated") == 0
+    denied = _tool_results(client.get(handle.turn_id))["rt_side_effect"]
+    assert denied.is_error and denied.output["error"] == "denied by reviewer: too risky"
+
+
+def test_tampered_token_is_refused_and_changes_nothing(worker, client, prefix):
+    handle, [request] = _park(client, prefix)
+    data = request.data
+    forged = data["token"][:-1] + ("0" if data["token"][-1] != "0" else "1")
+    for token in (forged, "", "nokid", data["token"].split(".")[1]):
+        with pytest.raises(ApprovalError) as err:
+            client.approve(data["approval_id"], token, True).wait(30)
+        assert err.value.code == "invalid-token"
+    assert client.get(handle.turn_id).status == TurnStatus.AWAITING_APPROVAL
+    assert client.runtime.approvals.get(data["approval_id"]).status == "pending"
+    assert client.approve(data["approval_id"], data["token"], True).wait(30)
+    assert handle.wait(timeout=60).status == TurnStatus.COMPLETED
+
+
+def test_changed_args_are_refused(worker, client, prefix):
+    handle, [request] = _park(client, prefix)
+    data = request.data
+    with pytest.raises(ApprovalError) as err:
+        client.approve(data["approval_id"], data["token"], True, args={"label": "something else"}).wait(30)
+    assert err.value.code == "changed-args"
+    assert client.approve(data["approval_id"], data["token"], True, args={"label": "gated"}).wait(30)
+    assert handle.wait(timeout=60).status == TurnStatus.COMPLETED
+
+
+def test_unknown_approval_id_is_refused(worker, client):
+    with pytest.raises(ApprovalError) as err:
+        client.approve("apv_doesnotexist", "x.y", True).wait(30)
+    assert err.value.code == "unknown"
+
+
+def test_two_concurrent_approves_exactly_one_wins(rt, prefix):
+    state, _ = create_turn(rt, "rt.approver", prompt="go", metadata={"prefix": prefix})
+    runner = StepRunner(rt)
+    assert runner.deliver(state.turn_id, 0).action == "none"
+    [request] = [e for e in rt.events.read(state.turn_id) if e.type == EventType.APPROVAL_REQUEST]
+    barrier = threading.Barrier(8)
+    outcomes = []
+
+    def decide(approved: bool) -> None:
+        barrier.wait()
+        outcomes.append(decide_approval(rt, request.data["approval_id"], request.data["token"], approved))
+
+    threads = [threading.Thread(target=decide, args=(i % 2 == 0,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [o for o in outcomes if o.accepted]
+    assert len(winners) == 1
+    assert all(o.code == "not-pending" for o in outcomes if not o.accepted)
+    assert rt.approvals.get(request.data["approval_id"]).status == winners[0].code
+
+
+def test_step_resumes_only_when_every_approval_is_decided(worker, client, prefix):
+    handle, requests = _park(client, prefix, "rt.approver_two")
+    assert len(requests) == 2
+    first, second = (r.data for r in requests)
+    client.approve(first["approval_id"], first["token"], True).wait(30)
+    assert client.get(handle.turn_id).status == TurnStatus.AWAITING_APPROVAL
+    client.approve(second["approval_id"], second["token"], False, reason="no").wait(30)
+    result = handle.wait(timeout=60)
+    assert result.status == TurnStatus.COMPLETED
+    assert _side_effects(prefix, handle.turn_id, "a") == 1
+    assert _side_effects(prefix, handle.turn_id, "b") == 0
+
+
+def test_expired_approval_resolves_as_denial(worker, client, prefix):
+    handle, [request] = _park(client, prefix, "rt.approver_expiring")
+    data = request.data
+    with pytest.raises(ApprovalError) as err:
+        client.approve(data["approval_id"], data["token"], True).wait(30)
+    assert err.value.code == "expired"
+    result = handle.wait(timeout=60)
+    assert result.status == TurnStatus.COMPLETED
+    assert _side_effects(prefix, handle.turn_id, "late") == 0
+    expired = _tool_results(client.get(handle.turn_id))["rt_side_effect"]
+    assert expired.is_error and "expired" in expired.output["error"]
+
+
+def test_sweeper_resolves_expired_approvals_nobody_answered(rt, prefix):
+    state, _ = create_turn(rt, "rt.approver_expiring", prompt="go", metadata={"prefix": prefix})
+    runner = StepRunner(rt)
+    runner.deliver(state.turn_id, 0)
+    assert rt.turns.load(state.turn_id).status == TurnStatus.AWAITING_APPROVAL
+    found = sweep(rt, queued_grace_s=300)
+    assert (state.turn_id, 0) in found
+    assert runner.deliver(state.turn_id, 0).action == "next"
+    assert runner.deliver(state.turn_id, 1).action == "none"
+    final = rt.turns.load(state.turn_id)
+    assert final.status == TurnStatus.COMPLETED
+    assert "expired" in _tool_results(final)["rt_side_effect"].output["error"]
+
+
+def test_rotated_secret_still_verifies_pending_approvals(prefix):
+    old = get_runtime(make_settings(prefix, approval_secret="old-secret"))
+    state, _ = create_turn(old, "rt.approver", prompt="go", metadata={"prefix": prefix})
+    StepRunner(old).deliver(state.turn_id, 0)
+    [request] = [e for e in old.events.read(state.turn_id) if e.type == EventType.APPROVAL_REQUEST]
+    data = request.data
+    without_old = get_runtime(make_settings(prefix, approval_secret="new-secret"))
+    refused = decide_approval(without_old, data["approval_id"], data["token"], True)
+    assert not refused.accepted and refused.code == "invalid-token"
+    rotated = get_runtime(make_settings(prefix, approval_secret="new-secret", approval_old_secrets=["old-secret"]))
+    assert decide_approval(rotated, data["approval_id"], data["token"], True).accepted
