@@ -18,7 +18,7 @@ from celery import Celery
 from shared.config import Settings, get_settings
 from shared.errors import ApprovalError, TurnNotFoundError
 from shared.models import Event, TurnResult, TurnState
-from shared.protocol import APPROVE, RUN_STEP, celery_config
+from shared.protocol import APPROVE, RUN_STEP, celery_config, queue_for
 from shared.runtime import Runtime, get_runtime
 from shared.submit import LoopOverrides, create_turn
 
@@ -76,8 +76,8 @@ class Client:
             self._celery = app
         return self._celery
 
-    def _send_step(self, turn_id: str, step: int) -> None:
-        self.celery.send_task(RUN_STEP, args=[turn_id, step], queue=self.settings.queue)
+    def _send_step(self, turn_id: str, step: int, priority: str) -> None:
+        self.celery.send_task(RUN_STEP, args=[turn_id, step], queue=queue_for(self.settings, priority))
 
     # ------------------------------------------------------------------ turns
 
@@ -93,6 +93,7 @@ class Client:
         provider: str | None = None,
         model: str | None = None,
         loop: LoopOverrides | dict[str, Any] | None = None,
+        priority: str | None = None,
     ) -> TurnHandle:
         """Validate and enqueue a turn. The same idempotency key returns the same turn."""
         state, created = create_turn(
@@ -106,9 +107,10 @@ class Client:
             provider=provider,
             model=model,
             loop=loop,
+            priority=priority,
         )
         if created:
-            self._send_step(state.turn_id, 0)
+            self._send_step(state.turn_id, 0, state.priority)
         return TurnHandle(self, state.turn_id, created)
 
     def get(self, turn_id: str) -> TurnState:
@@ -150,7 +152,7 @@ class Client:
         if state.status.terminal:
             return
         self.runtime.turns.request_cancel(turn_id)
-        self._send_step(turn_id, state.step)
+        self._send_step(turn_id, state.step, state.priority)
 
     # ------------------------------------------------------------------ approvals
 

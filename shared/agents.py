@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from shared.errors import DefinitionError
 from shared.models import LoopLimits
 from shared.providers.scripted import ScriptStep
+from shared.ratelimit import RateLimit
 from shared.tools import ToolDefinition, all_tools
 
 MutationPolicy = Literal["read-only", "confirm-required", "destructive-confirm-required"]
@@ -88,6 +89,9 @@ class AgentDefinition(BaseModel):
     temperature: float | None = None
     stop_sequences: list[str] = Field(default_factory=list)
     approval_ttl_s: float | None = None
+    provider_options: dict[str, Any] = Field(default_factory=dict)  # e.g. {"thinking_budget": 2048}
+    rate_limit: RateLimit | None = None  # overrides AGENTQ_RATE_LIMITS for this agent's provider/model
+    priority: Literal["interactive", "batch"] = "interactive"
     script: list[ScriptStep] | None = None  # for the offline `scripted` provider
 
     @field_validator("id")

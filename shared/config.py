@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     reschedule_countdown_s: float | None = None  # default: lease_ttl_s / 2
     queue: str = "agentq"
     broker_transport_options: dict[str, Any] = Field(default_factory=dict)
+    rate_limits: dict[str, Any] = Field(
+        default_factory=dict
+    )  # {"provider/model" | "provider": {rpm, tpm, concurrency}}
     queued_grace_s: float = 300.0  # a queued turn untouched this long is presumed to have lost its message
     beat: bool = True  # `agentq worker` runs the sweeper's schedule unless --no-beat
     memory_polling_interval_s: float = 0.01

@@ -16,7 +16,7 @@ class ApprovalOutcome:
     accepted: bool
     code: str
     message: str
-    resume: tuple[str, int] | None = None  # (turn_id, step) to enqueue when the step is fully decided
+    resume: tuple[str, int, str] | None = None  # (turn_id, step, priority) to enqueue once fully decided
 
 
 def decide_approval(
@@ -98,7 +98,7 @@ def _publish_decision(
     rt.events.publish(turn_id, EventType.APPROVAL_DECISION, step, data)
 
 
-def _resume_target(rt: Runtime, turn_id: str, step: int) -> tuple[str, int] | None:
+def _resume_target(rt: Runtime, turn_id: str, step: int) -> tuple[str, int, str] | None:
     """The step to resume when none of its approvals is still pending."""
     state = rt.turns.load(turn_id)
     if state is None or state.status != TurnStatus.AWAITING_APPROVAL or state.parked is None or state.step != step:
@@ -109,16 +109,16 @@ def _resume_target(rt: Runtime, turn_id: str, step: int) -> tuple[str, int] | No
         rec = records.get(pending.approval_id)
         if rec is not None and rec.status == "pending" and now < rec.expires_at:
             return None
-    return (turn_id, step)
+    return (turn_id, step, state.priority)
 
 
-def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int]]:
+def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int, str]]:
     """Turns to re-enqueue: running with no live lease and a step that started but never committed,
     queued/running with no progress for `queued_grace_s` (a lost message), or parked past an expiry."""
     if not rt.redis.set(rt.keys.sweep_lock, "1", nx=True, px=max(int(rt.settings.sweep_interval_s * 800), 50)):
         return []
     now = time.time()
-    found: list[tuple[str, int]] = []
+    found: list[tuple[str, int, str]] = []
     for turn_id in rt.turns.stale_active(now - min(rt.settings.lease_ttl_s, queued_grace_s)):
         state = rt.turns.load(turn_id)
         if state is None or state.status.terminal or state.status == TurnStatus.AWAITING_APPROVAL:
@@ -130,13 +130,13 @@ def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int]]:
             continue
         crashed = rt.leases.started_step(turn_id) == state.step
         if crashed or state.updated_at < now - queued_grace_s:
-            found.append((turn_id, state.step))
+            found.append((turn_id, state.step, state.priority))
             rt.redis.zadd(rt.keys.active, {turn_id: now}, xx=True)
     for turn_id in rt.turns.expired_awaiting(now):
         state = rt.turns.load(turn_id)
         if state is None or state.status != TurnStatus.AWAITING_APPROVAL:
             rt.redis.zrem(rt.keys.awaiting, turn_id)
             continue
-        found.append((turn_id, state.step))
+        found.append((turn_id, state.step, state.priority))
         rt.redis.zadd(rt.keys.awaiting, {turn_id: now + rt.settings.lease_ttl_s}, xx=True)
     return found

@@ -9,3 +9,9 @@ STEP_DELIVERIES = Counter(
     "run_step deliveries by what they did (next, retry, reschedule, none)",
     ["action"],
 )
+
+RATE_LIMIT_WAITS = Counter(
+    "agentq_rate_limiter_waits_total",
+    "Steps re-queued because the shared rate limit had no capacity",
+    ["provider", "model", "limit"],
+)

@@ -14,12 +14,26 @@ APPROVE = "agentq.approve"
 SWEEP = "agentq.sweep"
 
 
+def queue_for(settings: Settings, priority: str) -> str:
+    """Interactive turns and batch turns go to separate queues, so a big batch never delays a chat."""
+    return f"{settings.queue}.batch" if priority == "batch" else settings.queue
+
+
+def worker_queues(settings: Settings) -> list[str]:
+    """What a worker serves by default, most urgent first (the Redis transport honours this order)."""
+    return [settings.queue, f"{settings.queue}.batch"]
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings per DESIGN §4.1: late acks, requeue on worker loss, prefetch 1, JSON only."""
     url = settings.effective_broker_url
     transport: dict[str, Any] = {}
     if url.startswith(("redis://", "rediss://", "unix://")):
-        transport = {"visibility_timeout": settings.visibility_timeout_s, "global_keyprefix": f"{settings.key_prefix}:"}
+        transport = {
+            "visibility_timeout": settings.visibility_timeout_s,
+            "global_keyprefix": f"{settings.key_prefix}:",
+            "queue_order_strategy": "priority",  # drain the interactive queue before the batch queue
+        }
     elif url.startswith("memory://"):
         transport = {"polling_interval": settings.memory_polling_interval_s}
     transport.update(settings.broker_transport_options)

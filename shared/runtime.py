@@ -12,6 +12,7 @@ import redis
 from shared.agents import AgentRegistry, registry
 from shared.approvals import ApprovalSigner
 from shared.config import Settings, get_settings
+from shared.ratelimit import RateLimiter
 from shared.store.approvals import ApprovalStore
 from shared.store.connection import get_redis
 from shared.store.events import EventLog
@@ -34,6 +35,7 @@ class Runtime:
     tool_results: ToolResultStore
     approvals: ApprovalStore
     agents: AgentRegistry
+    limiter: RateLimiter
     _signer: ApprovalSigner | None = field(default=None, repr=False)
 
     @classmethod
@@ -53,6 +55,7 @@ class Runtime:
             tool_results=ToolResultStore(client, keys),
             approvals=ApprovalStore(client, keys, settings.event_ttl_s),
             agents=agents,
+            limiter=RateLimiter(client, keys, hold_ttl_s=max(settings.lease_ttl_s * 4, 300.0)),
         )
 
     @property

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from shared.agents import AgentDefinition, Budget, StopWhen
 from shared.engine.runner import new_turn_id
@@ -84,6 +85,9 @@ def build_messages(
         raise SubmitError(f"malformed messages: {first['msg']} at {'.'.join(map(str, first['loc']))}") from None
     if not parsed:
         raise SubmitError("messages must not be empty")
+    unknown = _unknown_field(messages, parsed, "messages")
+    if unknown:
+        raise SubmitError(f"malformed messages: unknown field {unknown} (it would be dropped)")
     if len(parsed) > rt.settings.max_messages:
         raise SubmitError(f"{len(parsed)} messages; the limit is {rt.settings.max_messages}")
     size = sum(len(m.model_dump_json()) for m in parsed)
@@ -92,6 +96,26 @@ def build_messages(
     if any(isinstance(m, SystemMessage) for m in parsed):
         raise SubmitError("system messages come from the agent definition, not the caller")
     return parsed
+
+
+def _unknown_field(raw: Any, parsed: Any, loc: str) -> str | None:
+    """The first caller-given field the models do not know (e.g. `content` on an assistant message)."""
+    if isinstance(parsed, BaseModel) and isinstance(raw, dict):
+        fields = type(parsed).model_fields
+        for name in raw:
+            if name not in fields:
+                return f"{loc}.{name}"
+        for name in fields:
+            if name in raw:
+                found = _unknown_field(raw[name], getattr(parsed, name), f"{loc}.{name}")
+                if found:
+                    return found
+    elif isinstance(parsed, list) and isinstance(raw, list):
+        for index, (r, p) in enumerate(zip(raw, parsed, strict=False)):
+            found = _unknown_field(r, p, f"{loc}.{index}")
+            if found:
+                return found
+    return None
 
 
 def create_turn(
@@ -106,7 +130,7 @@ def create_turn(
     provider: str | None = None,
     model: str | None = None,
     loop: LoopOverrides | dict[str, Any] | None = None,
-    priority: str = "interactive",
+    priority: str | None = None,
 ) -> tuple[TurnState, bool]:
     """Validate and store a turn. Returns (state, created); created is False for a repeated key."""
     agent = rt.agents.get(agent_id) if isinstance(agent_id, str) else None
@@ -118,6 +142,8 @@ def create_turn(
         raise MissingFeaturesError(f"agent {agent.id} requires features the caller lacks: {', '.join(missing)}")
     if idempotency_key is not None and (not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 200):
         raise SubmitError("idempotency_key must be a string of 1 to 200 characters")
+    if priority not in (None, "interactive", "batch"):
+        raise SubmitError(f"priority must be 'interactive' or 'batch', not {priority!r}")
     if metadata is not None and not isinstance(metadata, dict):
         raise SubmitError("metadata must be a JSON object")
     chosen_provider, chosen_model = resolve_model(agent, provider, model, rt.settings.provider, rt.settings.model)
@@ -130,7 +156,7 @@ def create_turn(
         messages=build_messages(rt, agent, prompt, messages),
         limits=limits,
         metadata=metadata or {},
-        priority=priority,
+        priority=priority or agent.priority,
         idempotency_key=idempotency_key,
         created_at=time.time(),
     )
@@ -138,6 +164,8 @@ def create_turn(
         TurnState.model_validate_json(state.model_dump_json())
     except ValidationError as exc:
         raise SubmitError(f"metadata is not JSON-serializable: {exc.errors()[0]['msg']}") from None
+    except PydanticSerializationError as exc:
+        raise SubmitError(f"metadata is not JSON-serializable: {exc}") from None
     existing = rt.turns.create(state, idempotency_key)
     if existing:
         found = rt.turns.load(existing)

@@ -15,6 +15,7 @@ import redis
 from celery.contrib.testing.worker import start_worker
 
 from shared.config import Settings
+from shared.protocol import worker_queues
 from shared.runtime import Runtime, get_runtime
 
 REDIS_URL = os.environ.get("AGENTQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -95,7 +96,7 @@ def worker(settings: Settings) -> Iterator[object]:
 
     app = create_app(settings)
     with start_worker(
-        app, pool="threads", concurrency=4, perform_ping_check=False, loglevel="WARNING", queues=[settings.queue]
+        app, pool="threads", concurrency=4, perform_ping_check=False, loglevel="WARNING", queues=worker_queues(settings)
     ) as w:
         yield w
 
@@ -115,7 +116,7 @@ class WorkerProcess:
         cmd = [
             sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
             "--pool=threads", f"--concurrency={concurrency}", "--loglevel=WARNING",
-            f"--hostname={name}@%h", "-Q", settings.queue, "--without-gossip", "--without-mingle",
+            f"--hostname={name}@%h", "-Q", ",".join(worker_queues(settings)), "--without-gossip", "--without-mingle",
         ]  # fmt: skip
         if beat:
             cmd += ["-B", "--schedule", f"/tmp/{settings.key_prefix}-{name}-beat"]

@@ -155,7 +155,7 @@ def test_sweeper_resolves_expired_approvals_nobody_answered(rt, prefix):
     runner.deliver(state.turn_id, 0)
     assert rt.turns.load(state.turn_id).status == TurnStatus.AWAITING_APPROVAL
     found = sweep(rt, queued_grace_s=300)
-    assert (state.turn_id, 0) in found
+    assert (state.turn_id, 0, "interactive") in found
     assert runner.deliver(state.turn_id, 0).action == "next"
     assert runner.deliver(state.turn_id, 1).action == "none"
     final = rt.turns.load(state.turn_id)

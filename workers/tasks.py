@@ -16,7 +16,7 @@ from shared.config import Settings
 from shared.decisions import decide_approval, sweep
 from shared.engine.runner import StepRunner
 from shared.metrics import STEP_DELIVERIES
-from shared.protocol import APPROVE, RUN_STEP, SWEEP
+from shared.protocol import APPROVE, RUN_STEP, SWEEP, queue_for
 from shared.runtime import Runtime, get_runtime
 
 log = logging.getLogger("agentq.worker")
@@ -31,8 +31,11 @@ def _runtime(task: Task) -> Runtime:
     return get_runtime(_settings(task))
 
 
-def _enqueue_step(task: Task, turn_id: str, step: int, countdown: float | None = None) -> None:
-    task.app.send_task(RUN_STEP, args=[turn_id, step], countdown=countdown, queue=_settings(task).queue)
+def _enqueue_step(
+    task: Task, turn_id: str, step: int, priority: str, countdown: float | None = None
+) -> None:
+    queue = queue_for(_settings(task), priority)
+    task.app.send_task(RUN_STEP, args=[turn_id, step], countdown=countdown, queue=queue)
 
 
 def run_step(self: Task, turn_id: str, step: int, attempt: int = 0) -> str:
@@ -40,11 +43,16 @@ def run_step(self: Task, turn_id: str, step: int, attempt: int = 0) -> str:
     decision = StepRunner(_runtime(self)).deliver(turn_id, step)
     STEP_DELIVERIES.labels(decision.action).inc()
     if decision.action == "next":
-        _enqueue_step(self, turn_id, decision.step)
+        _enqueue_step(self, turn_id, decision.step, decision.priority)
     elif decision.action == "retry":
-        raise self.retry(args=[turn_id, step], kwargs={"attempt": decision.attempt}, countdown=decision.countdown)
+        raise self.retry(
+            args=[turn_id, step],
+            kwargs={"attempt": decision.attempt},
+            countdown=decision.countdown,
+            queue=queue_for(_settings(self), decision.priority),
+        )
     elif decision.action == "reschedule":
-        _enqueue_step(self, turn_id, step, countdown=decision.countdown)
+        _enqueue_step(self, turn_id, step, decision.priority, countdown=decision.countdown)
     return f"{decision.action}:{decision.reason}"
 
 
@@ -76,9 +84,9 @@ def approve(
 def sweep_turns(self: Task) -> int:
     """Re-enqueue turns whose step died (lease expired without a commit) or whose approvals expired."""
     found = sweep(_runtime(self), _settings(self).queued_grace_s)
-    for turn_id, step in found:
+    for turn_id, step, priority in found:
         log.warning("sweeper re-enqueues turn %s step %s", turn_id, step)
-        _enqueue_step(self, turn_id, step)
+        _enqueue_step(self, turn_id, step, priority)
     return len(found)
 
 

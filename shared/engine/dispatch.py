@@ -58,16 +58,9 @@ class StepDispatcher:
             result = ToolResult(tool_call_id=call.id, name=call.name, output=output, is_error=True)
             return PreparedCall(call, None, None, result)
 
-        strikes = self.state.failed_tools.get(call.name)
-        if self.breaker is not None and strikes and strikes[0] >= self.breaker:
-            count, last = strikes
-            return fail(
-                {
-                    "error": f'TOOL_PERMANENTLY_FAILED: "{call.name}" has failed {count} times. Last error: {last}.',
-                    "status": "permanently_failed",
-                    "do_not_retry": True,
-                }
-            )
+        blocked = self._breaker_block(call)
+        if blocked is not None:
+            return PreparedCall(call, None, None, blocked)
         definition = self.visible.get(call.name)
         if definition is None:
             if self.breaker is not None:
@@ -86,6 +79,23 @@ class StepDispatcher:
         needs = self.agent.call_needs_approval(definition, args)
         return PreparedCall(call, definition, args, None, needs_approval=needs)
 
+    def _breaker_block(self, call: ToolCall) -> ToolResult | None:
+        """The TOOL_PERMANENTLY_FAILED result once a tool has used up its strikes (digest §3.4), else None."""
+        strikes = self.state.failed_tools.get(call.name)
+        if self.breaker is None or not strikes or strikes[0] < self.breaker:
+            return None
+        count, last = strikes
+        return ToolResult(
+            tool_call_id=call.id,
+            name=call.name,
+            is_error=True,
+            output={
+                "error": f'TOOL_PERMANENTLY_FAILED: "{call.name}" has failed {count} times. Last error: {last}.',
+                "status": "permanently_failed",
+                "do_not_retry": True,
+            },
+        )
+
     def stored(self, calls: list[ToolCall]) -> dict[str, ToolResult]:
         return self.results.get_many(self.state.turn_id, [c.id for c in calls])
 
@@ -94,6 +104,10 @@ class StepDispatcher:
         if prepared.error is not None:
             return self.results.put(self.state.turn_id, prepared.error)
         assert prepared.definition is not None and prepared.args is not None
+        # calls are prepared together but run in order: strikes from earlier calls of this step count too
+        blocked = self._breaker_block(prepared.call)
+        if blocked is not None:
+            return self.results.put(self.state.turn_id, blocked)
         result = self._run(prepared.definition, prepared.call, prepared.args)
         return self.results.put(self.state.turn_id, result)
 

@@ -12,7 +12,7 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from shared.agents import AgentDefinition
@@ -33,7 +33,9 @@ from shared.models import (
     UserMessage,
 )
 from shared.providers.base import ProviderError, StepOutput, StepRequest, ToolSpec
+from shared.metrics import RATE_LIMIT_WAITS
 from shared.providers.registry import create_adapter
+from shared.ratelimit import RateLimit, estimate_tokens
 from shared.retry import retry_countdown
 from shared.runtime import Runtime
 from shared.store.approvals import ApprovalRecord
@@ -54,6 +56,7 @@ class Decision:
     countdown: float = 0.0
     attempt: int = 0
     reason: str = ""
+    priority: str = "interactive"  # picks the queue the next message goes to
 
 
 def _none(reason: str) -> Decision:
@@ -67,10 +70,15 @@ class StepRunner:
     # ------------------------------------------------------------------ delivery
 
     def deliver(self, turn_id: str, step: int) -> Decision:
-        rt = self.rt
-        state = rt.turns.load(turn_id)
+        state = self.rt.turns.load(turn_id)
         if state is None:
             return _none("unknown turn")
+        decision = self._deliver(state, step)
+        return replace(decision, priority=state.priority)
+
+    def _deliver(self, state: TurnState, step: int) -> Decision:
+        rt = self.rt
+        turn_id = state.turn_id
         if state.status.terminal or state.step != step:
             return _none("stale delivery")
         lease = rt.leases.acquire(turn_id, step)
@@ -82,13 +90,13 @@ class StepRunner:
                 reason="leased",
             )
         try:
-            state = rt.turns.load(turn_id)  # reload under the lease: the fence is this copy
-            if state is None or state.status.terminal or state.step != step:
+            fresh = rt.turns.reload(state)  # re-read under the lease (no re-parse if unchanged): the fence
+            if fresh is None or fresh.status.terminal or fresh.step != step:
                 return _none("stale delivery")
             now = time.time()
-            if state.not_before and state.not_before > now + 0.05 and not rt.turns.cancel_requested(turn_id):
-                return Decision("reschedule", step=step, countdown=state.not_before - now, reason="not yet")
-            return self._run(state, lease)
+            if fresh.not_before and fresh.not_before > now + 0.05 and not rt.turns.cancel_requested(turn_id):
+                return Decision("reschedule", step=step, countdown=fresh.not_before - now, reason="not yet")
+            return self._run(fresh, lease)
         finally:
             rt.leases.release(lease)
 
@@ -136,6 +144,16 @@ class StepRunner:
             attempt=state.attempt,
             options=agent.provider_options,
         )
+        scope, limit = self._rate_limit(state, agent)
+        grant = None
+        if limit.active:
+            chars = sum(len(m.model_dump_json()) for m in state.messages) + len(agent.system_prompt)
+            grant = rt.limiter.acquire(scope, limit, estimate_tokens(chars, agent.max_output_tokens))
+            if not grant.allowed:
+                RATE_LIMIT_WAITS.labels(state.provider, state.model, grant.reason).inc()
+                return Decision(
+                    "reschedule", step=state.step, countdown=grant.wait_s, reason=f"rate limit ({grant.reason})"
+                )
         emitter.publish(
             EventType.STEP_START,
             {
@@ -146,15 +164,22 @@ class StepRunner:
                 "tools": [t.name for t in tools],
             },
         )
+        used: int | None = None
         try:
             output = adapter.stream_step(request, emitter.emit, lambda: lease.should_stop)
+            used = output.usage.total_tokens
         except ProviderError as exc:
             emitter.flush()
+            if exc.status == 429:
+                rt.limiter.penalize(scope, limit, exc.retry_after_s)
             return self._provider_failure(state, agent, emitter, exc)
         except Exception as exc:  # an adapter bug must not leave the turn hanging
             emitter.flush()
             err = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False)
             return self._provider_failure(state, agent, emitter, err)
+        finally:
+            if grant is not None:
+                rt.limiter.release(scope, grant, used)
         emitter.flush()
         if lease.lost.is_set() or not rt.leases.still_held(lease):
             return _none("lease lost mid-step; another delivery owns the turn")
@@ -212,6 +237,17 @@ class StepRunner:
         state.messages.append(ToolResultMessage(results=[results[c.id] for c in calls]))
         state.tool_calls_made += len(calls)
         return self._after_tools(state, agent, emitter, calls)
+
+    def _rate_limit(self, state: TurnState, agent: AgentDefinition) -> tuple[str, RateLimit]:
+        """The limit for this step's provider/model: the agent's own, else `provider/model`, else `provider`."""
+        scope = f"{state.provider}/{state.model}"
+        if agent.rate_limit is not None:
+            return scope, agent.rate_limit
+        configured = self.rt.settings.rate_limits
+        for key in (scope, state.provider):
+            if key in configured:
+                return key, RateLimit.model_validate(configured[key])
+        return scope, RateLimit()
 
     def _dispatcher(self, state: TurnState, agent: AgentDefinition, provider_breaker: int | None) -> StepDispatcher:
         breaker = agent.tool_failure_breaker or provider_breaker

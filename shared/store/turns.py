@@ -74,6 +74,16 @@ class TurnStore:
         raw = self.client.get(self.keys.turn(turn_id))
         return TurnState.model_validate_json(raw) if raw else None
 
+    def reload(self, state: TurnState) -> TurnState | None:
+        """The stored state now: `state` itself if nothing was committed since it was read, else a fresh load.
+
+        One small GET and no parse on the common path: create and commit write the state and its
+        version key together (atomically), so an unchanged version means an unchanged state.
+        """
+        if self.client.get(self.keys.version(state.turn_id)) == str(state.version):
+            return state
+        return self.load(state.turn_id)
+
     def commit(self, state: TurnState) -> bool:
         """Write `state` if nobody committed since it was loaded; bumps `state.version` on success."""
         k = self.keys

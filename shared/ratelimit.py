@@ -1,0 +1,179 @@
+"""Shared per-provider/model rate limits, enforced across every worker by one atomic Lua script.
+
+Three limits: requests per minute (a sliding-window log, exact), tokens per minute
+(a sliding window of token charges with a running sum) and concurrent steps (a set
+of holders that expire, so a crashed worker's slot comes back). A step that gets no
+capacity learns how long to wait and re-queues itself with that countdown.
+
+A 429 from the provider tightens the limit for the whole fleet: the configured
+limits are scaled by a penalty factor for a cool-down period, and, when the
+provider said how long to wait, every step of that provider/model waits that long.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+import redis
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.store.keys import Keys
+
+WINDOW_S = 60.0
+
+# KEYS: requests zset, tokens zset, tokens sum, holders zset, penalty, paused-until
+# ARGV: now, rpm, tpm, concurrency, est tokens, holder id, hold ttl, window
+_ACQUIRE = """
+local now = tonumber(ARGV[1])
+local window = tonumber(ARGV[8])
+local paused = tonumber(redis.call('GET', KEYS[6]) or '0')
+if paused > now then return {0, tostring(paused - now), 'paused'} end
+local factor = tonumber(redis.call('GET', KEYS[5]) or '1')
+local rpm = tonumber(ARGV[2])
+local tpm = tonumber(ARGV[3])
+local conc = tonumber(ARGV[4])
+local est = tonumber(ARGV[5])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - window)
+if #old > 0 then
+  local freed = 0
+  for _, member in ipairs(old) do freed = freed + tonumber(string.match(member, '^(%d+):')) end
+  redis.call('DECRBY', KEYS[3], freed)
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - window)
+end
+if conc > 0 then
+  local limit = math.max(1, math.floor(conc * factor))
+  if redis.call('ZCARD', KEYS[4]) >= limit then
+    local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+    return {0, tostring(math.max(0.05, math.min(tonumber(first[2]) - now, 1.0))), 'concurrency'}
+  end
+end
+if rpm > 0 then
+  local limit = math.max(1, math.floor(rpm * factor))
+  if redis.call('ZCARD', KEYS[1]) >= limit then
+    local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+    return {0, tostring(math.max(0.01, tonumber(first[2]) + window - now)), 'rpm'}
+  end
+end
+if tpm > 0 then
+  local limit = math.max(1, math.floor(tpm * factor))
+  local used = tonumber(redis.call('GET', KEYS[3]) or '0')
+  if used > 0 and used + est > limit then
+    local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+    return {0, tostring(math.max(0.01, tonumber(first[2]) + window - now)), 'tpm'}
+  end
+end
+if rpm > 0 then redis.call('ZADD', KEYS[1], now, ARGV[6]) end
+if tpm > 0 and est > 0 then
+  redis.call('ZADD', KEYS[2], now, est .. ':' .. ARGV[6])
+  redis.call('INCRBY', KEYS[3], est)
+end
+if conc > 0 then redis.call('ZADD', KEYS[4], now + tonumber(ARGV[7]), ARGV[6]) end
+for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], math.ceil((window + tonumber(ARGV[7])) * 1000)) end
+return {1, '0', 'ok'}
+"""
+
+# KEYS: tokens zset, tokens sum, holders zset. ARGV: holder id, est tokens, actual tokens, now
+_RELEASE = """
+redis.call('ZREM', KEYS[3], ARGV[1])
+local est = tonumber(ARGV[2])
+local actual = tonumber(ARGV[3])
+if actual >= 0 and est >= 0 then
+  if redis.call('ZREM', KEYS[1], est .. ':' .. ARGV[1]) == 1 then
+    redis.call('DECRBY', KEYS[2], est)
+  end
+  if actual > 0 then
+    redis.call('ZADD', KEYS[1], tonumber(ARGV[4]), actual .. ':' .. ARGV[1])
+    redis.call('INCRBY', KEYS[2], actual)
+  end
+end
+return 1
+"""
+
+
+class RateLimit(BaseModel):
+    """Limits for one provider/model. 0 or None means unlimited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rpm: int | None = Field(default=None, ge=0)
+    tpm: int | None = Field(default=None, ge=0)
+    concurrency: int | None = Field(default=None, ge=0)
+    window_s: float = Field(default=WINDOW_S, gt=0)  # rpm/tpm count over this sliding window
+    penalty_factor: float = Field(default=0.5, gt=0, le=1)
+    penalty_s: float = Field(default=60.0, ge=0)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.rpm or self.tpm or self.concurrency)
+
+
+@dataclass(frozen=True)
+class Grant:
+    allowed: bool
+    wait_s: float
+    reason: str
+    holder: str
+    estimate: int
+
+
+class RateLimiter:
+    def __init__(self, client: redis.Redis, keys: Keys, hold_ttl_s: float) -> None:
+        self.client = client
+        self.keys = keys
+        self.hold_ttl_s = hold_ttl_s
+        self._acquire = client.register_script(_ACQUIRE)
+        self._release = client.register_script(_RELEASE)
+
+    def _keys(self, scope: str) -> list[str]:
+        base = f"{self.keys.prefix}:rl:{{{scope}}}"
+        return [f"{base}:req", f"{base}:tok", f"{base}:toksum", f"{base}:hold", f"{base}:penalty", f"{base}:paused"]
+
+    def acquire(self, scope: str, limit: RateLimit, estimate_tokens: int) -> Grant:
+        holder = uuid.uuid4().hex
+        allowed, wait, reason = self._acquire(
+            keys=self._keys(scope),
+            args=[
+                f"{time.time():.6f}",
+                limit.rpm or 0,
+                limit.tpm or 0,
+                limit.concurrency or 0,
+                max(0, estimate_tokens),
+                holder,
+                self.hold_ttl_s,
+                limit.window_s,
+            ],
+        )
+        return Grant(bool(int(allowed)), float(wait), str(reason), holder, max(0, estimate_tokens))
+
+    def release(self, scope: str, grant: Grant, actual_tokens: int | None) -> None:
+        """Free the concurrency slot and replace the token estimate with what the step really used."""
+        keys = self._keys(scope)
+        self._release(
+            keys=[keys[1], keys[2], keys[3]],
+            args=[grant.holder, grant.estimate, -1 if actual_tokens is None else actual_tokens, f"{time.time():.6f}"],
+        )
+
+    def penalize(self, scope: str, limit: RateLimit, retry_after_s: float | None) -> None:
+        """A 429: scale the fleet's limit down for a while, and pause it for the provider's retry-after."""
+        keys = self._keys(scope)
+        pipe = self.client.pipeline()
+        current = self.client.get(keys[4])
+        factor = max(0.05, (float(current) if current else 1.0) * limit.penalty_factor)
+        if limit.penalty_s > 0:
+            pipe.set(keys[4], f"{factor:.4f}", ex=max(1, int(limit.penalty_s)))
+        if retry_after_s:
+            pipe.set(keys[5], f"{time.time() + retry_after_s:.6f}", px=max(1, int(retry_after_s * 1000)))
+        pipe.execute()
+
+    def penalty(self, scope: str) -> float:
+        value = self.client.get(self._keys(scope)[4])
+        return float(value) if value else 1.0
+
+
+def estimate_tokens(chars: int, max_output: int | None) -> int:
+    """A cheap pre-call estimate (≈4 characters a token); corrected with real usage after the step."""
+    return chars // 4 + (max_output or 512)
