@@ -113,6 +113,36 @@ class Client:
             self._send_step(state.turn_id, 0, state.priority)
         return TurnHandle(self, state.turn_id, created)
 
+    def submit_batch(
+        self, agent: str, items: list[dict[str, Any]], key: str | None = None
+    ) -> tuple[str, list[TurnHandle]]:
+        """Submit every item as a batch-priority turn keyed by (batch, item key); returns (batch id, handles).
+
+        Items are `{"key": ..., "prompt"|"messages"|"input": ...}`. Submitting the same batch again
+        returns the existing turns instead of creating (and paying for) new ones.
+        """
+        from shared.batch import BatchItem, batch_key, check_batch_id, derive_batch_id, item_idempotency_key
+
+        parsed = [BatchItem.model_validate(item) for item in items]
+        batch_id = check_batch_id(key) if key else derive_batch_id(agent, json.dumps([i.key for i in parsed]))
+        record = batch_key(self.runtime.keys, batch_id)
+        self.runtime.redis.hset(record, mapping={"agent": agent, "total": len(parsed)})
+        handles = []
+        for item in parsed:
+            handle = self.submit(
+                agent,
+                prompt=item.prompt_text(),
+                messages=item.messages,
+                idempotency_key=item_idempotency_key(batch_id, item.key),
+                metadata={**item.metadata, "batch_id": batch_id, "item_key": item.key},
+                priority="batch",
+            )
+            if handle.created:
+                self.runtime.redis.hincrby(record, "created", 1)
+            handles.append(handle)
+        self.runtime.redis.expire(record, self.settings.event_ttl_s)
+        return batch_id, handles
+
     def get(self, turn_id: str) -> TurnState:
         state = self.runtime.turns.load(turn_id)
         if state is None:

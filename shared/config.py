@@ -40,6 +40,7 @@ class Settings(BaseSettings):
     rate_limits: dict[str, Any] = Field(
         default_factory=dict
     )  # {"provider/model" | "provider": {rpm, tpm, concurrency}}
+    prices: dict[str, Any] = Field(default_factory=dict)  # {"provider/model": {input_per_mtok, output_per_mtok}}
     queued_grace_s: float = 300.0  # a queued turn untouched this long is presumed to have lost its message
     beat: bool = True  # `agentq worker` runs the sweeper's schedule unless --no-beat
     memory_polling_interval_s: float = 0.01

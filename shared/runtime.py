@@ -76,15 +76,16 @@ class Runtime:
 
 
 _lock = threading.Lock()
-_runtimes: dict[int, Runtime] = {}
+_runtimes: dict[str, Runtime] = {}
 
 
 def get_runtime(settings: Settings | None = None) -> Runtime:
     """The runtime for these settings (default: the environment's), built once per process."""
     settings = settings or get_settings()
     with _lock:
-        rt = _runtimes.get(id(settings))
+        key = settings.model_dump_json()  # by content: an id() could be reused by a later Settings
+        rt = _runtimes.get(key)
         if rt is None:
             rt = Runtime.build(settings)
-            _runtimes[id(settings)] = rt
+            _runtimes[key] = rt
         return rt

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel
+
 from shared.agents import AgentDefinition
+from shared.models import AssistantMessage, TextPart, Usage, UserMessage
+from shared.providers.base import Delta, Emit, ProviderAdapter, ShouldStop, StepOutput, StepRequest
+from shared.providers.registry import register_provider
 from shared.providers.scripted import ScriptFailure, ScriptStep
 from shared.ratelimit import RateLimit
+from shared.tools import tool
 
 limited = AgentDefinition(
     id="bt.limited",
@@ -40,3 +46,51 @@ batch_item = AgentDefinition(
     priority="batch",
     script=[ScriptStep(text="0123456789", delta_chars=5, delta_delay_s=0.05)],
 )
+
+
+@tool
+def bt_noop() -> str:
+    """Does nothing (keeps the tool registry non-empty for the extractor)."""
+    return "ok"
+
+
+class BtContact(BaseModel):
+    name: str
+    email: str
+
+
+extract = AgentDefinition(
+    id="bt.extract",
+    priority="batch",
+    execution_mode="object",
+    output=BtContact,
+    default_provider="bt-extract",
+    default_model="regex",
+)
+
+
+def _extract_factory(agent: AgentDefinition, model: str) -> ProviderAdapter:
+    return _RegexExtractor()
+
+
+class _RegexExtractor(ProviderAdapter):
+    """A deterministic offline model that 'extracts' name and email from the prompt, so each item differs."""
+
+    name = "bt-extract"
+
+    def stream_step(self, request: StepRequest, emit: Emit, should_stop: ShouldStop) -> StepOutput:
+        import json
+        import re
+
+        prompt = next(m.content for m in request.messages if isinstance(m, UserMessage))
+        text = json.loads(prompt)["text"]
+        match = re.match(r"(.*) <(.*)>", text)
+        answer = json.dumps({"name": match.group(1), "email": match.group(2)}) if match else "{}"
+        emit(Delta("text", answer))
+        return StepOutput(
+            message=AssistantMessage(parts=[TextPart(text=answer)]),
+            usage=Usage(input_tokens=len(prompt) // 4 + 1, output_tokens=len(answer) // 4 + 1),
+        )
+
+
+register_provider("bt-extract", _extract_factory)

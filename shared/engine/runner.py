@@ -17,6 +17,7 @@ from typing import Literal
 
 from shared.agents import AgentDefinition
 from shared.approvals import ApprovalClaim
+from shared.batch import record_finish
 from shared.engine.dispatch import PreparedCall, StepDispatcher
 from shared.engine.emitter import StepEmitter
 from shared.engine.output import OutputInvalid, parse_object, repair_note
@@ -106,19 +107,21 @@ class StepRunner:
         emitter = StepEmitter(rt.events, state.turn_id, state.step, rt.settings.coalesce_window_ms / 1000)
         if agent is None:
             return self._fail(state, emitter, f"agent {state.agent!r} is not loaded on this worker")
-        stale_step = rt.turns.clear_emitted(state.turn_id)
+        stale_step, cancel_requested = rt.turns.step_flags(state.turn_id)  # one round trip for both
         # a parked step's output was committed with it: only a crashed running step needs a reset
         if stale_step == state.step and state.status != TurnStatus.AWAITING_APPROVAL:
             emitter.publish(EventType.STEP_RESET, {"reason": "redelivered after the worker stopped mid-step"})
-        if rt.turns.cancel_requested(state.turn_id):
+        if cancel_requested:
             return self._finish(state, emitter, TurnStatus.CANCELLED, FinishReason.CANCELLED)
         if state.status == TurnStatus.AWAITING_APPROVAL:
             return self._resume(state, agent, emitter)
         if self._over_wall_clock(state):
             return self._finish_limit(state, agent, emitter, FinishReason.BUDGET, "wall-clock budget exhausted")
-        if state.status == TurnStatus.QUEUED:
+        if state.status == TurnStatus.QUEUED:  # visible as running while the first step streams
             state.status = TurnStatus.RUNNING
             state.started_at = state.started_at or time.time()
+            if not rt.turns.commit(state):
+                return _none("commit lost to a concurrent writer")
         return self._model_step(state, agent, emitter, lease)
 
     # ------------------------------------------------------------------ the model call
@@ -342,6 +345,10 @@ class StepRunner:
         state.parked = None
         if not self.rt.turns.commit(state):
             return _none("commit lost to a concurrent writer")
+        if "batch_id" in state.metadata:
+            pipe = self.rt.redis.pipeline(transaction=False)
+            record_finish(pipe, self.rt.keys, state, self.rt.settings.event_ttl_s)
+            pipe.execute()
         emitter.publish(
             EventType.TURN_FINISH,
             {

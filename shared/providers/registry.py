@@ -27,6 +27,7 @@ _CHECKS: dict[str, ConfigCheck] = {}
 # Official-SDK adapters, imported on first use: "name" -> "module:factory[:check]"
 _LAZY: dict[str, str] = {
     "anthropic": "shared.providers.anthropic:create_adapter:check_configured",
+    "anthropic-vertex": "shared.providers.anthropic_vertex:create_adapter:check_configured",
     "gemini": "shared.providers.gemini:create_adapter:check_configured",
     "bedrock": "shared.providers.bedrock:create_adapter:check_configured",
 }

@@ -120,3 +120,11 @@ class TurnStore:
         """Take the 'content emitted but not committed' marker; returns the step it named."""
         value = self.client.getdel(self.keys.emitted(turn_id))
         return int(value) if value is not None else None
+
+    def step_flags(self, turn_id: str) -> tuple[int | None, bool]:
+        """`clear_emitted` and `cancel_requested` in one round trip, for the start of a step."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.getdel(self.keys.emitted(turn_id))
+        pipe.exists(self.keys.cancel(turn_id))
+        emitted, cancel = pipe.execute()
+        return (int(emitted) if emitted is not None else None), bool(cancel)

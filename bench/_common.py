@@ -1,0 +1,181 @@
+"""Helpers the benchmarks share: per-run settings on the real Redis, a worker of either kind, cleanup.
+
+Every run gets its own key prefix and queue, so it can share a Redis with tests and other runs,
+and deletes only its own keys when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from shared.config import Settings
+from shared.protocol import worker_queues
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_REDIS_URL = os.environ.get("AGENTQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+BENCH_AGENT_MODULES = ["bench.agents"]
+
+
+def unique_prefix(kind: str) -> str:
+    return f"aqb-{kind}-{uuid.uuid4().hex[:8]}"
+
+
+def bench_settings(redis_url: str, prefix: str, **overrides: Any) -> Settings:
+    """Settings for one run: its own prefix and queue; the rest are agentq's defaults."""
+    values: dict[str, Any] = {
+        "redis_url": redis_url,
+        "key_prefix": prefix,
+        "queue": f"{prefix}.q",
+        "agent_modules": BENCH_AGENT_MODULES,
+        "approval_secret": uuid.uuid4().hex,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that gives a `celery worker` subprocess exactly these settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        key = f"AGENTQ_{name.upper()}"
+        if name == "approval_secret":
+            env[key] = settings.approval_secret.get_secret_value() if settings.approval_secret else ""
+        elif name == "approval_old_secrets":
+            env[key] = ",".join(s.get_secret_value() for s in settings.approval_old_secrets)
+        elif name == "agent_modules":
+            env[key] = ",".join(value)
+        elif isinstance(value, dict | list):
+            env[key] = json.dumps(value)
+        else:
+            env[key] = str(value)
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def cleanup(redis_url: str, prefix: str) -> int:
+    """Delete every key this run made (agentq keys and the broker's, both under the prefix)."""
+    client = redis.Redis.from_url(redis_url)
+    deleted = 0
+    try:
+        for pattern in (f"{prefix}:*", f"{prefix}.*"):
+            batch = list(client.scan_iter(match=pattern, count=1000))
+            for i in range(0, len(batch), 500):
+                deleted += int(client.delete(*batch[i : i + 500]))
+    finally:
+        client.close()
+    return deleted
+
+
+@contextlib.contextmanager
+def running_worker(
+    settings: Settings, kind: str, profile_path: str | None = None
+) -> Iterator[Callable[[], float] | None]:
+    """One Celery worker, threads pool, concurrency 1, serving the run's queues (as `agentq worker` would).
+
+    kind="process": a `celery worker` subprocess, so the benchmark's own client work does not
+    share the worker's GIL; kind="thread": in-process (celery.contrib.testing.worker).
+    `profile_path`: cProfile the task bodies and write the stats there when the worker stops.
+    Yields a function returning the worker process's CPU seconds so far (None for a thread worker).
+    """
+    if kind == "thread":
+        from celery.contrib.testing.worker import start_worker
+
+        from bench import celery_app
+
+        if profile_path:
+            os.environ["AGENTQ_BENCH_PROFILE"] = profile_path
+        try:
+            app = celery_app.build_app(settings)
+        finally:
+            os.environ.pop("AGENTQ_BENCH_PROFILE", None)
+        with start_worker(
+            app,
+            pool="threads",
+            concurrency=1,
+            perform_ping_check=False,
+            loglevel="WARNING",
+            queues=worker_queues(settings),
+        ):
+            yield None
+        if profile_path:
+            celery_app.dump_profile(profile_path)
+        return
+    env = settings_env(settings)
+    if profile_path:
+        env["AGENTQ_BENCH_PROFILE"] = profile_path
+    cmd = [
+        sys.executable, "-m", "celery", "-A", "bench.celery_app", "worker",
+        "--pool=threads", "--concurrency=1", "--loglevel=ERROR", "-Q", ",".join(worker_queues(settings)),
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        f"--hostname={settings.key_prefix}@%h",
+    ]  # fmt: skip
+    with tempfile.NamedTemporaryFile(prefix=f"{settings.key_prefix}-worker-", suffix=".log", delete=False) as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            yield lambda: process_cpu_seconds(proc.pid)
+        except BaseException:
+            print(f"worker stderr is in {log.name}", file=sys.stderr)
+            raise
+        finally:
+            proc.terminate()  # warm shutdown: worker_shutdown fires, so a profile gets written
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (all its threads), from /proc: less sensitive to a busy machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def profile_report(path: str, limit: int = 30) -> str:
+    import io
+    import pstats
+
+    out = io.StringIO()
+    stats = pstats.Stats(path, stream=out)
+    stats.sort_stats("cumulative").print_stats(limit)
+    stats.sort_stats("tottime").print_stats(limit)
+    return out.getvalue()
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    line = "  ".join(h.rjust(w) for h, w in zip(headers, widths, strict=True))
+    sep = "  ".join("-" * w for w in widths)
+    body = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join([line, sep, *body])
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,28 @@
+"""The benchmark agent: a zero-latency scripted model that calls one trivial tool every step.
+
+The script's single entry repeats, so a turn runs exactly `max_steps` steps (the caller
+tightens `loop.max_steps` per turn) and ends with finish reason `max-steps`.
+"""
+
+from __future__ import annotations
+
+from shared.agents import AgentDefinition, LoopConfig
+from shared.providers.scripted import ScriptStep, ScriptToolCall
+from shared.tools import tool
+
+MAX_STEPS = 1000  # the most LoopConfig allows; a turn asks for fewer with loop={"max_steps": n}
+
+
+@tool
+def bench_nop(n: int) -> dict[str, int]:
+    """Return the number it was given (a trivial tool)."""
+    return {"n": n}
+
+
+overhead = AgentDefinition(
+    id="bench.overhead",
+    system_prompt="benchmark",
+    allowed_tools=["bench_nop"],
+    loop=LoopConfig(max_steps=MAX_STEPS),
+    script=[ScriptStep(text="", tool_calls=[ScriptToolCall(name="bench_nop", args={"n": 1})])],
+)

@@ -1,0 +1,70 @@
+"""The benchmark worker's Celery app: agentq's app plus one no-op task for the bare-Celery floor.
+
+`celery -A bench.celery_app worker` builds it from `AGENTQ_*` settings; the in-process
+worker calls `build_app(settings)`. Both tasks share one app, broker config and worker.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from celery import Celery
+
+from shared.config import Settings, get_settings
+from shared.store.connection import get_redis
+from workers.app import create_app
+
+NOOP = "agentq.bench.noop"
+
+
+def done_key(settings: Settings, run_id: str) -> str:
+    return f"{settings.key_prefix}:bench:done:{run_id}"
+
+
+def build_app(settings: Settings) -> Celery:
+    app = create_app(settings)
+
+    @app.task(name=NOOP, acks_late=True, reject_on_worker_lost=True)
+    def noop(run_id: str, remaining: int) -> None:
+        """Re-enqueue itself, like run_step enqueues the next step; the last one says it is done."""
+        if remaining > 1:
+            app.send_task(NOOP, args=[run_id, remaining - 1], queue=settings.queue)
+        else:
+            get_redis(settings).rpush(done_key(settings, run_id), "done")
+
+    profile_path = os.environ.get("AGENTQ_BENCH_PROFILE")
+    if profile_path:
+        _profile_tasks(profile_path)
+    return app
+
+
+_PROFILE: Any = None
+
+
+def _profile_tasks(path: str) -> None:
+    """cProfile every task body (one pool thread at concurrency 1); the stats are dumped at shutdown."""
+    global _PROFILE
+    import cProfile
+
+    from celery.signals import task_postrun, task_prerun, worker_shutdown
+
+    profile = _PROFILE = cProfile.Profile()
+    task_prerun.connect(lambda **_: profile.enable(), weak=False)
+    task_postrun.connect(lambda **_: profile.disable(), weak=False)
+    worker_shutdown.connect(lambda **_: profile.dump_stats(path), weak=False)
+
+
+def dump_profile(path: str) -> None:
+    """For the in-process worker, which is stopped without a worker_shutdown signal."""
+    if _PROFILE is not None:
+        _PROFILE.dump_stats(path)
+
+
+def __getattr__(name: str) -> Any:
+    """`app` is built on first access, so importing this module for `build_app` has no side effects."""
+    if name == "app":
+        value = build_app(get_settings())
+        globals()["app"] = value
+        return value
+    raise AttributeError(name)

@@ -1,0 +1,491 @@
+"""`agentq`: run a worker, submit and follow turns, decide approvals, inspect and cancel turns, run the demo.
+
+Exit codes: 0 success (a turn completed), 1 the turn failed or was cancelled or a
+decision was refused, 2 bad input (unknown agent or turn, malformed option).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import shlex
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from pydantic import ValidationError
+
+from producer.client import Client
+from producer.local import local_worker, with_demo_agents
+from producer.render import LiveView, Style, compact, event_summary, result_lines, state_lines, trace_table
+from shared.config import Settings
+from shared.errors import AgentqError, ApprovalError, SubmitError, TurnNotFoundError
+from shared.models import Event, EventType, TurnResult, TurnStatus
+from shared.protocol import worker_queues
+
+NO_WORKER_AFTER_S = 15.0
+EMBEDDED_STATE_HINT = (
+    "embedded mode (AGENTQ_REDIS_URL unset) keeps turns inside the process that ran them; "
+    "set AGENTQ_REDIS_URL to inspect turns from another command"
+)
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed without a traceback, exit code 2."""
+
+
+def load_settings() -> Settings:
+    """The environment's settings; the embedded mode also loads the bundled demo agents."""
+    try:
+        settings = Settings()
+    except ValidationError as exc:  # name the variable, never echo its value (it may be a secret)
+        problems = "; ".join(f"AGENTQ_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        raise UsageError(f"invalid configuration: {problems}") from None
+    return with_demo_agents(settings) if settings.embedded else settings
+
+
+def redacted(url: str) -> str:
+    """A URL without its password, for error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def err(message: str) -> None:
+    print(f"agentq: {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- following a turn
+
+
+def follow(
+    client: Client, turn_id: str, after: int = 0, on_idle: Callable[[TurnStatus], None] | None = None
+) -> Iterator[Event]:
+    """A turn's events until it finishes; `on_idle` hears about every quiet stretch of NO_WORKER_AFTER_S."""
+    cursor = after
+    while True:
+        try:
+            for event in client.events(turn_id, after=cursor, idle_timeout=NO_WORKER_AFTER_S if on_idle else None):
+                cursor = event.seq
+                yield event
+            return
+        except TimeoutError:
+            if on_idle is not None:
+                on_idle(client.get(turn_id).status)
+
+
+def no_worker_hint(turn_id: str, out: TextIO) -> Callable[[TurnStatus], None]:
+    warned = [False]
+
+    def on_idle(status: TurnStatus) -> None:
+        if status == TurnStatus.QUEUED and not warned[0]:
+            warned[0] = True
+            print(
+                f"agentq: no worker has picked up turn {turn_id} after {NO_WORKER_AFTER_S:.0f} s. Is `agentq worker` "
+                "running with the same AGENTQ_REDIS_URL, AGENTQ_KEY_PREFIX, AGENTQ_QUEUE and AGENTQ_AGENT_MODULES? "
+                "Still waiting…",
+                file=out,
+                flush=True,
+            )
+
+    return on_idle
+
+
+@dataclass
+class Decider:
+    """Answers approval requests during `agentq run`: --approve-all, --deny-all, or ask the person at the terminal."""
+
+    mode: str  # "approve" | "deny" | "ask"
+    out: TextIO
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+    def decide(self, client: Client, event: Event) -> None:
+        d = event.data
+        approval_id, tool, args = str(d["approval_id"]), str(d.get("tool")), d.get("args", {})
+        record = client.runtime.approvals.get(approval_id)
+        if record is not None and record.status != "pending":
+            return  # decided before we got here (a replayed turn, another reviewer)
+        reviewer = "cli"  # an automatic decision; a person's answer carries their name
+        if self.mode == "approve":
+            approved, reason = True, "approved with --approve-all"
+        elif self.mode == "deny":
+            approved, reason = False, "denied with --deny-all"
+        elif not sys.stdin.isatty():
+            approved, reason = False, "no reviewer: stdin is not interactive"
+            err(
+                f"approval {approval_id} ({tool}): stdin is not a terminal, so it is denied; pass --approve-all or --deny-all"
+            )
+        else:
+            approved, reason = self._ask(approval_id, tool, args)
+            reviewer = _person()
+        receipt = client.approve(approval_id, str(d["token"]), approved, reason=reason, reviewer=reviewer)
+        outcome: dict[str, Any] = {"approval_id": approval_id, "tool": tool, "args": args, "approved": approved}
+        try:
+            receipt.wait(timeout=30.0)
+            outcome["accepted"] = True
+        except (ApprovalError, TimeoutError) as exc:
+            outcome["accepted"] = False
+            outcome["refused"] = str(exc)
+            err(f"decision on {approval_id} was not accepted: {exc}")
+        self.decisions.append(outcome)
+
+    def _ask(self, approval_id: str, tool: str, args: Any) -> tuple[bool, str]:
+        self.out.write(f"\nApprove {tool} {compact(args, 400)}?\n  ({approval_id}) [y/N] ")
+        self.out.flush()
+        answer = sys.stdin.readline().strip().lower()
+        approved = answer in ("y", "yes")
+        self.out.write("  reason (optional): ")
+        self.out.flush()
+        reason = sys.stdin.readline().strip() or ("approved at the terminal" if approved else "denied at the terminal")
+        return approved, reason
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    metadata: dict[str, Any] | None = None
+    if args.metadata is not None:
+        try:
+            metadata = json.loads(args.metadata)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"--metadata is not valid JSON: {exc.msg} at position {exc.pos}") from None
+        if not isinstance(metadata, dict):
+            raise UsageError("--metadata must be a JSON object")
+    prompt = args.prompt
+    if prompt is None:
+        if sys.stdin.isatty():
+            raise UsageError("give a PROMPT (or pipe it on stdin)")
+        prompt = sys.stdin.read()
+    worker: AbstractContextManager[None] = local_worker(settings) if settings.embedded else nullcontext()
+    with worker:
+        return _run_turn(args, settings, prompt, metadata)
+
+
+def _run_turn(args: argparse.Namespace, settings: Settings, prompt: str, metadata: dict[str, Any] | None) -> int:
+    client = Client(settings)
+    handle = client.submit(
+        args.agent,
+        prompt=prompt,
+        idempotency_key=args.idempotency_key,
+        metadata=metadata,
+        features=args.feature or None,
+        provider=args.provider,
+        model=args.model,
+        loop={"max_steps": args.max_steps} if args.max_steps is not None else None,
+    )
+    mode = "approve" if args.approve_all else "deny" if args.deny_all else "ask"
+    live = not args.json
+    out = sys.stdout if live else sys.stderr
+    decider = Decider(mode, out)
+    view = LiveView(sys.stdout) if live else None
+    if view is not None and not handle.created:
+        view.line(view.style.dim(f"idempotency key already used: following existing turn {handle.turn_id}"))
+    for event in follow(
+        client, handle.turn_id, on_idle=None if settings.embedded else no_worker_hint(handle.turn_id, sys.stderr)
+    ):
+        if view is not None:
+            view.on_event(event)
+        if event.type == EventType.APPROVAL_REQUEST:
+            decider.decide(client, event)
+    result = client.wait(handle.turn_id, timeout=60.0)
+    if view is not None:
+        view.line()
+        for line in result_lines(result, view.style):
+            view.line(line)
+    else:
+        payload = result.model_dump(mode="json")
+        payload["approvals"] = decider.decisions
+        print(json.dumps(payload, indent=2, ensure_ascii=False))
+    return exit_code(result)
+
+
+def _person() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "cli"
+
+
+def exit_code(result: TurnResult) -> int:
+    return 0 if result.status == TurnStatus.COMPLETED else 1
+
+
+def cmd_events(args: argparse.Namespace, settings: Settings) -> int:
+    client = Client(settings)
+    client.get(args.turn)
+    if args.follow:
+        events: Iterator[Event] = client.events(args.turn, after=args.after)
+    else:
+        events = _read_all(client, args.turn, args.after)
+    for event in events:
+        if args.json:
+            print(event.model_dump_json(), flush=True)
+        else:
+            print(f"{event.seq:>5}  step {event.step:<3} {event.type.value:<17} {event_summary(event)}", flush=True)
+    return 0
+
+
+def _read_all(client: Client, turn_id: str, after: int) -> Iterator[Event]:
+    cursor = after
+    while True:
+        page = client.runtime.events.read(turn_id, cursor)
+        yield from page
+        if len(page) < 1000:
+            return
+        cursor = page[-1].seq
+
+
+def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
+    client = Client(settings)
+    state = client.get(args.turn)
+    pending = _pending_approvals(client, args.turn) if state.status == TurnStatus.AWAITING_APPROVAL else []
+    if args.json:
+        payload = state.result().model_dump(mode="json")
+        payload.update(
+            provider=state.provider,
+            model=state.model,
+            step=state.step,
+            created_at=state.created_at,
+            finished_at=state.finished_at,
+            metadata=state.metadata,
+            pending_approvals=pending,
+        )
+        print(json.dumps(payload, indent=2, ensure_ascii=False))
+        return 0
+    style = Style(sys.stdout)
+    for key, value in state_lines(state):
+        print(f"{style.dim(key.ljust(9))} {value}")
+    if state.error:
+        print(f"{style.dim('error'.ljust(9))} {style.red(state.error)}")
+    if state.object is not None or state.text:
+        print(f"\n{style.bold('result')}")
+        body = json.dumps(state.object, indent=2, ensure_ascii=False) if state.object is not None else state.text
+        for line in body.splitlines():
+            print(f"  {line}")
+    for p in pending:
+        print(f"\n{style.yellow('pending approval')} {p['approval_id']}: {p['tool']} {compact(p['args'])}")
+        print(f"  agentq approve {p['approval_id']} {p['token']} --yes   (or --no --reason '…')")
+    if state.trace.steps:
+        print(f"\n{style.bold('steps')}")
+        for line in trace_table(state.trace):
+            print(f"  {line}")
+    return 0
+
+
+def _pending_approvals(client: Client, turn_id: str) -> list[dict[str, Any]]:
+    """Pending approvals of a parked turn, with their tokens (from the approval-request events)."""
+    state = client.get(turn_id)
+    if state.parked is None:
+        return []
+    wanted = {a.approval_id for a in state.parked.approvals}
+    records = client.runtime.approvals.get_many(sorted(wanted))
+    found = []
+    for event in _read_all(client, turn_id, 0):
+        d = event.data
+        aid = d.get("approval_id")
+        record = records.get(aid) if isinstance(aid, str) else None
+        if event.type == EventType.APPROVAL_REQUEST and record is not None and record.status == "pending":
+            found.append({k: d.get(k) for k in ("approval_id", "tool", "args", "token", "expires_at")})
+    return found
+
+
+def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
+    if settings.embedded:
+        raise UsageError(
+            "`agentq approve` needs a shared Redis (set AGENTQ_REDIS_URL); in embedded mode `agentq run` decides "
+            "approvals itself (--approve-all, --deny-all, or interactively)"
+        )
+    client = Client(settings)
+    receipt = client.approve(args.approval_id, args.token, args.yes, reason=args.reason, reviewer=args.reviewer)
+    try:
+        receipt.wait(timeout=args.timeout)
+    except ApprovalError as exc:
+        print(f"refused ({exc.code}): {exc}")
+        return 1
+    except TimeoutError as exc:
+        err(f"{exc}; is `agentq worker` running?")
+        return 1
+    print(f"accepted: approval {args.approval_id} {'approved' if args.yes else 'denied'}")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
+    client = Client(settings)
+    state = client.get(args.turn)
+    if state.status.terminal:
+        print(f"turn {args.turn} already {state.status.value}")
+        return 0
+    client.cancel(args.turn)
+    try:
+        result = client.wait(args.turn, timeout=args.wait)
+    except TimeoutError:
+        print(
+            f"cancel requested; turn {args.turn} is still {client.get(args.turn).status.value} (a worker will stop it)"
+        )
+        return 0
+    print(f"turn {args.turn} {result.status.value}")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    if settings.embedded:
+        raise UsageError(
+            "`agentq worker` needs AGENTQ_REDIS_URL (and optionally AGENTQ_BROKER_URL): without it agentq runs "
+            "embedded, with no separate worker. Try `agentq demo`, or `agentq run` which starts one in-process."
+        )
+    argv = worker_argv(args, settings)
+    if args.print_command:
+        print(shlex.join(argv))
+        return 0
+    sys.stdout.flush()
+    os.execv(argv[0], argv)
+    return 0  # not reached
+
+
+def worker_argv(args: argparse.Namespace, settings: Settings) -> list[str]:
+    """`celery -A workers.celery_app worker …` as an argv list."""
+    argv = [
+        sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
+        f"--pool={args.pool}", f"--concurrency={args.concurrency}", f"--loglevel={args.loglevel}",
+        "-Q", args.queues or ",".join(worker_queues(settings)),
+    ]  # fmt: skip
+    if args.hostname:
+        argv.append(f"--hostname={args.hostname}")
+    beat = settings.beat if args.beat is None else args.beat
+    if beat:
+        schedule = os.path.join(tempfile.mkdtemp(prefix="agentq-beat-"), "schedule")
+        argv += ["-B", "--schedule", schedule]
+    return argv
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from producer.demo import run_demo
+
+    return run_demo(settings)
+
+
+# --------------------------------------------------------------------------- argument parsing
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentq",
+        description="Durable LLM agent loops on Celery workers with Redis. Configuration: AGENTQ_* variables.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("worker", help="run a Celery worker (needs AGENTQ_REDIS_URL)")
+    p.add_argument("--pool", default="threads", help="Celery pool (default: threads)")
+    p.add_argument("--concurrency", type=int, default=32, help="concurrent steps (default: 32)")
+    p.add_argument("--queues", help="comma-separated queues (default: AGENTQ_QUEUE and AGENTQ_QUEUE.batch)")
+    p.add_argument("--loglevel", default="INFO")
+    p.add_argument("--hostname", help="Celery node name")
+    p.add_argument(
+        "--beat", action=argparse.BooleanOptionalAction, default=None, help="embed the sweeper's schedule (default: on)"
+    )
+    p.add_argument("--print-command", action="store_true", help="print the celery command instead of running it")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("run", help="submit a turn and stream it")
+    p.add_argument("agent", help="agent id, e.g. demo.support")
+    p.add_argument("prompt", nargs="?", help="the user's message (default: read stdin)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the result instead of the live view")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--approve-all", action="store_true", help="approve every approval request")
+    group.add_argument("--deny-all", action="store_true", help="deny every approval request")
+    p.add_argument("--idempotency-key", help="the same key returns the same turn")
+    p.add_argument("--feature", action="append", default=[], help="a feature the caller has (repeatable)")
+    p.add_argument("--metadata", help="JSON object handed to tools (e.g. tenant)")
+    p.add_argument("--provider", help="provider override (if the agent allows it)")
+    p.add_argument("--model", help="model override, `provider/model` allowed (if the agent allows it)")
+    p.add_argument("--max-steps", type=int, help="tighten the agent's step limit")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("events", help="print a turn's events")
+    p.add_argument("turn")
+    p.add_argument("--after", type=int, default=0, metavar="SEQ", help="only events after this seq")
+    p.add_argument(
+        "--follow", action=argparse.BooleanOptionalAction, default=True, help="keep following until the turn ends"
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.set_defaults(func=cmd_events)
+
+    p = sub.add_parser("show", help="a turn's status, result and per-step trace")
+    p.add_argument("turn")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("approve", help="decide an approval request")
+    p.add_argument("approval_id")
+    p.add_argument("token")
+    decision = p.add_mutually_exclusive_group(required=True)
+    decision.add_argument("--yes", action="store_true", help="approve")
+    decision.add_argument("--no", action="store_true", help="deny")
+    p.add_argument("--reason", default="")
+    p.add_argument("--reviewer", default=os.environ.get("USER", ""))
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the worker's answer")
+    p.set_defaults(func=cmd_approve)
+
+    p = sub.add_parser("cancel", help="cancel a turn")
+    p.add_argument("turn")
+    p.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the turn to stop")
+    p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("demo", help="the embedded tour: no services, no API keys")
+    p.set_defaults(func=cmd_demo)
+
+    # listed for --help only: main() hands `agentq batch …` to producer.batch before parsing
+    sub.add_parser("batch", help="run a JSONL file of items through an agent (see `agentq batch --help`)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="replace")
+    raw = sys.argv[1:] if argv is None else list(argv)
+    if raw[:1] == ["batch"]:
+        from producer.batch import main as batch_main
+
+        return batch_main(raw[1:])
+    args = build_parser().parse_args(raw)
+    settings: Settings | None = None
+    try:
+        settings = load_settings()
+        code: int = args.func(args, settings)
+        return code
+    except UsageError as exc:
+        err(str(exc))
+        return 2
+    except SubmitError as exc:
+        err(str(exc))
+        return 2
+    except TurnNotFoundError as exc:
+        hint = f" ({EMBEDDED_STATE_HINT})" if settings is not None and settings.embedded else ""
+        err(f"{exc}{hint}")
+        return 2
+    except AgentqError as exc:
+        err(str(exc))
+        return 2
+    except redis.exceptions.ConnectionError as exc:
+        url = settings.redis_url if settings is not None and settings.redis_url else "(embedded)"
+        err(f"cannot reach Redis at {redacted(url)}: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        err("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""Terminal rendering for the CLI and the demo: a live event view, result summaries, the step trace table.
+
+Kept apart from the commands so `agentq run`, `agentq events` and `agentq demo` print a turn the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, TextIO
+
+from shared.models import Event, EventType, LoopTrace, TurnResult, TurnState, Usage
+
+
+class Style:
+    """ANSI styling, on only for a terminal (and never with NO_COLOR set)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.enabled = stream.isatty() and not os.environ.get("NO_COLOR")
+
+    def _wrap(self, code: str, text: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if self.enabled else text
+
+    def dim(self, text: str) -> str:
+        return self._wrap("2", text)
+
+    def bold(self, text: str) -> str:
+        return self._wrap("1", text)
+
+    def green(self, text: str) -> str:
+        return self._wrap("32", text)
+
+    def red(self, text: str) -> str:
+        return self._wrap("31", text)
+
+    def yellow(self, text: str) -> str:
+        return self._wrap("33", text)
+
+    def cyan(self, text: str) -> str:
+        return self._wrap("36", text)
+
+
+def compact(value: Any, limit: int = 160) -> str:
+    """One-line JSON, cut at `limit` characters so a big tool result cannot flood the terminal."""
+    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def pretty(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=2, default=str)
+
+
+def usage_line(usage: Usage | dict[str, Any]) -> str:
+    u = usage if isinstance(usage, Usage) else Usage.model_validate(usage)
+    extra = []
+    if u.cache_read_tokens:
+        extra.append(f"{u.cache_read_tokens} cache read")
+    if u.cache_write_tokens:
+        extra.append(f"{u.cache_write_tokens} cache write")
+    if u.reasoning_tokens:
+        extra.append(f"{u.reasoning_tokens} reasoning")
+    tail = f" ({', '.join(extra)})" if extra else ""
+    return f"{u.input_tokens} input + {u.output_tokens} output tokens{tail}"
+
+
+def token_hint(token: str) -> str:
+    """A capability token shortened for narration (the full token is in the event log)."""
+    return token if len(token) <= 24 else f"{token[:12]}…{token[-6:]}"
+
+
+class LiveView:
+    """Prints a turn's events as they arrive: text inline, everything else as one short line each."""
+
+    def __init__(self, out: TextIO, indent: str = "", show_steps: bool = True) -> None:
+        self.out = out
+        self.indent = indent
+        self.show_steps = show_steps
+        self.style = Style(out)
+        self._inline: str | None = None  # "text" | "reasoning" while a delta line is open
+
+    def line(self, text: str = "") -> None:
+        """Print one full line, closing any open delta line first."""
+        self.close_inline()
+        self.out.write(f"{self.indent}{text}\n" if text else "\n")
+        self.out.flush()
+
+    def close_inline(self) -> None:
+        if self._inline is not None:
+            self.out.write("\n")
+            self._inline = None
+
+    def _delta(self, kind: str, text: str) -> None:
+        if self._inline != kind:
+            self.close_inline()
+            label = self.style.dim("thinking: ") if kind == "reasoning" else ""
+            self.out.write(f"{self.indent}{label}")
+            self._inline = kind
+        body = text.replace("\n", "\n" + self.indent)
+        self.out.write(self.style.dim(body) if kind == "reasoning" else body)
+        self.out.flush()
+
+    def on_event(self, event: Event) -> None:
+        s, d = self.style, event.data
+        kind = event.type
+        if kind == EventType.TEXT_DELTA:
+            self._delta("text", str(d.get("text", "")))
+        elif kind == EventType.REASONING_DELTA:
+            self._delta("reasoning", str(d.get("text", "")))
+        elif kind == EventType.TURN_START:
+            self.line(s.dim(f"turn {event.turn_id} · {d.get('agent')} on {d.get('provider')}/{d.get('model')}"))
+        elif kind == EventType.STEP_START:
+            if self.show_steps:
+                retry = f" (attempt {d['attempt'] + 1})" if d.get("attempt") else ""
+                self.line(s.dim(f"── step {event.step}{retry}"))
+        elif kind == EventType.TOOL_CALL:
+            self.line(f"{s.cyan('→ ' + str(d.get('name')))} {compact(d.get('args', {}))}")
+        elif kind == EventType.TOOL_RESULT:
+            mark = s.red("✗ " + str(d.get("name"))) if d.get("is_error") else s.green("← " + str(d.get("name")))
+            self.line(f"{mark} {compact(d.get('output'))}")
+        elif kind == EventType.APPROVAL_REQUEST:
+            self.line(
+                f"{s.yellow('⏸ approval needed')} for {s.bold(str(d.get('tool')))} {compact(d.get('args', {}))}"
+                f" {s.dim('(' + str(d.get('approval_id')) + ', expires in ' + _expires_in(d.get('expires_at')) + ')')}"
+            )
+        elif kind == EventType.APPROVAL_DECISION:
+            decision = str(d.get("decision"))
+            who = f" by {d['reviewer']}" if d.get("reviewer") else ""
+            why = f": {d['reason']}" if d.get("reason") else ""
+            paint = s.green if decision == "approved" else s.red
+            self.line(paint(f"{'✓' if decision == 'approved' else '✗'} {decision}{who}{why}"))
+        elif kind == EventType.STEP_RETRY:
+            cause = " ".join(str(x) for x in (d.get("status"), d.get("code"), d.get("error")) if x)
+            self.line(
+                s.yellow(f"↻ step {event.step} retry {d.get('attempt')} in {d.get('countdown', 0):.2f}s: {cause}")
+            )
+        elif kind == EventType.STEP_RESET:
+            self.line(s.yellow(f"↺ step {event.step} reset ({d.get('reason')}): its partial output above is void"))
+        elif kind == EventType.ERROR:
+            self.line(s.red(f"✗ error: {d.get('message')}"))
+        elif kind in (EventType.STEP_FINISH, EventType.TURN_FINISH):
+            self.close_inline()
+
+
+def _expires_in(expires_at: object) -> str:
+    if not isinstance(expires_at, int | float):
+        return "?"
+    left = max(0.0, float(expires_at) - time.time())
+    return f"{left / 60:.0f} min" if left >= 120 else f"{left:.0f} s"
+
+
+def event_summary(event: Event) -> str:
+    """One line per event for `agentq events`."""
+    d = event.data
+    kind = event.type
+    if kind in (EventType.TEXT_DELTA, EventType.REASONING_DELTA):
+        return json.dumps(d.get("text", ""), ensure_ascii=False)
+    if kind == EventType.TOOL_CALL:
+        return f"{d.get('name')} {compact(d.get('args', {}))} (id {d.get('id')})"
+    if kind == EventType.TOOL_RESULT:
+        return f"{d.get('name')}{' ERROR' if d.get('is_error') else ''} {compact(d.get('output'))}"
+    if kind == EventType.APPROVAL_REQUEST:
+        return f"{d.get('tool')} {compact(d.get('args', {}))} approval_id={d.get('approval_id')} token={d.get('token')}"
+    if kind == EventType.TURN_FINISH:
+        return f"{d.get('status')} finish={d.get('finish_reason')}" + (f" error={d['error']}" if d.get("error") else "")
+    if kind == EventType.STEP_FINISH:
+        return f"finish={d.get('finish_reason')} {usage_line(d.get('usage') or {})}"
+    return compact(d)
+
+
+def result_lines(result: TurnResult, style: Style, answer: bool = True) -> list[str]:
+    """The end of a turn: its answer (text or pretty object, unless `answer` is off), finish reason, usage."""
+    lines: list[str] = []
+    ok = result.status.value == "completed"
+    head = f"{result.status.value} · finish: {result.finish_reason.value if result.finish_reason else '-'}"
+    lines.append(style.bold(style.green(head) if ok else style.red(head)))
+    if answer and result.object is not None:
+        lines.extend(pretty(result.object).splitlines())
+    elif answer and result.text:
+        lines.extend(result.text.splitlines())
+    if result.error:
+        lines.append(style.red(f"error: {result.error}"))
+    steps = len(result.trace.steps)
+    lines.append(style.dim(f"{steps} step{'s' if steps != 1 else ''} · {usage_line(result.usage)}"))
+    return lines
+
+
+def trace_table(trace: LoopTrace) -> list[str]:
+    """Per-step trace as an aligned table."""
+    header = ["step", "provider/model", "tool calls", "in", "out", "retries", "time", "stop"]
+    rows = [
+        [
+            str(s.step),
+            f"{s.provider}/{s.model}",
+            ", ".join(s.tool_calls) or "-",
+            str(s.usage.input_tokens),
+            str(s.usage.output_tokens),
+            str(s.retries),
+            f"{s.duration_s:.2f}s",
+            s.stop_reason or "-",
+        ]
+        for s in trace.steps
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip() for r in [header, *rows]]
+
+
+def state_lines(state: TurnState) -> list[tuple[str, str]]:
+    """The key/value header of `agentq show`."""
+
+    def when(ts: float | None) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+    return [
+        ("turn", state.turn_id),
+        ("agent", state.agent),
+        ("status", state.status.value),
+        ("provider", f"{state.provider} / {state.model}"),
+        ("finish", state.finish_reason.value if state.finish_reason else "-"),
+        ("usage", f"{usage_line(state.usage)} · {state.tool_calls_made} tool calls"),
+        ("step", str(state.step)),
+        ("created", when(state.created_at)),
+        ("finished", when(state.finished_at)),
+    ]

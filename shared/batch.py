@@ -1,0 +1,124 @@
+"""Batches: many items through one agent, each a turn whose idempotency key comes from the batch
+and the item's key, so re-running after an interruption re-uses finished turns instead of re-billing.
+
+Workers record each finished batch turn in the batch's counters and its `done` stream;
+a runner anywhere follows that stream, and `agentq batch status` reads the counters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from shared.models import TurnState, TurnStatus
+from shared.store.keys import Keys
+
+_BATCH_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+
+
+class BatchItem(BaseModel):
+    """One input line: a key plus a prompt, messages, or an `input` value (sent as JSON text)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(min_length=1, max_length=200)
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    input: Any = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_payload(self) -> BatchItem:
+        given = [x is not None for x in (self.prompt, self.messages, self.input)]
+        if sum(given) != 1:
+            raise ValueError("an item needs exactly one of prompt, messages or input")
+        return self
+
+    def prompt_text(self) -> str | None:
+        if self.prompt is not None:
+            return self.prompt
+        if self.input is not None:
+            return self.input if isinstance(self.input, str) else json.dumps(self.input, ensure_ascii=False)
+        return None
+
+
+def parse_item(line: str, line_no: int) -> BatchItem:
+    """Parse one JSONL line; raises ValueError naming the line and the problem."""
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"line {line_no}: not JSON ({exc.msg})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"line {line_no}: an item must be a JSON object")
+    raw.setdefault("key", f"line-{line_no}")
+    try:
+        return BatchItem.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "item"
+        raise ValueError(f"line {line_no}: {where}: {first['msg']}") from None
+
+
+def derive_batch_id(agent: str, source: str) -> str:
+    return "b-" + hashlib.sha256(f"{agent}\x1f{source}".encode()).hexdigest()[:16]
+
+
+def check_batch_id(batch_id: str) -> str:
+    if not _BATCH_ID.match(batch_id):
+        raise ValueError("a batch id is 1-100 characters of letters, digits and _ . : -")
+    return batch_id
+
+
+def item_idempotency_key(batch_id: str, item_key: str) -> str:
+    return f"batch:{batch_id}:{hashlib.sha256(item_key.encode()).hexdigest()[:32]}"
+
+
+def batch_key(keys: Keys, batch_id: str) -> str:
+    return f"{keys.prefix}:batch:{batch_id}"
+
+
+def done_stream(keys: Keys, batch_id: str) -> str:
+    return f"{batch_key(keys, batch_id)}:done"
+
+
+def record_finish(pipe: Any, keys: Keys, state: TurnState, ttl_s: int) -> None:
+    """Queue the batch bookkeeping for a finished batch turn onto a pipeline (no-op for other turns)."""
+    batch_id = state.metadata.get("batch_id")
+    if not isinstance(batch_id, str):
+        return
+    key = batch_key(keys, batch_id)
+    pipe.hincrby(key, "failed" if state.status != TurnStatus.COMPLETED else "done", 1)
+    pipe.hincrby(key, "input_tokens", state.usage.input_tokens)
+    pipe.hincrby(key, "output_tokens", state.usage.output_tokens)
+    pipe.expire(key, ttl_s)
+    stream = done_stream(keys, batch_id)
+    pipe.xadd(stream, {"turn_id": state.turn_id, "key": str(state.metadata.get("item_key", "")), "status": state.status})
+    pipe.expire(stream, ttl_s)
+
+
+def result_line(item_key: str, state: TurnState) -> dict[str, Any]:
+    """The JSONL output record for one finished item."""
+    return {
+        "key": item_key,
+        "status": state.status.value,
+        "turn_id": state.turn_id,
+        "object": state.object,
+        "text": state.text if state.object is None else None,
+        "finish_reason": state.finish_reason.value if state.finish_reason else None,
+        "error": state.error,
+        "usage": state.usage.model_dump(exclude_none=True),
+    }
+
+
+class Prices(BaseModel):
+    """Per-model prices, in currency units per million tokens."""
+
+    input_per_mtok: float = 0.0
+    output_per_mtok: float = 0.0
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok) / 1_000_000

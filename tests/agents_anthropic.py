@@ -1,0 +1,74 @@
+"""Agents and tools for the Anthropic adapter tests (tests/test_provider_anthropic.py).
+
+They run against the local fake Messages API (tests/fakes/anthropic_server.py) reached
+through ANTHROPIC_BASE_URL; the model names are arbitrary because the fake ignores them.
+"""
+
+from __future__ import annotations
+
+from shared.agents import AgentDefinition
+from shared.providers.scripted import ScriptStep
+from shared.tools import tool
+
+
+@tool
+def anthropic_lookup(query: str) -> dict[str, str]:
+    """Look a query up and return its answer."""
+    return {"answer": f"result for {query}"}
+
+
+@tool
+def anthropic_fail(reason: str) -> dict[str, str]:
+    """A tool that always fails with the given reason."""
+    raise RuntimeError(reason)
+
+
+chat = AgentDefinition(
+    id="anthropic_t.chat",
+    system_prompt="You are a terse test assistant.",
+    allowed_tools=["anthropic_lookup", "anthropic_fail"],
+    default_provider="anthropic",
+    default_model="claude-test",
+)
+
+thinking = AgentDefinition(
+    id="anthropic_t.thinking",
+    system_prompt="Think before answering.",
+    allowed_tools=["anthropic_lookup"],
+    default_provider="anthropic",
+    default_model="claude-test",
+    provider_options={"thinking_budget": 2048},
+)
+
+stall = AgentDefinition(
+    id="anthropic_t.stall",
+    default_provider="anthropic",
+    default_model="claude-test",
+    provider_options={"stall_timeout_s": 0.5},
+)
+
+no_cache = AgentDefinition(
+    id="anthropic_t.no_cache",
+    system_prompt="No cache markers here.",
+    allowed_tools=["anthropic_lookup"],
+    default_model="anthropic/claude-shorthand",
+    provider_options={"cache": False},
+)
+
+# runs on the scripted provider unless the caller picks another provider/model for the turn
+override = AgentDefinition(
+    id="anthropic_t.override",
+    allow_runtime_override=True,
+    script=[ScriptStep(text="scripted answer")],
+)
+
+# no provider or model of its own: AGENTQ_PROVIDER / AGENTQ_MODEL decide
+from_env = AgentDefinition(id="anthropic_t.from_env", system_prompt="env-configured")
+
+# Claude on Vertex AI (the test registers the `anthropic-vertex` provider)
+vertex = AgentDefinition(
+    id="anthropic_t.vertex",
+    allowed_tools=["anthropic_lookup"],
+    default_provider="anthropic-vertex",
+    default_model="claude-v",
+)

@@ -1,0 +1,55 @@
+"""Agents and tools for the Gemini adapter tests (the fake server plays the model)."""
+
+from __future__ import annotations
+
+from shared.agents import AgentDefinition, LoopConfig
+from shared.tools import tool
+
+ODD_TOOL = "gemini_lookup/v2 order"  # not a valid Gemini function name: the adapter must sanitize and map back
+
+
+@tool
+def gemini_lookup(q: str) -> dict[str, str]:
+    """Look something up."""
+    return {"answer": f"result for {q}"}
+
+
+@tool
+def gemini_broken(reason: str) -> dict[str, str]:
+    """A lookup whose backend is down."""
+    raise RuntimeError(f"lookup backend down: {reason}")
+
+
+@tool(name=ODD_TOOL, description="Look up an order (v2).")
+def gemini_order_lookup(order_id: str) -> dict[str, str]:
+    return {"order": order_id, "status": "shipped"}
+
+
+_TOOLS = ["gemini_lookup", "gemini_broken", ODD_TOOL]
+
+chat = AgentDefinition(
+    id="gemini_t.chat",
+    system_prompt="You are a test agent.",
+    allowed_tools=_TOOLS,
+    default_provider="gemini",
+    default_model="gemini-test",
+    max_output_tokens=256,
+    temperature=0.2,
+    loop=LoopConfig(max_steps=6),
+)
+
+thinking = AgentDefinition(
+    id="gemini_t.thinking",
+    system_prompt="Think first.",
+    allowed_tools=_TOOLS,
+    default_provider="gemini",
+    default_model="gemini-test",
+    provider_options={"thinking_budget": 512},
+)
+
+stall = AgentDefinition(
+    id="gemini_t.stall",
+    default_provider="gemini",
+    default_model="gemini-test",
+    provider_options={"stall_timeout_s": 0.5},
+)

@@ -1,0 +1,301 @@
+"""A local stand-in for the Anthropic Messages API that speaks its real wire protocol.
+
+It also serves Claude on Vertex AI (`…/publishers/anthropic/models/<m>:streamRawPredict`, same
+SSE body) and a minimal Google OAuth token endpoint (`POST /token`) for its credentials.
+
+`POST /v1/messages` with `"stream": true` answers with Server-Sent Events
+(`event: <type>` / `data: <json>`), exactly as the API does; errors are JSON bodies
+`{"type": "error", "error": {"type", "message"}}` with the API's statuses and headers.
+Each test scripts a queue of replies and reads back every request body it received.
+The unmodified `anthropic` SDK reaches it through `ANTHROPIC_BASE_URL`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class SSEReply:
+    """A 200 event stream. `hold_after` stops after that many events and keeps the connection open
+    (a stalled upstream); `close_after` drops the connection after that many events."""
+
+    events: list[dict[str, Any]]
+    hold_after: int | None = None
+    close_after: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ErrorReply:
+    status: int
+    error_type: str
+    message: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Reply = SSEReply | ErrorReply
+
+
+@dataclass
+class RecordedRequest:
+    path: str
+    headers: dict[str, str]  # lower-cased names; credential values are not kept
+    body: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- event builders
+
+
+def message_start(
+    input_tokens: int = 10, cache_read: int | None = None, cache_write: int | None = None, model: str = "claude-fake"
+) -> dict[str, Any]:
+    return {
+        "type": "message_start",
+        "message": {
+            "id": f"msg_{uuid.uuid4().hex[:12]}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": input_tokens,
+                "output_tokens": 1,
+                "cache_creation_input_tokens": cache_write,
+                "cache_read_input_tokens": cache_read,
+            },
+        },
+    }
+
+
+def text_block(index: int, chunks: list[str]) -> list[dict[str, Any]]:
+    return [
+        {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}},
+        *({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": c}} for c in chunks),
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+def thinking_block(index: int, chunks: list[str], signature: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "content_block_start",
+            "index": index,
+            "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+        },
+        *(
+            {"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": c}}
+            for c in chunks
+        ),
+        {"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": signature}},
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+def redacted_thinking_block(index: int, data: str) -> list[dict[str, Any]]:
+    return [
+        {"type": "content_block_start", "index": index, "content_block": {"type": "redacted_thinking", "data": data}},
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+def tool_use_block(index: int, tool_id: str, name: str, json_chunks: list[str]) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "content_block_start",
+            "index": index,
+            "content_block": {"type": "tool_use", "id": tool_id, "name": name, "input": {}},
+        },
+        *(
+            {"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": c}}
+            for c in json_chunks
+        ),
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+def message_end(
+    stop_reason: str | None, output_tokens: int, thinking_tokens: int | None = None
+) -> list[dict[str, Any]]:
+    usage: dict[str, Any] = {"output_tokens": output_tokens}
+    if thinking_tokens is not None:
+        usage["output_tokens_details"] = {"thinking_tokens": thinking_tokens}
+    return [
+        {"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": None}, "usage": usage},
+        {"type": "message_stop"},
+    ]
+
+
+def error_event(error_type: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+def stream(
+    *blocks: list[dict[str, Any]],
+    stop_reason: str | None = "end_turn",
+    input_tokens: int = 10,
+    output_tokens: int = 5,
+    cache_read: int | None = None,
+    cache_write: int | None = None,
+    thinking_tokens: int | None = None,
+) -> SSEReply:
+    """A complete, well-formed message stream made of the given content blocks (with a ping, as the API sends)."""
+    events = [message_start(input_tokens, cache_read, cache_write), {"type": "ping"}]
+    for block in blocks:
+        events.extend(block)
+    events.extend(message_end(stop_reason, output_tokens, thinking_tokens))
+    return SSEReply(events)
+
+
+def text_reply(*chunks: str, **kwargs: Any) -> SSEReply:
+    return stream(text_block(0, list(chunks)), **kwargs)
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class FakeAnthropic:
+    """Thread-per-request HTTP server on 127.0.0.1 with a scripted reply queue."""
+
+    def __init__(self) -> None:
+        self._replies: deque[Reply] = deque()
+        self.requests: list[RecordedRequest] = []
+        self._cond = threading.Condition()
+        self.release = threading.Event()  # frees held (stalled) streams
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-anthropic", daemon=True
+        )
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> FakeAnthropic:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.release.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def enqueue(self, *replies: Reply) -> None:
+        with self._cond:
+            self._replies.extend(replies)
+
+    def bodies(self) -> list[dict[str, Any]]:
+        with self._cond:
+            return [r.body for r in self.requests]
+
+    def wait_for_requests(self, count: int, timeout: float = 30.0) -> list[RecordedRequest]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self.requests) >= count, timeout=timeout):
+                raise TimeoutError(f"fake Anthropic got {len(self.requests)} requests, expected {count}")
+            return list(self.requests)
+
+    def _record(self, request: RecordedRequest) -> None:
+        with self._cond:
+            self.requests.append(request)
+            self._cond.notify_all()
+
+    def _next_reply(self) -> Reply:
+        with self._cond:
+            if self._replies:
+                return self._replies.popleft()
+        return ErrorReply(
+            400, "invalid_request_error", "fake Anthropic server: no scripted reply left for this request"
+        )
+
+
+_SECRET_HEADERS = frozenset({"authorization", "x-api-key"})
+# the native Messages route, and Vertex AI's route for Claude (model in the path)
+MESSAGES_PATH = re.compile(
+    r"^/v1/messages$|^/v1/projects/[^/]+/locations/[^/]+/publishers/anthropic/models/[^/:]+:(stream)?[rR]awPredict$"
+)
+
+
+def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"  # the connection closes after each response: SSE bodies end with it
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                body = {"_unparseable": raw.decode("utf-8", "replace")}
+            headers = {k.lower(): ("<present>" if k.lower() in _SECRET_HEADERS else v) for k, v in self.headers.items()}
+            fake._record(RecordedRequest(path=self.path, headers=headers, body=body))
+            if self.path == "/token":  # Google's OAuth token endpoint, for Claude on Vertex AI
+                self._json(200, {"access_token": "ya29.fake-token", "expires_in": 3600, "token_type": "Bearer"})
+                return
+            if not MESSAGES_PATH.match(self.path.split("?")[0]):
+                self._error(ErrorReply(404, "not_found_error", f"fake Anthropic server: no route {self.path}"))
+                return
+            if "authorization" not in headers and "x-api-key" not in headers:
+                self._error(ErrorReply(401, "authentication_error", "invalid x-api-key"))
+                return
+            reply = fake._next_reply()
+            if isinstance(reply, ErrorReply):
+                self._error(reply)
+            else:
+                self._stream(reply)
+
+        def _error(self, reply: ErrorReply) -> None:
+            body = {
+                "type": "error",
+                "error": {"type": reply.error_type, "message": reply.message},
+                "request_id": f"req_{uuid.uuid4().hex[:12]}",
+            }
+            self._json(reply.status, body, reply.headers)
+
+        def _json(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+            payload = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(payload)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def _stream(self, reply: SSEReply) -> None:
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream; charset=utf-8")
+            self.send_header("cache-control", "no-cache")
+            self.send_header("request-id", f"req_{uuid.uuid4().hex[:12]}")
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            try:
+                for n, event in enumerate(reply.events):
+                    if reply.close_after is not None and n >= reply.close_after:
+                        return
+                    if reply.hold_after is not None and n >= reply.hold_after:
+                        fake.release.wait(timeout=60)
+                        return
+                    frame = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+                    self.wfile.write(frame.encode())
+                    self.wfile.flush()
+                if reply.hold_after is not None and reply.hold_after >= len(reply.events):
+                    fake.release.wait(timeout=60)
+            except (BrokenPipeError, ConnectionResetError):
+                return
+
+    return Handler

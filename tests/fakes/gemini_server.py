@@ -1,0 +1,230 @@
+"""A local stand-in for the Gemini API (AI Studio and Vertex) that speaks its real wire protocol.
+
+`POST .../models/{model}:streamGenerateContent?alt=sse` answers with Server-Sent Events, one
+`data: <GenerateContentResponse JSON>` per chunk, exactly as the API does; HTTP errors are JSON
+bodies `{"error": {"code", "message", "status", "details"}}` with the API's statuses and headers,
+and an error can also arrive as a `data:` event inside a 200 stream. Each test scripts a queue of
+replies and reads back every request (path, headers, body) it received. The unmodified
+`google-genai` SDK reaches it through `GOOGLE_GEMINI_BASE_URL` / `GOOGLE_VERTEX_BASE_URL`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class SSEReply:
+    """A 200 event stream. `hold_after` stops after that many events and keeps the connection open
+    (a stalled upstream) until the server is released or stopped."""
+
+    events: list[dict[str, Any]]
+    hold_after: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ErrorReply:
+    status: int
+    message: str
+    rpc_status: str
+    headers: dict[str, str] = field(default_factory=dict)
+    details: list[dict[str, Any]] = field(default_factory=list)
+
+
+Reply = SSEReply | ErrorReply
+
+
+@dataclass
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]  # lower-cased names; credential values replaced by "<set>"
+    body: dict[str, Any]
+
+
+_SECRET_HEADERS = {"x-goog-api-key", "authorization"}
+
+
+# --------------------------------------------------------------------------- chunk builders
+
+
+def usage(
+    prompt: int = 10, candidates: int = 5, cached: int | None = None, thoughts: int | None = None
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "promptTokenCount": prompt,
+        "candidatesTokenCount": candidates,
+        "totalTokenCount": prompt + candidates + (thoughts or 0),
+    }
+    if cached is not None:
+        meta["cachedContentTokenCount"] = cached
+    if thoughts is not None:
+        meta["thoughtsTokenCount"] = thoughts
+    return meta
+
+
+def chunk(
+    *parts: dict[str, Any], finish: str | None = None, usage_meta: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One streamed GenerateContentResponse with the given parts (the API omits finishReason until the end)."""
+    candidate: dict[str, Any] = {"content": {"role": "model", "parts": list(parts)}, "index": 0}
+    if finish is not None:
+        candidate["finishReason"] = finish
+    event: dict[str, Any] = {"candidates": [candidate], "modelVersion": "gemini-fake"}
+    if usage_meta is not None:
+        event["usageMetadata"] = usage_meta
+    return event
+
+
+def text(value: str, signature: str | None = None) -> dict[str, Any]:
+    part: dict[str, Any] = {"text": value}
+    if signature is not None:
+        part["thoughtSignature"] = signature
+    return part
+
+
+def thought(value: str, signature: str | None = None) -> dict[str, Any]:
+    part: dict[str, Any] = {"text": value, "thought": True}
+    if signature is not None:
+        part["thoughtSignature"] = signature
+    return part
+
+
+def function_call(name: str, args: dict[str, Any], signature: str | None = None) -> dict[str, Any]:
+    part: dict[str, Any] = {"functionCall": {"name": name, "args": args}}
+    if signature is not None:
+        part["thoughtSignature"] = signature
+    return part
+
+
+def error_event(code: int, message: str, status: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "status": status}}
+
+
+def text_reply(*pieces: str, finish: str = "STOP", prompt: int = 10, candidates: int = 5, **usage_kw: Any) -> SSEReply:
+    """Text streamed one chunk per piece; the last chunk carries finishReason and usage."""
+    events = [chunk(text(p)) for p in pieces[:-1]]
+    events.append(chunk(text(pieces[-1]), finish=finish, usage_meta=usage(prompt, candidates, **usage_kw)))
+    return SSEReply(events)
+
+
+def parts_reply(
+    *parts: dict[str, Any], finish: str = "STOP", prompt: int = 10, candidates: int = 5, **usage_kw: Any
+) -> SSEReply:
+    """Each part in its own chunk, then a final chunk with the finish reason and usage."""
+    events = [chunk(p) for p in parts]
+    events.append(chunk(finish=finish, usage_meta=usage(prompt, candidates, **usage_kw)))
+    return SSEReply(events)
+
+
+def rate_limited(retry_after: str | None = "1", message: str = "Resource has been exhausted") -> ErrorReply:
+    headers = {"Retry-After": retry_after} if retry_after is not None else {}
+    return ErrorReply(429, message, "RESOURCE_EXHAUSTED", headers)
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class FakeGemini:
+    """Thread-per-request HTTP server on 127.0.0.1 with a scripted reply queue."""
+
+    def __init__(self) -> None:
+        self._replies: deque[Reply] = deque()
+        self.requests: list[RecordedRequest] = []
+        self._cond = threading.Condition()
+        self.release = threading.Event()  # frees held (stalled) streams
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-gemini", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> FakeGemini:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.release.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def enqueue(self, *replies: Reply) -> None:
+        with self._cond:
+            self._replies.extend(replies)
+
+    def bodies(self) -> list[dict[str, Any]]:
+        with self._cond:
+            return [r.body for r in self.requests]
+
+    def _record(self, request: RecordedRequest) -> Reply | None:
+        with self._cond:
+            self.requests.append(request)
+            self._cond.notify_all()
+            return self._replies.popleft() if self._replies else None
+
+
+def _handler_for(fake: FakeGemini) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
+            return
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                body = {"_unparsed": raw.decode("utf-8", "replace")}
+            headers = {k.lower(): ("<set>" if k.lower() in _SECRET_HEADERS else v) for k, v in self.headers.items()}
+            reply = fake._record(RecordedRequest("POST", self.path, headers, body))
+            if reply is None:
+                self._error(ErrorReply(400, "fake Gemini: no scripted reply left for this request", "INVALID_ARGUMENT"))
+            elif isinstance(reply, ErrorReply):
+                self._error(reply)
+            else:
+                self._stream(reply)
+
+        def _error(self, reply: ErrorReply) -> None:
+            payload: dict[str, Any] = {"code": reply.status, "message": reply.message, "status": reply.rpc_status}
+            if reply.details:
+                payload["details"] = reply.details
+            data = json.dumps({"error": payload}).encode()
+            self.send_response(reply.status)
+            self.send_header("Content-Type", "application/json; charset=UTF-8")
+            self.send_header("Content-Length", str(len(data)))
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _stream(self, reply: SSEReply) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            for name, value in reply.headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.close_connection = True
+            try:
+                for index, event in enumerate(reply.events):
+                    if reply.hold_after is not None and index >= reply.hold_after:
+                        break
+                    self.wfile.write(f"data: {json.dumps(event)}\r\n\r\n".encode())
+                    self.wfile.flush()
+                if reply.hold_after is not None:
+                    fake.release.wait(timeout=120)
+            except (BrokenPipeError, ConnectionResetError):
+                return
+
+    return Handler
