@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from shared.errors import DefinitionError
 from shared.models import LoopLimits
+from shared.providers.base import ToolSpec
+from shared.providers.registry import check_tool_schemas, split_shorthand
 from shared.providers.scripted import ScriptStep
 from shared.ratelimit import RateLimit
 from shared.tools import ToolDefinition, all_tools
@@ -164,6 +166,17 @@ class AgentRegistry:
         unknown = [name for name in agent.allowed_tools if name not in registry]
         if unknown:
             raise DefinitionError(f"agent {agent.id}: allowed_tools names unknown tools: {', '.join(unknown)}")
+        provider, _ = split_shorthand(agent.default_provider, agent.default_model)
+        if provider:
+            specs = [
+                ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema)
+                for t in agent.visible_tools()
+            ]
+            if agent.execution_mode == "object":
+                from shared.engine.structured import output_tool
+
+                specs.append(output_tool(agent))
+            check_tool_schemas(provider, specs)
         self._agents[agent.id] = agent
 
     def load_modules(self, modules: list[str]) -> None:

@@ -140,6 +140,7 @@ class EventType(StrEnum):
     STEP_START = "step-start"
     TEXT_DELTA = "text-delta"
     REASONING_DELTA = "reasoning-delta"
+    OBJECT_DELTA = "object-delta"
     TOOL_CALL = "tool-call"
     TOOL_RESULT = "tool-result"
     APPROVAL_REQUEST = "approval-request"
@@ -151,7 +152,7 @@ class EventType(StrEnum):
     ERROR = "error"
 
 
-CONTENT_EVENTS = frozenset({EventType.TEXT_DELTA, EventType.REASONING_DELTA})
+CONTENT_EVENTS = frozenset({EventType.TEXT_DELTA, EventType.REASONING_DELTA, EventType.OBJECT_DELTA})
 
 
 class Event(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
 import threading
@@ -79,11 +80,18 @@ _lock = threading.Lock()
 _runtimes: dict[str, Runtime] = {}
 
 
+def _cache_key(settings: Settings) -> str:
+    """By content (an id() could be reused by a later Settings), secrets included: their dump is masked."""
+    secrets_in = [settings.approval_secret, *settings.approval_old_secrets]
+    digest = hashlib.sha256("\x1f".join(s.get_secret_value() if s else "" for s in secrets_in).encode()).hexdigest()
+    return settings.model_dump_json() + digest
+
+
 def get_runtime(settings: Settings | None = None) -> Runtime:
     """The runtime for these settings (default: the environment's), built once per process."""
     settings = settings or get_settings()
     with _lock:
-        key = settings.model_dump_json()  # by content: an id() could be reused by a later Settings
+        key = _cache_key(settings)
         rt = _runtimes.get(key)
         if rt is None:
             rt = Runtime.build(settings)

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -136,3 +136,14 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def eventually(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> None:
+    """Wait for a condition that has no event to wait on (e.g. a worker finishing its delivery)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)

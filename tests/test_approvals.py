@@ -12,7 +12,7 @@ from shared.errors import ApprovalError
 from shared.models import EventType, ToolResultMessage, TurnStatus
 from shared.runtime import get_runtime
 from shared.submit import create_turn
-from tests.conftest import make_settings
+from tests.conftest import eventually, make_settings
 from tests.test_durability import _side_effects
 
 
@@ -36,7 +36,9 @@ def test_approve_runs_the_gated_call_once_and_resumes(worker, client, prefix, rt
     handle, [request] = _park(client, prefix)
     state = client.get(handle.turn_id)
     assert state.status == TurnStatus.AWAITING_APPROVAL
-    assert not rt.redis.exists(rt.keys.lease(handle.turn_id))  # parked: no worker holds the turn
+    # parked: once the delivery returns, no worker holds the turn (and nothing renews a lease)
+    eventually(lambda: not rt.redis.exists(rt.keys.lease(handle.turn_id)), what="the lease to be released")
+    assert state.status == TurnStatus.AWAITING_APPROVAL
     assert _side_effects(prefix, handle.turn_id, "gated") == 0
     data = request.data
     assert data["tool"] == "rt_side_effect" and data["args"] == {"label": "gated"}

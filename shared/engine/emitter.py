@@ -18,7 +18,7 @@ from shared.models import EventType
 from shared.providers.base import Delta
 from shared.store.events import EventLog
 
-_KIND_EVENT = {"text": EventType.TEXT_DELTA, "reasoning": EventType.REASONING_DELTA}
+_KIND_EVENT = {"text": EventType.TEXT_DELTA, "reasoning": EventType.REASONING_DELTA, "object": EventType.OBJECT_DELTA}
 
 
 class _FlushTimer:

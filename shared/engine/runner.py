@@ -18,9 +18,11 @@ from typing import Literal
 from shared.agents import AgentDefinition
 from shared.approvals import ApprovalClaim
 from shared.batch import record_finish
+from shared.engine import structured
 from shared.engine.dispatch import PreparedCall, StepDispatcher
 from shared.engine.emitter import StepEmitter
 from shared.engine.output import OutputInvalid, parse_object, repair_note
+from shared.metrics import RATE_LIMIT_WAITS
 from shared.models import (
     EventType,
     FinishReason,
@@ -33,8 +35,7 @@ from shared.models import (
     TurnStatus,
     UserMessage,
 )
-from shared.providers.base import ProviderError, StepOutput, StepRequest, ToolSpec
-from shared.metrics import RATE_LIMIT_WAITS
+from shared.providers.base import OUTPUT_TOOL, ProviderError, StepOutput, StepRequest, ToolSpec
 from shared.providers.registry import create_adapter
 from shared.ratelimit import RateLimit, estimate_tokens
 from shared.retry import retry_countdown
@@ -134,12 +135,21 @@ class StepRunner:
         except Exception as exc:
             return self._fail(state, emitter, str(exc))
         tools = agent.visible_tools()
+        specs = [ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema) for t in tools]
+        tool_choice: str | None = None
+        output_schema = None
+        if agent.execution_mode == "object":
+            output_schema = agent.output_schema()
+            specs.append(structured.output_tool(agent))
+            tool_choice = OUTPUT_TOOL if structured.must_answer_now(agent, state, bool(tools)) else "auto"
         request = StepRequest(
             provider=state.provider,
             model=state.model,
             system=agent.system_prompt or None,
             messages=state.messages,
-            tools=[ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema) for t in tools],
+            tools=specs,
+            tool_choice=tool_choice,
+            output_schema=output_schema,
             max_tokens=agent.max_output_tokens,
             temperature=agent.temperature,
             stop_sequences=agent.stop_sequences,
@@ -164,7 +174,7 @@ class StepRunner:
                 "worker": worker_id(),
                 "provider": state.provider,
                 "model": state.model,
-                "tools": [t.name for t in tools],
+                "tools": [t.name for t in specs],  # exactly what the model is shown
             },
         )
         used: int | None = None
@@ -212,6 +222,9 @@ class StepRunner:
             state.messages.append(UserMessage(content=adapter.malformed_note()))
             return self._advance(state, agent, emitter)
 
+        answer = structured.as_answer(agent, output) if agent.execution_mode == "object" else None
+        if answer is not None:
+            return self._final_answer(state, agent, emitter, answer)
         calls = output.message.tool_calls
         if not calls:
             return self._final_answer(state, agent, emitter, output)

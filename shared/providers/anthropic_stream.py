@@ -18,7 +18,7 @@ import anthropic
 import httpx2
 
 from shared.models import AssistantMessage, FinishReason, ReasoningPart, TextPart, ToolCall, Usage
-from shared.providers.base import Delta, Emit, ProviderError, StepOutput
+from shared.providers.base import OUTPUT_TOOL, Delta, Emit, ProviderError, StepOutput
 from shared.providers.errors import classify_status, parse_retry_after
 
 PROVIDER = "anthropic"
@@ -163,6 +163,8 @@ class StreamAccumulator:
             block.signature = (block.signature or "") + delta.signature
         elif kind == "input_json_delta":
             block.json_parts.append(delta.partial_json)
+            if block.name == OUTPUT_TOOL and delta.partial_json:  # the structured answer, as it streams
+                self.emit(Delta("object", delta.partial_json))
 
     def _append(self, block: _Block, kind: str, text: str) -> None:
         if text:

@@ -46,9 +46,14 @@ class StepRequest(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+OUTPUT_TOOL = "agentq_output"  # the tool an object-mode step answers through (see shared/engine/structured.py)
+
+
 @dataclass(frozen=True)
 class Delta:
-    kind: Literal["text", "reasoning"]
+    """A streamed piece: answer text, reasoning, or a fragment of the structured answer's JSON."""
+
+    kind: Literal["text", "reasoning", "object"]
     text: str
 
 

@@ -292,7 +292,7 @@ class BedrockAdapter(ProviderAdapter):
                 deltas = assembler.on_event(event)
                 try:
                     for kind, text in deltas:
-                        emit(Delta("text" if kind == "text" else "reasoning", text))
+                        emit(Delta(kind, text))  # type: ignore[arg-type]  # text | reasoning | object
                 except Exception as exc:  # our own event log failed: not the provider's error to classify
                     raise _EmitFailed(exc) from exc
                 if should_stop():

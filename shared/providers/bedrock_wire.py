@@ -30,7 +30,7 @@ from shared.models import (
     Usage,
     UserMessage,
 )
-from shared.providers.base import StepRequest, ToolSpec
+from shared.providers.base import OUTPUT_TOOL, StepRequest, ToolSpec
 
 PROVIDER = "bedrock"
 # Bedrock's ToolSpecification.name (botocore service model: pattern [a-zA-Z0-9_-]+, length 1..64)
@@ -294,7 +294,10 @@ class StreamAssembler:
         if "toolUse" in delta:
             fragment = (delta["toolUse"] or {}).get("input")
             if isinstance(fragment, str):
-                self._block(index, "tool").input_buffer.append(fragment)
+                tool = self._block(index, "tool")
+                tool.input_buffer.append(fragment)
+                if tool.tool_name == OUTPUT_TOOL and fragment:  # the structured answer, as it streams
+                    out.append(("object", fragment))
         if "reasoningContent" in delta:
             reasoning = delta["reasoningContent"] or {}
             block = self._block(index, "reasoning")

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from shared.errors import SubmitError
-from shared.providers.base import ProviderAdapter
+from shared.providers.base import ProviderAdapter, ToolSpec
 from shared.providers.scripted import ScriptedAdapter
 
 if TYPE_CHECKING:
@@ -51,6 +51,22 @@ def _load_lazy(name: str) -> None:
     except ImportError as exc:
         raise SubmitError(f"provider {name!r} is not available: {exc}") from exc
     register_provider(name, getattr(module, factory_name), getattr(module, check[0]) if check else None)
+
+
+def check_tool_schemas(provider: str, specs: list[ToolSpec]) -> None:
+    """Refuse, at agent load time, tool schemas this provider cannot take (the adapter module's `check_tools`)."""
+    spec = _LAZY.get(provider)
+    if spec is None:
+        return
+    import importlib
+
+    try:
+        module = importlib.import_module(spec.split(":", 1)[0])
+    except ImportError:
+        return  # reported when the provider is first used
+    check = getattr(module, "check_tools", None)
+    if check is not None:
+        check(specs)
 
 
 def check_configured(provider: str) -> None:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.models import AssistantMessage, FinishReason, ReasoningPart, TextPart, ToolCall, Usage
 from shared.providers.base import (
+    OUTPUT_TOOL,
     Delta,
     Emit,
     ProviderAdapter,
@@ -123,6 +124,9 @@ class ScriptedAdapter(ProviderAdapter):
                 emit(Delta("reasoning", chunk))
             parts.append(ReasoningPart(text=step.reasoning, signature="scripted-sig", provider="scripted"))
 
+        native = step.object is not None and any(t.name == OUTPUT_TOOL for t in request.tools)
+        if native:  # answer through the output tool, streaming the object's JSON as object deltas
+            return self._native_object(request, step, emit, should_stop, parts)
         text = step.full_text([t.name for t in request.tools])
         chunks = _chunks(text, step.delta_chars)
         emitted: list[str] = []
@@ -156,4 +160,24 @@ class ScriptedAdapter(ProviderAdapter):
             usage=usage,
             raw_finish_reason=raw,
             finish_reason=_FINISH_MAP.get(raw, FinishReason.STOP),
+        )
+
+    def _native_object(
+        self, request: StepRequest, step: ScriptStep, emit: Emit, should_stop: ShouldStop, parts: list[Any]
+    ) -> StepOutput:
+        args = step.object if isinstance(step.object, dict) else {"value": step.object}
+        encoded = json.dumps(args)
+        for chunk in _chunks(encoded, step.delta_chars):
+            if should_stop():
+                break
+            if step.delta_delay_s:
+                time.sleep(step.delta_delay_s)  # simulated model latency
+            emit(Delta("object", chunk))
+        parts.append(ToolCall(id=f"call_{request.step}_out", name=OUTPUT_TOOL, args=args))
+        transcript_chars = sum(len(m.model_dump_json()) for m in request.messages)
+        return StepOutput(
+            message=AssistantMessage(parts=parts),
+            usage=Usage(input_tokens=max(1, transcript_chars // 4), output_tokens=max(1, len(encoded) // 4)),
+            raw_finish_reason="tool_use",
+            finish_reason=FinishReason.TOOL_CALLS,
         )

@@ -1,0 +1,58 @@
+"""Native structured output for object-mode agents.
+
+The engine offers the output schema to the model as one extra tool, `agentq_output`,
+and forces it on the step reserved for the answer (the last allowed step, a repair
+step, or any step when the agent has no tools of its own). Providers with a forced
+tool choice (Anthropic, Bedrock) need nothing more; Gemini turns a forced
+`agentq_output` into its response schema + JSON output instead. A call to
+`agentq_output` becomes the step's final answer as JSON text, validated like any answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from shared.agents import AgentDefinition
+from shared.models import AssistantMessage, FinishReason, TextPart, TurnState, UserMessage
+from shared.providers.base import OUTPUT_TOOL, StepOutput, ToolSpec
+
+_WRAPPED = "value"
+DESCRIPTION = (
+    "Return your final answer by calling this tool exactly once, with arguments that match its schema. "
+    "Call it only when you are done using other tools."
+)
+
+
+def output_tool(agent: AgentDefinition) -> ToolSpec:
+    return ToolSpec(name=OUTPUT_TOOL, description=DESCRIPTION, input_schema=tool_schema(agent))
+
+
+def tool_schema(agent: AgentDefinition) -> dict[str, Any]:
+    """Tool inputs must be objects: any other output schema is wrapped in {"value": ...}."""
+    schema = dict(agent.output_schema() or {})
+    if schema.get("type") == "object":
+        schema.pop("title", None)
+        return schema
+    return {"type": "object", "properties": {_WRAPPED: schema}, "required": [_WRAPPED]}
+
+
+def must_answer_now(agent: AgentDefinition, state: TurnState, has_tools: bool) -> bool:
+    """The step reserved for the output: no tools to use, the last allowed step, or a repair step."""
+    last_step = state.step + 1 >= state.limits.max_steps
+    repairing = bool(state.repairs_used) and isinstance(state.messages[-1], UserMessage)
+    return not has_tools or last_step or repairing
+
+
+def as_answer(agent: AgentDefinition, output: StepOutput) -> StepOutput | None:
+    """If the model called `agentq_output`, the step's answer as JSON text; else None."""
+    call = next((c for c in output.message.tool_calls if c.name == OUTPUT_TOOL), None)
+    if call is None:
+        return None
+    args: Any = call.args
+    if (agent.output_schema() or {}).get("type") != "object" and set(args) == {_WRAPPED}:
+        args = args[_WRAPPED]
+    text = json.dumps(args, ensure_ascii=False)
+    return output.model_copy(
+        update={"message": AssistantMessage(parts=[TextPart(text=text)]), "finish_reason": FinishReason.STOP}
+    )
