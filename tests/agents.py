@@ -153,3 +153,28 @@ approver_expiring = AgentDefinition(
         ScriptStep(text="done"),
     ],
 )
+
+
+@tool
+def rt_slow_work(seconds: float) -> dict[str, float]:
+    """Simulated slow work (a long-running tool)."""
+    import time
+
+    time.sleep(seconds)
+    return {"slept": seconds}
+
+
+side_effect_then_slow = AgentDefinition(
+    id="rt.side_effect_then_slow",
+    allowed_tools=["rt_marker_side_effect", "rt_slow_work"],
+    script=[
+        ScriptStep(
+            text="doing two things",
+            tool_calls=[
+                ScriptToolCall(name="rt_marker_side_effect", args={"label": "mid-tools"}),
+                ScriptToolCall(name="rt_slow_work", args={"seconds": 3.0}),
+            ],
+        ),
+        ScriptStep(text="both done"),
+    ],
+)

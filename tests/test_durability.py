@@ -99,6 +99,35 @@ def test_sigkill_mid_stream_recovers_on_other_worker_rabbitmq_broker(prefix):
                     pass
 
 
+def test_sigkill_between_tool_calls_reuses_the_stored_result(prefix):
+    """Killed after one tool ran and before the step committed: the re-run reuses the stored result."""
+    from producer.client import Client
+
+    settings = make_settings(prefix)
+    client = Client(settings)
+    workers = [WorkerProcess(settings, "t1"), WorkerProcess(settings, "t2")]
+    try:
+        handle = client.submit("rt.side_effect_then_slow", prompt="go", metadata={"prefix": prefix})
+        seen, victim, starter = [], None, None
+        for event in handle.events(idle_timeout=120):
+            seen.append(event)
+            if event.type == EventType.STEP_START and starter is None:
+                starter = event.data["worker"]
+            if event.type == EventType.TOOL_RESULT and event.data["name"] == "rt_marker_side_effect" and not victim:
+                victim = next(w for w in workers if starter.endswith(f":{w.proc.pid}"))
+                os.kill(victim.proc.pid, signal.SIGKILL)  # while rt_slow_work runs, before the commit
+                victim.proc.wait(timeout=30)
+        result = handle.wait(timeout=120)
+    finally:
+        for w in workers:
+            w.stop()
+    assert result.status == TurnStatus.COMPLETED, result.error
+    assert result.text == "both done"
+    assert _side_effects(prefix, handle.turn_id, "mid-tools") == 1  # not executed again by the re-run
+    assert (EventType.STEP_RESET, 0) in [(e.type, e.step) for e in seen]
+    assert len([e for e in seen if e.type == EventType.STEP_START and e.step == 0]) == 2
+
+
 def test_step_longer_than_visibility_timeout_runs_once(prefix):
     from celery.contrib.testing.worker import start_worker
 
