@@ -96,7 +96,9 @@ def record_finish(pipe: Any, keys: Keys, state: TurnState, ttl_s: int) -> None:
     pipe.hincrby(key, "output_tokens", state.usage.output_tokens)
     pipe.expire(key, ttl_s)
     stream = done_stream(keys, batch_id)
-    pipe.xadd(stream, {"turn_id": state.turn_id, "key": str(state.metadata.get("item_key", "")), "status": state.status})
+    pipe.xadd(
+        stream, {"turn_id": state.turn_id, "key": str(state.metadata.get("item_key", "")), "status": state.status}
+    )
     pipe.expire(stream, ttl_s)
 
 

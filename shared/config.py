@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     beat: bool = True  # `agentq worker` runs the sweeper's schedule unless --no-beat
     memory_polling_interval_s: float = 0.01
 
+    # Observability
+    metrics_port: int = 9464  # each worker serves /metrics here; 0 disables
+    metrics_host: str = "0.0.0.0"
+    log_json: bool = False  # one JSON object per log line
+
     # Retry before the first chunk
     retry_base_s: float = 1.0
     retry_cap_s: float = 30.0

@@ -1,8 +1,32 @@
-"""Prometheus metrics (low-cardinality labels only: never turn ids)."""
+"""Prometheus metrics (low-cardinality labels only: never turn ids) and the scrape-time state gauges.
+
+Counters and histograms are updated in-process on the step path (no Redis round trip per delta).
+Gauges that describe shared state (queue depth, pending approvals) are read from Redis only when
+`/metrics` is scraped, by `StateCollector`, registered in the process that serves `/metrics`.
+With prefork workers these metrics use prometheus_client's multiprocess mode: see workers/metrics_server.py.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import redis
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from shared.config import Settings
+from shared.protocol import celery_config, worker_queues
+
+if TYPE_CHECKING:
+    from shared.models import PendingApproval, StepTrace, ToolResult, TurnState
+    from shared.providers.base import Delta, ProviderError
+    from shared.runtime import Runtime
 
 STEP_DELIVERIES = Counter(
     "agentq_step_deliveries_total",
@@ -15,3 +39,297 @@ RATE_LIMIT_WAITS = Counter(
     "Steps re-queued because the shared rate limit had no capacity",
     ["provider", "model", "limit"],
 )
+
+TURNS = Counter(
+    "agentq_turns_total",
+    "Turns finished, by final status (completed, failed, cancelled)",
+    ["agent", "status"],
+)
+
+STEPS = Counter(
+    "agentq_steps_total",
+    "Model steps (one model call each) by outcome: ok, retry, failed, parked, cancelled, lost, conflict",
+    ["agent", "provider", "model", "outcome"],
+)
+
+STEP_DURATION = Histogram(
+    "agentq_step_duration_seconds",
+    "Wall time of one model step (model call plus its auto tools), per attempt",
+    ["provider", "model"],
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600),
+)
+
+TIME_TO_FIRST_CHUNK = Histogram(
+    "agentq_time_to_first_chunk_seconds",
+    "From the start of the model call to its first content delta",
+    ["provider", "model"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 30, 60),
+)
+
+STEP_RETRIES = Counter(
+    "agentq_step_retries_total",
+    "Step retries before the first chunk, by reason (HTTP status or provider error code)",
+    ["provider", "model", "reason"],
+)
+
+TOKENS = Counter(
+    "agentq_tokens_total",
+    "Tokens reported by providers, by kind (input, output, cache_read, cache_write, reasoning)",
+    ["provider", "model", "kind"],
+)
+
+TOOL_CALLS = Counter(
+    "agentq_tool_calls_total",
+    "Tool calls resolved, by outcome (ok, error, denied, not_found, invalid_args, blocked)",
+    ["agent", "tool", "outcome"],
+)
+
+UNKNOWN_TOOL = "unknown"  # the `tool` label of calls to names the agent does not have (model-invented: unbounded)
+_CODE = re.compile(r"[^a-z0-9_.-]+")
+
+
+# --------------------------------------------------------------------------- hot-path helpers
+
+
+class FirstChunkProbe:
+    """Wraps the adapter's `emit` to time the first content delta; one attribute check per delta."""
+
+    def __init__(self, emit: Callable[[Delta], None]) -> None:
+        self._emit = emit
+        self.started = time.monotonic()
+        self.first: float | None = None
+
+    def __call__(self, delta: Delta) -> None:
+        if self.first is None and delta.text:
+            self.first = time.monotonic()
+        self._emit(delta)
+
+    def observe(self, provider: str, model: str) -> None:
+        if self.first is not None:
+            TIME_TO_FIRST_CHUNK.labels(provider, model).observe(self.first - self.started)
+
+
+def step_outcome(action: str, reason: str, status: str) -> str | None:
+    """The `outcome` label of a model step from the runner's decision and the turn's status after it."""
+    if action == "retry":
+        return "retry"
+    if action == "next":
+        return "ok"
+    if action == "reschedule":
+        return None  # the model was not called (rate limit): counted by agentq_rate_limiter_waits_total
+    if reason.startswith("commit lost"):
+        return "conflict"
+    if reason.startswith("lease lost"):
+        return "lost"
+    return {"completed": "ok", "failed": "failed", "cancelled": "cancelled", "awaiting_approval": "parked"}.get(
+        status, "other"
+    )
+
+
+def record_step(state: TurnState, action: str, reason: str, duration_s: float, traces: Iterable[StepTrace]) -> None:
+    """Count one model step: its outcome, its duration and the tokens of the traces it added."""
+    outcome = step_outcome(action, reason, state.status.value)
+    if outcome is None:
+        return
+    STEPS.labels(state.agent, state.provider, state.model, outcome).inc()
+    STEP_DURATION.labels(state.provider, state.model).observe(duration_s)
+    for trace in traces:
+        u = trace.usage
+        for kind, value in (
+            ("input", u.input_tokens),
+            ("output", u.output_tokens),
+            ("cache_read", u.cache_read_tokens),
+            ("cache_write", u.cache_write_tokens),
+            ("reasoning", u.reasoning_tokens),
+        ):
+            if value:
+                TOKENS.labels(trace.provider, trace.model, kind).inc(value)
+
+
+def retry_reason(exc: ProviderError) -> str:
+    """`429`, `529`, `overloaded_error`, `stall`…: the HTTP status when there is one, else the error code."""
+    if exc.status is not None:
+        return str(exc.status)
+    if exc.code:
+        return _CODE.sub("_", exc.code.lower())[:40] or "error"
+    return "error"
+
+
+def record_retry(provider: str, model: str, exc: ProviderError) -> None:
+    STEP_RETRIES.labels(provider, model, retry_reason(exc)).inc()
+
+
+def tool_outcome(result: ToolResult) -> str:
+    """Classify a stored tool result (see engine/dispatch.py for the shapes)."""
+    if not result.is_error:
+        return "ok"
+    output = result.output if isinstance(result.output, dict) else {}
+    status = output.get("status")
+    error = str(output.get("error", ""))
+    if status == "denied":
+        return "denied"
+    if status == "invalid_arguments":
+        return "invalid_args"
+    if error.startswith(("Tool not found", "TOOL_NOT_FOUND")):
+        return "not_found"
+    if error.startswith("TOOL_PERMANENTLY_FAILED"):
+        return "blocked"
+    return "error"
+
+
+def record_tool_call(agent: str, result: ToolResult, known: bool) -> None:
+    TOOL_CALLS.labels(agent, result.name if known else UNKNOWN_TOOL, tool_outcome(result)).inc()
+
+
+# --------------------------------------------------------------------------- pending approvals index
+
+
+def pending_approvals_key(prefix: str) -> str:
+    """ZSET approval id -> expiry of approvals a person may still decide (parked turns only)."""
+    return f"{prefix}:approvals-pending"
+
+
+def track_pending(rt: Runtime, approvals: list[PendingApproval]) -> None:
+    """Index a parked step's approvals (after its park committed: a lost commit leaves no orphans)."""
+    if approvals:
+        rt.redis.zadd(pending_approvals_key(rt.keys.prefix), {a.approval_id: a.expires_at for a in approvals})
+
+
+def untrack_pending(rt: Runtime, approval_id: str) -> None:
+    rt.redis.zrem(pending_approvals_key(rt.keys.prefix), approval_id)
+
+
+def pending_approval_count(client: redis.Redis, prefix: str, now: float | None = None) -> int:
+    """Undecided, unexpired approvals. Expired entries are pruned here: nobody can decide them any more."""
+    now = time.time() if now is None else now
+    key = pending_approvals_key(prefix)
+    pipe = client.pipeline(transaction=False)
+    pipe.zremrangebyscore(key, "-inf", now)
+    pipe.zcard(key)
+    return int(pipe.execute()[1])
+
+
+# --------------------------------------------------------------------------- queue depth
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_KOMBU_PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: queue, queue\x06\x163, …\x166, …\x169
+_KOMBU_PRIORITY_STEPS = (3, 6, 9)
+
+
+class QueueDepths:
+    """Waiting messages per queue, read from the broker (kept connection; short timeouts)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.url = settings.effective_broker_url
+        self._redis: redis.Redis | None = None
+
+    def read(self, queues: list[str] | None = None) -> dict[str, int]:
+        queues = queues or worker_queues(self.settings)
+        if self.url.startswith(REDIS_SCHEMES):
+            return self._redis_depths(queues)
+        if self.url.startswith("memory://"):
+            return {}  # in-process transport: nothing another process could read
+        return self._kombu_depths(queues)
+
+    def _redis_depths(self, queues: list[str]) -> dict[str, int]:
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=5)
+        keyprefix = celery_config(self.settings)["broker_transport_options"].get("global_keyprefix", "")
+        pipe = self._redis.pipeline(transaction=False)
+        for queue in queues:
+            base = f"{keyprefix}{queue}"
+            pipe.llen(base)
+            for pri in _KOMBU_PRIORITY_STEPS:
+                pipe.llen(f"{base}{_KOMBU_PRIORITY_SEP}{pri}")
+        counts = pipe.execute()
+        per = 1 + len(_KOMBU_PRIORITY_STEPS)
+        return {q: int(sum(counts[i * per : (i + 1) * per])) for i, q in enumerate(queues)}
+
+    def _kombu_depths(self, queues: list[str]) -> dict[str, int]:
+        """AMQP and others: a passive queue_declare reports message_count (a missing queue is skipped)."""
+        from kombu import Connection
+
+        found: dict[str, int] = {}
+        with Connection(self.url, connect_timeout=5) as conn:
+            for queue in queues:
+                try:
+                    channel = conn.channel()
+                    try:
+                        _, count, _ = channel.queue_declare(queue=queue, passive=True)
+                    finally:
+                        channel.close()
+                except Exception:  # the queue does not exist yet: nothing waits in it
+                    continue
+                found[queue] = int(count)
+        return found
+
+    def close(self) -> None:
+        if self._redis is not None:
+            self._redis.close()
+
+
+# --------------------------------------------------------------------------- scrape-time collector
+
+
+class StateCollector(Collector):
+    """`agentq_queue_depth{queue}` and `agentq_pending_approvals`, read from Redis at scrape time.
+
+    Register it only in the process that serves /metrics (each serving worker reports the same fleet-wide
+    values: aggregate with max(), not sum()). A Redis error drops the gauges from that scrape, never the rest.
+    """
+
+    def __init__(self, settings: Settings, state_redis: Callable[[], redis.Redis]) -> None:
+        self.settings = settings
+        self.state_redis = state_redis
+        self.depths = QueueDepths(settings)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # scrape-time values: nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            depths = self.depths.read()
+        except Exception:
+            depths = None
+        if depths is not None:
+            gauge = GaugeMetricFamily(
+                "agentq_queue_depth", "Step messages waiting in the broker queue", labels=["queue"]
+            )
+            for queue, depth in depths.items():
+                gauge.add_metric([queue], depth)
+            yield gauge
+        try:
+            pending = pending_approval_count(self.state_redis(), self.settings.key_prefix)
+        except Exception:
+            return
+        yield GaugeMetricFamily(
+            "agentq_pending_approvals", "Approvals of parked turns waiting for a decision (unexpired)", value=pending
+        )
+
+
+# --------------------------------------------------------------------------- prefork: multiprocess mode
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+PROCESS_POOLS = frozenset({"prefork", "processes"})
+OWNED_MARKER = ".agentq-owned"  # in a directory agentq created, so the worker may delete it on shutdown
+
+
+def prepare_multiprocess_dir(pool: str, environ: dict[str, str]) -> str | None:
+    """For a process pool, make sure `PROMETHEUS_MULTIPROC_DIR` names an existing directory in `environ`.
+
+    It must be set before prometheus_client is first imported in the worker (the value class is chosen
+    then), so `agentq worker` sets it before exec'ing celery: a fresh temp dir unless the operator set one
+    (which must then start empty, e.g. a Kubernetes emptyDir). Returns the directory, or None for thread pools.
+    """
+    if pool not in PROCESS_POOLS:
+        return None
+    path = environ.get(MULTIPROC_ENV)
+    if path:
+        os.makedirs(path, exist_ok=True)
+        return path
+    path = tempfile.mkdtemp(prefix="agentq-metrics-")
+    with open(os.path.join(path, OWNED_MARKER), "w"):
+        pass
+    environ[MULTIPROC_ENV] = path
+    return path

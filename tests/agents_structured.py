@@ -58,3 +58,21 @@ scripted_tools_first = AgentDefinition(
         ScriptStep(object=["ada@example.com"]),
     ],
 )
+
+gemini_extract = AgentDefinition(
+    id="st.gemini_extract",
+    execution_mode="object",
+    output=StContact,
+    default_provider="gemini",
+    default_model="gemini-fake",
+)
+
+gemini_tools_first = AgentDefinition(
+    id="st.gemini_tools_first",
+    execution_mode="object",
+    output=StContact,
+    allowed_tools=["st_lookup"],
+    loop=LoopConfig(max_steps=2),
+    default_provider="gemini",
+    default_model="gemini-fake",
+)

@@ -23,9 +23,7 @@ def lc_fine(x: str) -> str:
 
 @pytest.mark.parametrize("provider", ["bedrock", "anthropic"])
 def test_unexpressible_tool_name_is_refused_at_load(provider):
-    agent = AgentDefinition(
-        id="lc.bad", allowed_tools=["lc bad name!"], default_provider=provider, default_model="m"
-    )
+    agent = AgentDefinition(id="lc.bad", allowed_tools=["lc bad name!"], default_provider=provider, default_model="m")
     with pytest.raises(DefinitionError) as err:
         AgentRegistry().register(agent)
     assert "lc bad name!" in str(err.value)
@@ -35,3 +33,16 @@ def test_unexpressible_tool_name_is_refused_at_load(provider):
 def test_expressible_tools_load(provider):
     agent = AgentDefinition(id="lc.fine", allowed_tools=["lc_fine"], default_provider=provider, default_model="m")
     AgentRegistry().register(agent)
+
+
+@tool
+def lc_free_form(labels: dict[str, str]) -> str:
+    """Takes a free-form mapping, which Gemini's schema subset cannot declare."""
+    return ",".join(labels)
+
+
+def test_gemini_refuses_a_schema_it_cannot_take_at_load():
+    agent = AgentDefinition(id="lc.gem", allowed_tools=["lc_free_form"], default_provider="gemini", default_model="m")
+    with pytest.raises(DefinitionError) as err:
+        AgentRegistry().register(agent)
+    assert "lc_free_form" in str(err.value)

@@ -120,3 +120,47 @@ def test_scripted_non_object_schema_is_wrapped_and_unwrapped(worker, client):
     assert OUTPUT_TOOL in starts[0].data["tools"]
     state = client.get(result.turn_id)
     assert not any(isinstance(m, UserMessage) and "did not match" in m.content for m in state.messages)
+
+
+@pytest.fixture
+def gemini_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    from tests.fakes import gemini_server as gem
+    from tests.test_provider_gemini import _clear_env
+
+    _clear_env(monkeypatch)
+    server = gem.FakeGemini().start()
+    monkeypatch.setenv("GOOGLE_API_KEY", "gemini-structured-key")
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", server.base_url)
+    yield server
+    server.stop()
+
+
+def test_gemini_answers_through_response_schema(gemini_fake, worker, client):
+    from tests.fakes import gemini_server as gem
+
+    gemini_fake.enqueue(gem.text_reply('{"name": "Ada Lovelace", ', '"email": "ada@engines.example"}'))
+    result, events = _run(client, "st.gemini_extract")
+    assert result.status == TurnStatus.COMPLETED, result.error
+    assert result.object == {"name": "Ada Lovelace", "email": "ada@engines.example"}
+    config = gemini_fake.bodies()[0]["generationConfig"]
+    assert config["responseMimeType"] == "application/json"
+    schema = json.dumps(config.get("responseJsonSchema") or config.get("responseSchema"))
+    assert "email" in schema and "name" in schema
+    assert "tools" not in gemini_fake.bodies()[0]  # no function calling alongside a JSON schema
+    assert "".join(e.data["text"] for e in events if e.type == EventType.OBJECT_DELTA) == json.dumps(result.object)
+
+
+def test_gemini_tools_first_then_schema_on_the_reserved_step(gemini_fake, worker, client):
+    from tests.fakes import gemini_server as gem
+
+    gemini_fake.enqueue(
+        gem.parts_reply(gem.function_call("st_lookup", {"name": "Ada"})),
+        gem.text_reply('{"name": "Ada", "email": "ada@example.com"}'),
+    )
+    result, _ = _run(client, "st.gemini_tools_first")
+    assert result.status == TurnStatus.COMPLETED, result.error
+    first, last = gemini_fake.bodies()
+    declared = {d["name"] for t in first["tools"] for d in t["functionDeclarations"]}
+    assert declared == {"st_lookup", OUTPUT_TOOL}
+    assert "responseMimeType" not in first.get("generationConfig", {})
+    assert last["generationConfig"]["responseMimeType"] == "application/json"

@@ -28,6 +28,7 @@ from google.genai import types
 from shared.errors import DefinitionError, SubmitError
 from shared.providers import gemini_schema
 from shared.providers.base import (
+    OUTPUT_TOOL,
     Emit,
     ProviderAdapter,
     ProviderError,
@@ -168,7 +169,8 @@ def build_config(request: StepRequest, system: list[str]) -> types.GenerateConte
     """The GenerateContentConfig for one step (tools, limits, thinking, per-request timeouts)."""
     options = request.options
     declarations = []
-    for spec in request.tools:
+    json_answer = answers_with_schema(request)
+    for spec in [] if json_answer else request.tools:
         try:
             declarations.append(types.FunctionDeclaration.model_validate(gemini_schema.function_declaration(spec)))
         except DefinitionError as exc:
@@ -181,7 +183,7 @@ def build_config(request: StepRequest, system: list[str]) -> types.GenerateConte
     config = types.GenerateContentConfig(
         system_instruction="\n\n".join(system) if system else None,
         tools=[types.Tool(function_declarations=declarations)] if declarations else None,
-        tool_config=_tool_config(request.tool_choice, names),
+        tool_config=None if json_answer else _tool_config(request.tool_choice, names),
         max_output_tokens=request.max_tokens,
         temperature=request.temperature,
         stop_sequences=request.stop_sequences or None,
@@ -199,6 +201,12 @@ def build_config(request: StepRequest, system: list[str]) -> types.GenerateConte
         config.response_mime_type = "application/json"
         config.response_json_schema = request.output_schema
     return config
+
+
+def answers_with_schema(request: StepRequest) -> bool:
+    """A forced structured answer goes out as Gemini's response schema + JSON output, not a function call
+    (Gemini does not take function calling and a JSON response schema together)."""
+    return request.output_schema is not None and request.tool_choice == OUTPUT_TOOL
 
 
 # --------------------------------------------------------------------------- the adapter
@@ -256,7 +264,7 @@ class GeminiAdapter(ProviderAdapter):
         system = [request.system] if request.system else []
         config = build_config(request, system + system_in_transcript)
         names = {gemini_schema.wire_name(t.name): t.name for t in request.tools}
-        parser = StreamParser(request.step, names, emit)
+        parser = StreamParser(request.step, names, emit, text_kind="object" if answers_with_schema(request) else "text")
         try:
             client = get_client()
         except Exception as exc:

@@ -169,8 +169,11 @@ def _function_response(result: ToolResult, call_ids: dict[str, str]) -> types.Pa
 class StreamParser:
     """Accumulates one streamed response: merges text/thought fragments, keeps signatures where they came."""
 
-    def __init__(self, step: int, original_names: dict[str, str], emit: Callable[[Delta], None]) -> None:
+    def __init__(
+        self, step: int, original_names: dict[str, str], emit: Callable[[Delta], None], text_kind: str = "text"
+    ) -> None:
         self.step = step
+        self.text_kind = text_kind  # "object" when the text is a structured answer's JSON
         self.original_names = original_names
         self.emit = emit
         self.parts: list[TextPart | ReasoningPart | ToolCall] = []
@@ -212,7 +215,7 @@ class StreamParser:
             self._flush_thought()
             if part.text:
                 self._text.append(part.text)
-                self.emit(Delta("text", part.text))
+                self.emit(Delta(self.text_kind, part.text))  # type: ignore[arg-type]
             if signature is not None:
                 self._flush_text()
                 self.parts.append(ReasoningPart(text="", signature=signature, provider=PROVIDER))

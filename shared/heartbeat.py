@@ -1,0 +1,102 @@
+"""Worker heartbeats in Redis: what `agentq status` lists as live workers.
+
+Why not `celery inspect ping`: it broadcasts to every worker over the broker and always waits its full
+timeout, it answers only through Celery's remote control (off or filtered in some deployments), and it
+cannot say which key prefix a worker serves. A heartbeat is one pipelined write per worker every
+`HEARTBEAT_INTERVAL_S` under the worker's own prefix, and reading it is instant and broker-independent.
+
+Layout: ZSET `<prefix>:workers` (name -> last beat) and HASH `<prefix>:workers:info` (name -> JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+HEARTBEAT_INTERVAL_S = 10.0
+LIVE_WITHIN_S = 3 * HEARTBEAT_INTERVAL_S  # a worker missing three beats is presumed gone
+FORGET_AFTER_S = 3600.0  # entries of workers killed without a goodbye are pruned after this
+
+log = logging.getLogger("agentq.heartbeat")
+
+
+def workers_key(prefix: str) -> str:
+    return f"{prefix}:workers"
+
+
+def info_key(prefix: str) -> str:
+    return f"{prefix}:workers:info"
+
+
+def beat(client: redis.Redis, prefix: str, name: str, info: dict[str, Any], now: float | None = None) -> None:
+    now = time.time() if now is None else now
+    stale: list[Any] = client.zrangebyscore(workers_key(prefix), "-inf", now - FORGET_AFTER_S)
+    pipe = client.pipeline(transaction=False)
+    pipe.zadd(workers_key(prefix), {name: now})
+    pipe.hset(info_key(prefix), name, json.dumps({**info, "beat_at": round(now, 3)}))
+    if stale:
+        pipe.zrem(workers_key(prefix), *stale)
+        pipe.hdel(info_key(prefix), *stale)
+    pipe.execute()
+
+
+def forget(client: redis.Redis, prefix: str, name: str) -> None:
+    pipe = client.pipeline(transaction=False)
+    pipe.zrem(workers_key(prefix), name)
+    pipe.hdel(info_key(prefix), name)
+    pipe.execute()
+
+
+def live_workers(client: redis.Redis, prefix: str, now: float | None = None) -> list[dict[str, Any]]:
+    """Workers that beat within LIVE_WITHIN_S, each with its info and `seconds_ago`."""
+    now = time.time() if now is None else now
+    entries: list[tuple[Any, float]] = client.zrangebyscore(
+        workers_key(prefix), now - LIVE_WITHIN_S, "+inf", withscores=True
+    )
+    if not entries:
+        return []
+    names = [n.decode() if isinstance(n, bytes) else str(n) for n, _ in entries]
+    infos = client.hmget(info_key(prefix), names)
+    found = []
+    for (name, (_, score)), raw in zip(zip(names, entries, strict=True), infos, strict=True):
+        info = json.loads(raw) if raw else {}
+        found.append({**info, "name": name, "seconds_ago": round(max(0.0, now - score), 1)})
+    return found
+
+
+class Heartbeat:
+    """A daemon thread that beats until stopped (a failed beat is logged, never fatal)."""
+
+    def __init__(
+        self, client: redis.Redis, prefix: str, name: str, info: Callable[[], dict[str, Any]], interval_s: float
+    ) -> None:
+        self.client, self.prefix, self.name, self.info, self.interval_s = client, prefix, name, info, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agentq-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._beat()  # visible at once, not one interval later
+        self._thread.start()
+
+    def _beat(self) -> None:
+        try:
+            beat(self.client, self.prefix, self.name, self.info())
+        except Exception as exc:
+            log.warning("heartbeat failed: %s", exc)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._beat()
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            forget(self.client, self.prefix, self.name)
+        except Exception as exc:
+            log.warning("could not remove the heartbeat of %s: %s", self.name, exc)
