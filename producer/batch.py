@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from producer.client import Client
 from shared.batch import (
@@ -176,7 +176,10 @@ class BatchRunner:
 
     def _collect(self, cursor: str, progress: Progress) -> str:
         stream = done_stream(self.rt.keys, self.batch_id)
-        replies = self.rt.redis.xread({stream: cursor}, count=500, block=500)
+        replies = cast(
+            list[tuple[str, list[tuple[str, dict[str, str]]]]] | None,
+            self.rt.redis.xread({stream: cursor}, count=500, block=500),
+        )
         seen = False
         for _, entries in replies or []:
             for entry_id, fields in entries:

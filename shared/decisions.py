@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from shared.approvals import ApprovalClaim, canonical_args_hash
 from shared.errors import ApprovalError
+from shared.metrics import untrack_pending
 from shared.models import EventType, TurnStatus
 from shared.runtime import Runtime
 
@@ -62,6 +63,8 @@ def _decide(
         raise ApprovalError("changed-args", f"approval {approval_id}: the arguments differ from the ones requested")
     now = time.time()
     verdict = rt.approvals.decide(approval_id, approved, reviewer[:200], reason[:2000], now)
+    if verdict in ("ok", "expired"):
+        untrack_pending(rt, approval_id)  # no longer waiting for a person (agentq_pending_approvals)
     if verdict == "expired":
         _publish_decision(rt, record.turn_id, record.step, approval_id, record.tool_call_id, "expired", "", "")
         return ApprovalOutcome(

@@ -56,7 +56,7 @@ def forget(client: redis.Redis, prefix: str, name: str) -> None:
 def live_workers(client: redis.Redis, prefix: str, now: float | None = None) -> list[dict[str, Any]]:
     """Workers that beat within LIVE_WITHIN_S, each with its info and `seconds_ago`."""
     now = time.time() if now is None else now
-    entries: list[tuple[Any, float]] = client.zrangebyscore(
+    entries: list[tuple[Any, float]] = client.zrangebyscore(  # type: ignore[assignment]
         workers_key(prefix), now - LIVE_WITHIN_S, "+inf", withscores=True
     )
     if not entries:

@@ -101,9 +101,7 @@ def _schema_from_signature(fn: Callable[..., Any]) -> tuple[type[BaseModel], str
             raise DefinitionError(f"tool {fn.__name__}: *args/**kwargs cannot be described to a model")
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[name] = (annotation, default)
-    model = create_model(  # type: ignore[call-overload]
-        f"{fn.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields
-    )
+    model = create_model(f"{fn.__name__}_args", __config__=ConfigDict(extra="forbid"), **fields)
     return model, context_param
 
 

@@ -22,8 +22,9 @@ REDIS_URL = os.environ.get("AGENTQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 AMQP_URL = os.environ.get("AGENTQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 ROOT = Path(__file__).resolve().parent.parent
 # every tests/agents*.py module defines agents and tools for the tests; workers load them all
-TEST_AGENT_MODULES = sorted(f"tests.{p.stem}" for p in Path(__file__).parent.glob("agents*.py")) + [
-    "shared.demo_agents"
+TEST_AGENT_MODULES = [
+    *sorted(f"tests.{p.stem}" for p in Path(__file__).parent.glob("agents*.py")),
+    "shared.demo_agents",
 ]
 
 

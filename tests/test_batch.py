@@ -16,7 +16,7 @@ def _write_items(path, n, bad_lines=()):
     with path.open("w") as f:
         for i in range(n):
             if i in bad_lines:
-                f.write('{"key": "bad-%d", "prompt": 5}\n' % i)
+                f.write(json.dumps({"key": f"bad-{i}", "prompt": 5}) + "\n")
             else:
                 f.write(json.dumps({"key": f"item-{i}", "input": {"text": f"Contact {i} <c{i}@example.com>"}}) + "\n")
 
@@ -81,7 +81,7 @@ def test_submit_batch_is_idempotent(worker, client):
     assert batch_id == "api-batch" and all(h.created for h in handles)
     results = [h.wait(timeout=60) for h in handles]
     assert all(r.status == TurnStatus.COMPLETED for r in results)
-    again_id, again = client.submit_batch("bt.extract", items, key="api-batch")
+    _, again = client.submit_batch("bt.extract", items, key="api-batch")
     assert [h.turn_id for h in again] == [h.turn_id for h in handles]
     assert not any(h.created for h in again)
 

@@ -9,6 +9,7 @@ re-run step reuses them instead of executing twice.
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import json
 import logging
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 
 from shared.agents import AgentDefinition
 from shared.approvals import canonical_args_hash
+from shared.metrics import record_tool_call
 from shared.models import ToolCall, ToolResult, TurnState
 from shared.store.tool_results import ToolResultStore
 from shared.tools import ToolArgumentError, ToolContext, ToolDefinition
@@ -102,16 +104,21 @@ class StepDispatcher:
     def execute(self, prepared: PreparedCall) -> ToolResult:
         """Run a validated call (or record its error) and store the result; first stored wins."""
         if prepared.error is not None:
-            return self.results.put(self.state.turn_id, prepared.error)
+            return self._store(prepared.error)
         assert prepared.definition is not None and prepared.args is not None
         # calls are prepared together but run in order: strikes from earlier calls of this step count too
         blocked = self._breaker_block(prepared.call)
         if blocked is not None:
-            return self.results.put(self.state.turn_id, blocked)
+            return self._store(blocked)
         result = self._run(prepared.definition, prepared.call, prepared.args)
-        return self.results.put(self.state.turn_id, result)
+        return self._store(result)
 
     def record(self, result: ToolResult) -> ToolResult:
+        return self._store(result)
+
+    def _store(self, result: ToolResult) -> ToolResult:
+        """Store a freshly produced result (first stored wins) and count it in agentq_tool_calls_total."""
+        record_tool_call(self.agent.id, result, known=result.name in self.visible)
         return self.results.put(self.state.turn_id, result)
 
     def _run(self, definition: ToolDefinition, call: ToolCall, args: dict[str, Any]) -> ToolResult:
@@ -122,7 +129,8 @@ class StepDispatcher:
             metadata=self.state.metadata,
             logger=log.getChild(definition.name),
         )
-        future = _EXECUTOR.submit(definition.invoke, args, ctx)
+        # in a copy of this context, so the tool's log lines carry the step's turn_id/step/attempt
+        future = _EXECUTOR.submit(contextvars.copy_context().run, definition.invoke, args, ctx)
         try:
             output = future.result(timeout=definition.timeout_s)
             output = self._truncate(output)

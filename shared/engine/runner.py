@@ -22,13 +22,15 @@ from shared.engine import structured
 from shared.engine.dispatch import PreparedCall, StepDispatcher
 from shared.engine.emitter import StepEmitter
 from shared.engine.output import OutputInvalid, parse_object, repair_note
-from shared.metrics import RATE_LIMIT_WAITS
+from shared.logging import bind as bind_log_context
+from shared.metrics import RATE_LIMIT_WAITS, TURNS, FirstChunkProbe, record_retry, record_step, track_pending
 from shared.models import (
     EventType,
     FinishReason,
     ParkedStep,
     PendingApproval,
     StepTrace,
+    ToolCall,
     ToolResult,
     ToolResultMessage,
     TurnState,
@@ -104,6 +106,7 @@ class StepRunner:
 
     def _run(self, state: TurnState, lease: StepLease) -> Decision:
         rt = self.rt
+        bind_log_context(attempt=state.attempt)
         agent = rt.agents.get(state.agent)
         emitter = StepEmitter(rt.events, state.turn_id, state.step, rt.settings.coalesce_window_ms / 1000)
         if agent is None:
@@ -123,7 +126,10 @@ class StepRunner:
             state.started_at = state.started_at or time.time()
             if not rt.turns.commit(state):
                 return _none("commit lost to a concurrent writer")
-        return self._model_step(state, agent, emitter, lease)
+        started, traced = time.monotonic(), len(state.trace.steps)
+        decision = self._model_step(state, agent, emitter, lease)
+        record_step(state, decision.action, decision.reason, time.monotonic() - started, state.trace.steps[traced:])
+        return decision
 
     # ------------------------------------------------------------------ the model call
 
@@ -178,8 +184,9 @@ class StepRunner:
             },
         )
         used: int | None = None
+        probe = FirstChunkProbe(emitter.emit)  # times the first content delta (agentq_time_to_first_chunk_seconds)
         try:
-            output = adapter.stream_step(request, emitter.emit, lambda: lease.should_stop)
+            output = adapter.stream_step(request, probe, lambda: lease.should_stop)
             used = output.usage.total_tokens
         except ProviderError as exc:
             emitter.flush()
@@ -191,6 +198,7 @@ class StepRunner:
             err = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False)
             return self._provider_failure(state, agent, emitter, err)
         finally:
+            probe.observe(state.provider, state.model)
             if grant is not None:
                 rt.limiter.release(scope, grant, used)
         emitter.flush()
@@ -302,7 +310,9 @@ class StepRunner:
         state.text = text
         return self._finish(state, emitter, TurnStatus.COMPLETED, output.finish_reason)
 
-    def _after_tools(self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter, calls: list) -> Decision:  # type: ignore[type-arg]
+    def _after_tools(
+        self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter, calls: list[ToolCall]
+    ) -> Decision:
         limits = state.limits
         done = state.step + 1
         if any(c.name in limits.stop_on_tool for c in calls):
@@ -358,6 +368,7 @@ class StepRunner:
         state.parked = None
         if not self.rt.turns.commit(state):
             return _none("commit lost to a concurrent writer")
+        TURNS.labels(state.agent, status.value).inc()
         if "batch_id" in state.metadata:
             pipe = self.rt.redis.pipeline(transaction=False)
             record_finish(pipe, self.rt.keys, state, self.rt.settings.event_ttl_s)
@@ -412,6 +423,7 @@ class StepRunner:
             state.status = TurnStatus.RUNNING
         if not self.rt.turns.commit(state):
             return _none("commit lost to a concurrent writer")
+        record_retry(state.provider, state.model, exc)
         return Decision("retry", step=state.step, countdown=countdown, attempt=attempt)
 
     # ------------------------------------------------------------------ approvals
@@ -476,6 +488,7 @@ class StepRunner:
         state.status = TurnStatus.AWAITING_APPROVAL
         if not rt.turns.commit(state):
             return _none("commit lost to a concurrent writer")
+        track_pending(rt, pending)  # agentq_pending_approvals counts this index
         for req in requests:
             emitter.publish(EventType.APPROVAL_REQUEST, req)
         return _none("parked for approval")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -52,7 +52,10 @@ class EventLog:
     def read(self, turn_id: str, after: int = 0, until: int | None = None, count: int = 1000) -> list[Event]:
         """Events with seq in (after, until], oldest first."""
         end = f"{until}-0" if until is not None else "+"
-        entries = self.client.xrange(self.keys.events(turn_id), f"{after + 1}-0", end, count=count)
+        entries = cast(
+            list[tuple[str, dict[str, str]]],
+            self.client.xrange(self.keys.events(turn_id), f"{after + 1}-0", end, count=count),
+        )
         return [Event.model_validate_json(fields["e"]) for _, fields in entries]
 
     def last_seq(self, turn_id: str) -> int:

@@ -9,6 +9,7 @@ puts a TTL on every key the turn owns.
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import redis
 
@@ -109,12 +110,10 @@ class TurnStore:
         return bool(self.client.exists(self.keys.cancel(turn_id)))
 
     def stale_active(self, older_than: float, limit: int = 500) -> list[str]:
-        ids: list[str] = self.client.zrangebyscore(self.keys.active, "-inf", older_than, start=0, num=limit)
-        return ids
+        return cast(list[str], self.client.zrangebyscore(self.keys.active, "-inf", older_than, start=0, num=limit))
 
     def expired_awaiting(self, now: float, limit: int = 500) -> list[str]:
-        ids: list[str] = self.client.zrangebyscore(self.keys.awaiting, "-inf", now, start=0, num=limit)
-        return ids
+        return cast(list[str], self.client.zrangebyscore(self.keys.awaiting, "-inf", now, start=0, num=limit))
 
     def clear_emitted(self, turn_id: str) -> int | None:
         """Take the 'content emitted but not committed' marker; returns the step it named."""
