@@ -327,19 +327,31 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(args_list)
     if ns.concurrency < 1:
         parser.error("--concurrency must be at least 1")
+    from contextlib import nullcontext
+
+    from producer.cli import UsageError, load_settings
+    from producer.local import local_worker
+
     try:
-        return run_batch_command(
-            Client(),
-            ns.agent,
-            ns.input,
-            ns.output,
-            resume=ns.resume,
-            concurrency=ns.concurrency,
-            batch_id=ns.batch_id,
-        )
-    except ValueError as exc:
+        settings = load_settings()
+    except UsageError as exc:
         print(f"agentq batch: {exc}", file=sys.stderr)
         return 2
+    # embedded mode has no separate worker: run one in this process for the batch's duration
+    with local_worker(settings) if settings.embedded else nullcontext():
+        try:
+            return run_batch_command(
+                Client(settings),
+                ns.agent,
+                ns.input,
+                ns.output,
+                resume=ns.resume,
+                concurrency=ns.concurrency,
+                batch_id=ns.batch_id,
+            )
+        except ValueError as exc:
+            print(f"agentq batch: {exc}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":
