@@ -94,3 +94,10 @@ class _RegexExtractor(ProviderAdapter):
 
 
 register_provider("bt-extract", _extract_factory)
+
+anthropic_limited = AgentDefinition(
+    id="bt.anthropic_limited",
+    default_provider="anthropic",
+    default_model="claude-limited",
+    rate_limit=RateLimit(rpm=3, window_s=2.0),
+)

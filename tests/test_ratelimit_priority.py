@@ -85,3 +85,26 @@ def test_chat_turn_starts_before_queued_batch_items(settings, client):
     batch_starts = _start_times(client, batch)
     # every batch item was queued before the chat turn, yet the chat turn ran first
     assert chat_start < min(batch_starts)
+
+
+def test_rpm_limit_counted_at_the_upstream_across_two_worker_processes(settings, client, monkeypatch):
+    from tests.fakes import anthropic_server as anth
+
+    fake = anth.FakeAnthropic().start()
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake.base_url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-test-ratelimit")
+    fake.enqueue(*(anth.text_reply("ok") for _ in range(8)))
+    workers = [WorkerProcess(settings, "up1", beat=False), WorkerProcess(settings, "up2", beat=False)]
+    try:
+        handles = [client.submit("bt.anthropic_limited", prompt=f"item {i}") for i in range(8)]
+        results = [h.wait(timeout=120) for h in handles]
+    finally:
+        for w in workers:
+            w.stop()
+        fake.stop()
+    assert all(r.status == TurnStatus.COMPLETED for r in results), [r.error for r in results]
+    arrivals = sorted(r.received_at for r in fake.requests)
+    assert len(arrivals) == 8
+    # the upstream never saw more than 3 requests inside the 2 s window (allowing for clock jitter)
+    for i in range(len(arrivals) - 3):
+        assert arrivals[i + 3] - arrivals[i] >= 2.0 * 0.9

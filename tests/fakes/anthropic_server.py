@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]  # lower-cased names; credential values are not kept
     body: dict[str, Any]
+    received_at: float = field(default_factory=time.time)  # when the upstream saw it (rate-limit tests)
 
 
 # --------------------------------------------------------------------------- event builders
