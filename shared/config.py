@@ -6,6 +6,7 @@ instance instead of mutating the environment.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from typing import Annotated, Any
 
@@ -79,6 +80,25 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    def to_env(self) -> dict[str, str]:
+        """The `AGENTQ_*` variables that give another process (a worker, the CLI) exactly these settings."""
+        env: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            if value is None:
+                continue
+            key = f"AGENTQ_{name.upper()}"
+            if name == "approval_secret":
+                env[key] = self.approval_secret.get_secret_value() if self.approval_secret else ""
+            elif name == "approval_old_secrets":
+                env[key] = ",".join(s.get_secret_value() for s in self.approval_old_secrets)
+            elif name == "agent_modules":
+                env[key] = ",".join(value)
+            elif isinstance(value, dict | list):
+                env[key] = json.dumps(value)
+            else:
+                env[key] = str(value)
+        return env
 
     @property
     def embedded(self) -> bool:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 import uuid
-from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.fakes.scripted_http import ScriptedHTTPServer
 
 
 @dataclass
@@ -165,57 +165,18 @@ def text_reply(*chunks: str, **kwargs: Any) -> SSEReply:
 # --------------------------------------------------------------------------- the server
 
 
-class FakeAnthropic:
+class FakeAnthropic(ScriptedHTTPServer[Reply, RecordedRequest]):
     """Thread-per-request HTTP server on 127.0.0.1 with a scripted reply queue."""
 
+    name = "fake Anthropic"
+
     def __init__(self) -> None:
-        self._replies: deque[Reply] = deque()
-        self.requests: list[RecordedRequest] = []
-        self._cond = threading.Condition()
-        self.release = threading.Event()  # frees held (stalled) streams
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-anthropic", daemon=True
-        )
+        super().__init__(_handler_for(self))
 
-    @property
-    def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def start(self) -> FakeAnthropic:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.release.set()
-        self._server.shutdown()
-        self._server.server_close()
-
-    def enqueue(self, *replies: Reply) -> None:
-        with self._cond:
-            self._replies.extend(replies)
-
-    def bodies(self) -> list[dict[str, Any]]:
-        with self._cond:
-            return [r.body for r in self.requests]
-
-    def wait_for_requests(self, count: int, timeout: float = 30.0) -> list[RecordedRequest]:
-        with self._cond:
-            if not self._cond.wait_for(lambda: len(self.requests) >= count, timeout=timeout):
-                raise TimeoutError(f"fake Anthropic got {len(self.requests)} requests, expected {count}")
-            return list(self.requests)
-
-    def _record(self, request: RecordedRequest) -> None:
-        with self._cond:
-            self.requests.append(request)
-            self._cond.notify_all()
-
-    def _next_reply(self) -> Reply:
-        with self._cond:
-            if self._replies:
-                return self._replies.popleft()
+    def next_reply(self) -> Reply:
+        reply = self.pop_reply()
+        if reply is not None:
+            return reply
         return ErrorReply(
             400, "invalid_request_error", "fake Anthropic server: no scripted reply left for this request"
         )
@@ -243,7 +204,7 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 body = {"_unparseable": raw.decode("utf-8", "replace")}
             headers = {k.lower(): ("<present>" if k.lower() in _SECRET_HEADERS else v) for k, v in self.headers.items()}
-            fake._record(RecordedRequest(path=self.path, headers=headers, body=body))
+            fake.add_request(RecordedRequest(path=self.path, headers=headers, body=body))
             if self.path == "/token":  # Google's OAuth token endpoint, for Claude on Vertex AI
                 self._json(200, {"access_token": "ya29.fake-token", "expires_in": 3600, "token_type": "Bearer"})
                 return
@@ -253,7 +214,7 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
             if "authorization" not in headers and "x-api-key" not in headers:
                 self._error(ErrorReply(401, "authentication_error", "invalid x-api-key"))
                 return
-            reply = fake._next_reply()
+            reply = fake.next_reply()
             if isinstance(reply, ErrorReply):
                 self._error(reply)
             else:

@@ -11,11 +11,11 @@ replies and reads back every request (path, headers, body) it received. The unmo
 from __future__ import annotations
 
 import json
-import threading
-from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.fakes.scripted_http import ScriptedHTTPServer
 
 
 @dataclass
@@ -131,45 +131,13 @@ def rate_limited(retry_after: str | None = "1", message: str = "Resource has bee
 # --------------------------------------------------------------------------- the server
 
 
-class FakeGemini:
+class FakeGemini(ScriptedHTTPServer[Reply, RecordedRequest]):
     """Thread-per-request HTTP server on 127.0.0.1 with a scripted reply queue."""
 
+    name = "fake Gemini"
+
     def __init__(self) -> None:
-        self._replies: deque[Reply] = deque()
-        self.requests: list[RecordedRequest] = []
-        self._cond = threading.Condition()
-        self.release = threading.Event()  # frees held (stalled) streams
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-gemini", daemon=True)
-
-    @property
-    def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
-
-    def start(self) -> FakeGemini:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.release.set()
-        self._server.shutdown()
-        self._server.server_close()
-
-    def enqueue(self, *replies: Reply) -> None:
-        with self._cond:
-            self._replies.extend(replies)
-
-    def bodies(self) -> list[dict[str, Any]]:
-        with self._cond:
-            return [r.body for r in self.requests]
-
-    def _record(self, request: RecordedRequest) -> Reply | None:
-        with self._cond:
-            self.requests.append(request)
-            self._cond.notify_all()
-            return self._replies.popleft() if self._replies else None
+        super().__init__(_handler_for(self))
 
 
 def _handler_for(fake: FakeGemini) -> type[BaseHTTPRequestHandler]:
@@ -187,7 +155,7 @@ def _handler_for(fake: FakeGemini) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 body = {"_unparsed": raw.decode("utf-8", "replace")}
             headers = {k.lower(): ("<set>" if k.lower() in _SECRET_HEADERS else v) for k, v in self.headers.items()}
-            reply = fake._record(RecordedRequest("POST", self.path, headers, body))
+            reply = fake.record(RecordedRequest("POST", self.path, headers, body))
             if reply is None:
                 self._error(ErrorReply(400, "fake Gemini: no scripted reply left for this request", "INVALID_ARGUMENT"))
             elif isinstance(reply, ErrorReply):
