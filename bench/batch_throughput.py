@@ -1,0 +1,278 @@
+"""Batch throughput: items/s through `agentq batch` on one worker process vs a plain engine loop.
+
+(a) agentq: a JSONL file of N items run by `producer.batch.BatchRunner` (the body of `agentq batch`:
+    submit at most --inflight turns at a time on the batch queue, follow the batch's done stream,
+    write one result line per item) against ONE `celery -A workers.celery_app worker` subprocess
+    (threads pool, concurrency C; what `agentq worker --no-beat` runs).
+(b) plain loop: the same file in one process, no broker: `create_turn` + `StepRunner(rt).deliver`
+    for each item, then the same result line. Same Redis, same engine, same agent.
+
+The agent (`benchb.extract`) is an object-mode agent on the zero-latency scripted model, so one item
+is one step + validating the object. Prints items/s for each side and agentq / plain loop.
+
+    .venv/bin/python -m bench.batch_throughput --items 2000 --concurrency 1 8
+"""
+
+from __future__ import annotations
+
+import _thread
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench._common import (
+    DEFAULT_REDIS_URL,
+    ROOT,
+    bench_settings,
+    cleanup,
+    median,
+    now,
+    process_cpu_seconds,
+    settings_env,
+    table,
+    unique_prefix,
+)
+from bench.agents_batch import EXTRACTED
+from producer.batch import BatchRunner, read_items
+from producer.client import Client
+from shared.batch import item_idempotency_key, result_line
+from shared.config import Settings
+from shared.engine.runner import StepRunner
+from shared.models import TurnStatus
+from shared.protocol import worker_queues
+from shared.runtime import Runtime
+from shared.submit import create_turn
+
+AGENT = "benchb.extract"
+AGENT_MODULES = ["bench.agents_batch"]
+WARMUP_ITEMS = 20
+
+
+def batch_bench_settings(redis_url: str, prefix: str) -> Settings:
+    """The run's settings: its own prefix and queues, the batch agents, no /metrics port (several runs share a host)."""
+    return bench_settings(redis_url, prefix, agent_modules=AGENT_MODULES, metrics_port=0, beat=False)
+
+
+@contextlib.contextmanager
+def worker_process(settings: Settings, concurrency: int) -> Iterator[Callable[[], float]]:
+    """One `celery -A workers.celery_app worker` subprocess (threads pool) serving the interactive then batch queue.
+
+    The argv is what `agentq worker --no-beat` runs. Yields a function returning the process's CPU seconds.
+    """
+    cmd = [
+        sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
+        "--pool=threads", f"--concurrency={concurrency}", "--loglevel=WARNING",
+        "-Q", ",".join(worker_queues(settings)), f"--hostname={settings.key_prefix}-c{concurrency}@%h",
+    ]  # fmt: skip
+    with tempfile.NamedTemporaryFile(prefix=f"{settings.key_prefix}-worker-", suffix=".log", delete=False) as log:
+        proc = subprocess.Popen(cmd, env=settings_env(settings), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            yield lambda: process_cpu_seconds(proc.pid)
+        except BaseException:
+            print(f"worker stderr is in {log.name}", file=sys.stderr)
+            raise
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    if proc.returncode not in (0, -15):
+        print(f"worker exited with {proc.returncode}; its stderr is in {log.name}", file=sys.stderr)
+    else:
+        Path(log.name).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float, what: str) -> Iterator[None]:
+    """Interrupt the main thread if the block outlives `seconds` (e.g. a worker died): no silent hang."""
+    timer = threading.Timer(seconds, _thread.interrupt_main)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not timer.is_alive():
+            raise TimeoutError(f"{what} did not finish in {seconds:.0f}s") from None
+        raise
+    finally:
+        timer.cancel()
+
+
+def write_items(path: Path, n: int) -> None:
+    with path.open("w", encoding="utf-8") as out:
+        for i in range(n):
+            item = {"key": f"item-{i:06d}", "input": {"text": f"Ada Lovelace <ada{i}@example.com>"}}
+            out.write(json.dumps(item) + "\n")
+
+
+def check_output(path: Path, n: int) -> None:
+    """Every item is in the results exactly once, completed, with the validated object."""
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    keys = {r["key"] for r in rows}
+    bad = [r for r in rows if r["status"] != "completed" or r["object"] != EXTRACTED]
+    if len(rows) != n or len(keys) != n or bad:
+        detail = f"; first bad: {bad[0]}" if bad else ""
+        raise RuntimeError(f"{path}: {len(rows)} rows, {len(keys)} distinct keys, {len(bad)} bad (want {n}){detail}")
+
+
+@dataclass
+class Sample:
+    side: str
+    items: int
+    wall_s: float
+    worker_cpu_s: float  # the worker process (0 for the plain loop)
+    own_cpu_s: float  # this process: BatchRunner for agentq, everything for the plain loop
+
+    @property
+    def rate(self) -> float:
+        return self.items / self.wall_s
+
+    def cpu_ms(self, which: str = "total") -> float:
+        seconds = {"worker": self.worker_cpu_s, "own": self.own_cpu_s}.get(which, self.worker_cpu_s + self.own_cpu_s)
+        return seconds * 1000 / self.items
+
+
+def run_agentq(client: Client, items_path: Path, out_path: Path, inflight: int) -> tuple[float, float]:
+    """`agentq batch` minus argument parsing: read the file, BatchRunner.run, results written. (wall s, own cpu s)"""
+    batch_id = f"bench-{uuid.uuid4().hex[:12]}"
+    started, own = now(), time.process_time()
+    items = list(read_items(items_path))
+    with out_path.open("w", encoding="utf-8") as out:
+        progress = BatchRunner(client, AGENT, batch_id, out, inflight).run(items, {})
+    wall, cpu = now() - started, time.process_time() - own
+    if progress.failed or progress.done != len(items):
+        raise RuntimeError(f"batch {batch_id}: {progress.done} done, {progress.failed} failed of {len(items)}")
+    return wall, cpu
+
+
+def run_plain(rt: Runtime, items_path: Path, out_path: Path) -> tuple[float, float]:
+    """The same items through the engine directly: create the turn, deliver its steps in this process, write results."""
+    batch_id = f"plain-{uuid.uuid4().hex[:12]}"
+    runner = StepRunner(rt)
+    started, own = now(), time.process_time()
+    with out_path.open("w", encoding="utf-8") as out:
+        for key, item, error in read_items(items_path):
+            if item is None:
+                raise RuntimeError(f"bad item {key}: {error}")
+            state, _ = create_turn(
+                rt,
+                AGENT,
+                prompt=item.prompt_text(),
+                messages=item.messages,
+                idempotency_key=item_idempotency_key(batch_id, key),
+                metadata={**item.metadata, "batch_id": batch_id, "item_key": key},
+                priority="batch",
+            )
+            step = 0
+            while (decision := runner.deliver(state.turn_id, step)).action == "next":
+                step = decision.step
+            final = rt.turns.load(state.turn_id)
+            if decision.action != "none" or final is None or final.status != TurnStatus.COMPLETED:
+                raise RuntimeError(f"item {key}: delivery ended {decision}, turn {final and final.status}")
+            out.write(json.dumps(result_line(key, final), ensure_ascii=False) + "\n")
+            out.flush()
+    return now() - started, time.process_time() - own
+
+
+def measure_agentq(
+    settings: Settings, concurrency: int, workdir: Path, n: int, inflight: int, timeout: float
+) -> Sample:
+    client = Client(settings)
+    warm, items, out = workdir / "warm.jsonl", workdir / "items.jsonl", workdir / f"out-c{concurrency}.jsonl"
+    with worker_process(settings, concurrency) as worker_cpu:
+        with deadline(120, "warm-up batch (is the worker running?)"):
+            run_agentq(client, warm, workdir / "warm-out.jsonl", inflight)  # also proves the worker consumes
+        before = worker_cpu()
+        with deadline(timeout, f"agentq batch of {n} at concurrency {concurrency}"):
+            wall, own_cpu = run_agentq(client, items, out, inflight)
+        worker = worker_cpu() - before
+    check_output(out, n)
+    return Sample(f"agentq C={concurrency}", n, wall, worker, own_cpu)
+
+
+def measure_plain(settings: Settings, workdir: Path, n: int, timeout: float) -> Sample:
+    from shared.runtime import get_runtime
+
+    rt = get_runtime(settings)
+    out = workdir / "out-plain.jsonl"
+    run_plain(rt, workdir / "warm.jsonl", workdir / "warm-out.jsonl")
+    with deadline(timeout, f"plain loop of {n}"):
+        wall, cpu = run_plain(rt, workdir / "items.jsonl", out)
+    check_output(out, n)
+    return Sample("plain loop", n, wall, 0.0, cpu)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=2000, help="items per batch (default 2000)")
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=[1, 8], help="worker thread counts to try (default: 1 8)"
+    )
+    parser.add_argument(
+        "--inflight", type=int, default=64, help="BatchRunner turns in flight (agentq batch default 64)"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of plain loop + each concurrency (default 1)")
+    parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
+    parser.add_argument("--timeout", type=float, default=600.0, help="per measured batch, seconds")
+    args = parser.parse_args(argv)
+    if args.items < 1 or args.inflight < 1 or args.repeat < 1 or min(args.concurrency) < 1:
+        parser.error("--items, --inflight, --repeat and --concurrency must be at least 1")
+
+    prefix = unique_prefix("batch")
+    settings = batch_bench_settings(args.redis_url, prefix)
+    print(
+        f"run {prefix}: {args.items} items of {AGENT} (object mode, zero-latency scripted model), "
+        f"worker concurrency {args.concurrency}, inflight {args.inflight}, repeat {args.repeat}",
+        flush=True,
+    )
+    samples: dict[str, list[Sample]] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"{prefix}-") as tmp:
+            workdir = Path(tmp)
+            write_items(workdir / "items.jsonl", args.items)
+            write_items(workdir / "warm.jsonl", WARMUP_ITEMS)
+            for round_no in range(1, args.repeat + 1):
+                for c in [None, *args.concurrency]:  # None: the plain loop
+                    if c is None:
+                        sample = measure_plain(settings, workdir, args.items, args.timeout)
+                    else:
+                        sample = measure_agentq(settings, c, workdir, args.items, args.inflight, args.timeout)
+                    samples.setdefault(sample.side, []).append(sample)
+                    print(
+                        f"round {round_no}: {sample.side:<14} {sample.rate:8.1f} items/s "
+                        f"({sample.wall_s:.2f}s, cpu {sample.cpu_ms():.2f} ms/item)",
+                        flush=True,
+                    )
+        plain_rate = median([s.rate for s in samples["plain loop"]])
+        rows = []
+        for side, got in samples.items():
+            rate = median([s.rate for s in got])
+            cpu = [f"{median([s.cpu_ms(which) for s in got]):.2f}" for which in ("total", "worker", "own")]
+            rows.append([side, str(args.items), f"{rate:.1f}", f"{1000 / rate:.2f}", *cpu, f"{rate / plain_rate:.2f}x"])
+        print()
+        headers = ["side", "items", "items/s", "ms/item", "cpu ms/item", "worker cpu", "client cpu", "vs plain"]
+        print(table(headers, rows))
+        print(
+            "\nitems/s: wall clock from reading the input file to the last result line (median of rounds)."
+            "\ncpu ms/item: worker process + this process (client cpu: BatchRunner for agentq, the whole loop"
+            "\nfor the plain loop). Neither includes the Redis server's CPU."
+            "\nvs plain = items/s / plain-loop items/s."
+        )
+        return 0
+    finally:
+        print(f"cleaned up {cleanup(args.redis_url, prefix)} keys under {prefix}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
