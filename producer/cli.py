@@ -25,8 +25,11 @@ from pydantic import ValidationError
 from producer.client import Client
 from producer.local import local_worker, with_demo_agents
 from producer.render import LiveView, Style, compact, event_summary, result_lines, state_lines, trace_table
+from producer.status import collect_status, status_lines
 from shared.config import Settings
 from shared.errors import AgentqError, ApprovalError, SubmitError, TurnNotFoundError
+from shared.logging import configure_logging
+from shared.metrics import prepare_multiprocess_dir
 from shared.models import Event, EventType, TurnResult, TurnStatus
 from shared.protocol import worker_queues
 
@@ -248,6 +251,13 @@ def _read_all(client: Client, turn_id: str, after: int) -> Iterator[Event]:
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     client = Client(settings)
     state = client.get(args.turn)
+    if args.trace:  # only the per-step trace: one row per model step
+        if args.json:
+            print(json.dumps(state.trace.model_dump(mode="json")["steps"], indent=2, ensure_ascii=False))
+        else:
+            for line in trace_table(state.trace):
+                print(line)
+        return 0
     pending = _pending_approvals(client, args.turn) if state.status == TurnStatus.AWAITING_APPROVAL else []
     if args.json:
         payload = state.result().model_dump(mode="json")
@@ -299,6 +309,18 @@ def _pending_approvals(client: Client, turn_id: str) -> list[dict[str, Any]]:
     return found
 
 
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    if settings.embedded:
+        raise UsageError(f"`agentq status` needs a shared Redis: {EMBEDDED_STATE_HINT}")
+    status = collect_status(Client(settings).runtime, limit=args.limit)
+    if args.json:
+        print(json.dumps(status, indent=2, ensure_ascii=False))
+    else:
+        for line in status_lines(status, Style(sys.stdout)):
+            print(line)
+    return 0
+
+
 def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
     if settings.embedded:
         raise UsageError(
@@ -347,6 +369,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     if args.print_command:
         print(shlex.join(argv))
         return 0
+    prepare_multiprocess_dir(args.pool, os.environ)  # prefork: children's metrics reach the parent's /metrics
     sys.stdout.flush()
     os.execv(argv[0], argv)
     return 0  # not reached
@@ -423,7 +446,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="a turn's status, result and per-step trace")
     p.add_argument("turn")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--trace", action="store_true", help="only the per-step trace (one row per model step)")
     p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("status", help="queues, live workers, active turns and pending approvals")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--limit", type=int, default=20, help="turns listed per section (default: 20)")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("approve", help="decide an approval request")
     p.add_argument("approval_id")
@@ -463,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     settings: Settings | None = None
     try:
         settings = load_settings()
+        configure_logging(settings)  # secrets redacted, JSON lines with AGENTQ_LOG_JSON
         code: int = args.func(args, settings)
         return code
     except UsageError as exc:

@@ -229,7 +229,9 @@ def configure_logging(settings: Settings, level: int | str | None = None) -> Non
     """For processes Celery does not set up (the CLI): a stderr handler on the root logger if it has none."""
     root = logging.getLogger()
     if not root.handlers:
-        root.addHandler(logging.StreamHandler(sys.stderr))
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
     if level is not None:
         root.setLevel(level)
     install_on_logger(root, settings)

@@ -8,11 +8,14 @@ With prefork workers these metrics use prometheus_client's multiprocess mode: se
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import os
 import re
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import TYPE_CHECKING
 
 import redis
@@ -195,8 +198,9 @@ def track_pending(rt: Runtime, approvals: list[PendingApproval]) -> None:
         rt.redis.zadd(pending_approvals_key(rt.keys.prefix), {a.approval_id: a.expires_at for a in approvals})
 
 
-def untrack_pending(rt: Runtime, approval_id: str) -> None:
-    rt.redis.zrem(pending_approvals_key(rt.keys.prefix), approval_id)
+def untrack_pending(rt: Runtime, *approval_ids: str) -> None:
+    if approval_ids:
+        rt.redis.zrem(pending_approvals_key(rt.keys.prefix), *approval_ids)
 
 
 def pending_approval_count(client: redis.Redis, prefix: str, now: float | None = None) -> int:
@@ -211,6 +215,7 @@ def pending_approval_count(client: redis.Redis, prefix: str, now: float | None =
 
 # --------------------------------------------------------------------------- queue depth
 
+SCRAPE_SOCKET_TIMEOUT_S = 2.0
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _KOMBU_PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: queue, queue\x06\x163, …\x166, …\x169
 _KOMBU_PRIORITY_STEPS = (3, 6, 9)
@@ -219,9 +224,10 @@ _KOMBU_PRIORITY_STEPS = (3, 6, 9)
 class QueueDepths:
     """Waiting messages per queue, read from the broker (kept connection; short timeouts)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, timeout_s: float = 5.0) -> None:
         self.settings = settings
         self.url = settings.effective_broker_url
+        self.timeout_s = timeout_s
         self._redis: redis.Redis | None = None
 
     def read(self, queues: list[str] | None = None) -> dict[str, int]:
@@ -234,7 +240,9 @@ class QueueDepths:
 
     def _redis_depths(self, queues: list[str]) -> dict[str, int]:
         if self._redis is None:
-            self._redis = redis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=5)
+            self._redis = redis.Redis.from_url(
+                self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s
+            )
         keyprefix = celery_config(self.settings)["broker_transport_options"].get("global_keyprefix", "")
         pipe = self._redis.pipeline(transaction=False)
         for queue in queues:
@@ -251,7 +259,7 @@ class QueueDepths:
         from kombu import Connection
 
         found: dict[str, int] = {}
-        with Connection(self.url, connect_timeout=5) as conn:
+        with Connection(self.url, connect_timeout=self.timeout_s) as conn:
             for queue in queues:
                 try:
                     channel = conn.channel()
@@ -276,22 +284,50 @@ class StateCollector(Collector):
     """`agentq_queue_depth{queue}` and `agentq_pending_approvals`, read from Redis at scrape time.
 
     Register it only in the process that serves /metrics (each serving worker reports the same fleet-wide
-    values: aggregate with max(), not sum()). A Redis error drops the gauges from that scrape, never the rest.
+    values: aggregate with max(), not sum()). The reads run on a helper thread with a time budget and
+    short socket timeouts: a slow or unreachable Redis drops these gauges from the scrape, it never
+    delays or fails /metrics (which health checks rely on).
     """
 
-    def __init__(self, settings: Settings, state_redis: Callable[[], redis.Redis]) -> None:
+    def __init__(self, settings: Settings, budget_s: float = 1.0) -> None:
         self.settings = settings
-        self.state_redis = state_redis
-        self.depths = QueueDepths(settings)
+        self.budget_s = budget_s
+        self.depths = QueueDepths(settings, timeout_s=SCRAPE_SOCKET_TIMEOUT_S)
+        self._state: redis.Redis | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentq-scrape")
+        self._inflight: concurrent.futures.Future[tuple[dict[str, int] | None, int | None]] | None = None
+        self._lock = threading.Lock()
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # scrape-time values: nothing to check at registration
 
-    def collect(self) -> Iterator[Metric]:
-        try:
+    def _read(self) -> tuple[dict[str, int] | None, int | None]:
+        depths: dict[str, int] | None = None
+        pending: int | None = None
+        with contextlib.suppress(Exception):  # the broker is unreachable: no depth gauge this scrape
             depths = self.depths.read()
-        except Exception:
-            depths = None
+        if self.settings.redis_url:
+            try:
+                if self._state is None:
+                    self._state = redis.Redis.from_url(
+                        self.settings.redis_url,
+                        socket_timeout=SCRAPE_SOCKET_TIMEOUT_S,
+                        socket_connect_timeout=SCRAPE_SOCKET_TIMEOUT_S,
+                    )
+                pending = pending_approval_count(self._state, self.settings.key_prefix)
+            except Exception:
+                pending = None
+        return depths, pending
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:  # one read at a time; a scrape during a hung read waits on that same read
+            if self._inflight is None or self._inflight.done():
+                self._inflight = self._executor.submit(self._read)
+            inflight = self._inflight
+        try:
+            depths, pending = inflight.result(timeout=self.budget_s)
+        except concurrent.futures.TimeoutError:
+            return
         if depths is not None:
             gauge = GaugeMetricFamily(
                 "agentq_queue_depth", "Step messages waiting in the broker queue", labels=["queue"]
@@ -299,13 +335,12 @@ class StateCollector(Collector):
             for queue, depth in depths.items():
                 gauge.add_metric([queue], depth)
             yield gauge
-        try:
-            pending = pending_approval_count(self.state_redis(), self.settings.key_prefix)
-        except Exception:
-            return
-        yield GaugeMetricFamily(
-            "agentq_pending_approvals", "Approvals of parked turns waiting for a decision (unexpired)", value=pending
-        )
+        if pending is not None:
+            yield GaugeMetricFamily(
+                "agentq_pending_approvals",
+                "Approvals of parked turns waiting for a decision (unexpired)",
+                value=pending,
+            )
 
 
 # --------------------------------------------------------------------------- prefork: multiprocess mode
@@ -315,7 +350,7 @@ PROCESS_POOLS = frozenset({"prefork", "processes"})
 OWNED_MARKER = ".agentq-owned"  # in a directory agentq created, so the worker may delete it on shutdown
 
 
-def prepare_multiprocess_dir(pool: str, environ: dict[str, str]) -> str | None:
+def prepare_multiprocess_dir(pool: str, environ: MutableMapping[str, str]) -> str | None:
     """For a process pool, make sure `PROMETHEUS_MULTIPROC_DIR` names an existing directory in `environ`.
 
     It must be set before prometheus_client is first imported in the worker (the value class is chosen

@@ -13,7 +13,9 @@ def create_app(settings: Settings | None = None) -> Celery:
     app = Celery("agentq")
     app.conf.update(celery_config(settings))
     app.conf.agentq_settings = settings
+    from workers.signals import install_signals
     from workers.tasks import register_tasks
 
     register_tasks(app)
+    install_signals()  # logs, /metrics and heartbeat; they act only in a `celery worker` program
     return app

@@ -14,7 +14,8 @@ from celery import Celery, Task
 
 from shared.config import Settings
 from shared.decisions import decide_approval, sweep
-from shared.engine.runner import StepRunner
+from shared.engine.runner import Decision, StepRunner
+from shared.logging import log_context
 from shared.metrics import STEP_DELIVERIES
 from shared.protocol import APPROVE, RUN_STEP, SWEEP, queue_for
 from shared.runtime import Runtime, get_runtime
@@ -31,29 +32,40 @@ def _runtime(task: Task) -> Runtime:
     return get_runtime(_settings(task))
 
 
-def _enqueue_step(
-    task: Task, turn_id: str, step: int, priority: str, countdown: float | None = None
-) -> None:
+def _enqueue_step(task: Task, turn_id: str, step: int, priority: str, countdown: float | None = None) -> None:
     queue = queue_for(_settings(task), priority)
     task.app.send_task(RUN_STEP, args=[turn_id, step], countdown=countdown, queue=queue)
 
 
 def run_step(self: Task, turn_id: str, step: int, attempt: int = 0) -> str:
     """Run one delivery of step `step`; `attempt` is informational (the turn state holds the truth)."""
-    decision = StepRunner(_runtime(self)).deliver(turn_id, step)
-    STEP_DELIVERIES.labels(decision.action).inc()
-    if decision.action == "next":
-        _enqueue_step(self, turn_id, decision.step, decision.priority)
-    elif decision.action == "retry":
-        raise self.retry(
-            args=[turn_id, step],
-            kwargs={"attempt": decision.attempt},
-            countdown=decision.countdown,
-            queue=queue_for(_settings(self), decision.priority),
-        )
+    with log_context(turn_id=turn_id, step=step, attempt=attempt):  # on every log line of the delivery
+        decision = StepRunner(_runtime(self)).deliver(turn_id, step)
+        STEP_DELIVERIES.labels(decision.action).inc()
+        _log_decision(decision)
+        if decision.action == "next":
+            _enqueue_step(self, turn_id, decision.step, decision.priority)
+        elif decision.action == "retry":
+            raise self.retry(
+                args=[turn_id, step],
+                kwargs={"attempt": decision.attempt},
+                countdown=decision.countdown,
+                queue=queue_for(_settings(self), decision.priority),
+            )
+        elif decision.action == "reschedule":
+            _enqueue_step(self, turn_id, step, decision.priority, countdown=decision.countdown)
+        return f"{decision.action}:{decision.reason}"
+
+
+def _log_decision(decision: Decision) -> None:
+    if decision.action == "retry":
+        log.warning("step failed before its first chunk; retry %d in %.2fs", decision.attempt, decision.countdown)
     elif decision.action == "reschedule":
-        _enqueue_step(self, turn_id, step, decision.priority, countdown=decision.countdown)
-    return f"{decision.action}:{decision.reason}"
+        log.info("step rescheduled in %.2fs: %s", decision.countdown, decision.reason)
+    elif decision.action == "next":
+        log.info("step done; next step %d", decision.step)
+    else:
+        log.info("step delivery ended: %s", decision.reason)
 
 
 def approve(

@@ -2,21 +2,25 @@
 
 Deltas of one kind are buffered for at most `window_s`; the first delta after a quiet
 window goes out at once (no added latency on slow streams). A process-wide timer
-thread flushes buffers whose window ended with no further delta. Every publish of a
-step happens under the step's lock, so seq order matches the order things happened.
+thread flushes buffers whose window ended with no further delta (all that are due in one
+round trip). Every publish of a step happens under the step's lock, so seq order matches
+the order things happened.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
 from typing import Any
 
 from shared.models import EventType
 from shared.providers.base import Delta
-from shared.store.events import EventLog
+from shared.store.events import EventLog, PendingPublish
+
+_log = logging.getLogger("agentq.emitter")
 
 _KIND_EVENT = {"text": EventType.TEXT_DELTA, "reasoning": EventType.REASONING_DELTA, "object": EventType.OBJECT_DELTA}
 
@@ -32,24 +36,55 @@ class _FlushTimer:
 
     def schedule(self, when: float, emitter: StepEmitter) -> None:
         with self._cond:
+            sooner = not self._heap or when < self._heap[0][0]
             heapq.heappush(self._heap, (when, next(self._counter), emitter))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="agentq-flush", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if sooner:  # otherwise the thread already wakes up in time: no wake-up per buffered delta
+                self._cond.notify()
 
     def _run(self) -> None:
         while True:
             with self._cond:
                 while not self._heap:
                     self._cond.wait()
-                when, _, emitter = self._heap[0]
-                delay = when - time.monotonic()
-                if delay > 0:
-                    self._cond.wait(delay)
+                when = self._heap[0][0]
+                now = time.monotonic()
+                if when > now:
+                    self._cond.wait(when - now)
                     continue
-                heapq.heappop(self._heap)
-            emitter.flush_if_due()
+                due: dict[StepEmitter, None] = {}
+                while self._heap and self._heap[0][0] <= now:
+                    due[heapq.heappop(self._heap)[2]] = None
+            flush_due(list(due))
+
+
+def flush_due(emitters: list[StepEmitter]) -> None:
+    """Flush every buffer whose window ended, in one round trip. Each emitter's lock is held until its
+    event is written (as in `flush_if_due`); all are taken before any write is queued, so this thread
+    never leads a batch of writes while it waits for a lock."""
+    held: list[StepEmitter] = []
+    try:
+        for emitter in emitters:
+            emitter._lock.acquire()
+            held.append(emitter)
+        started: list[tuple[StepEmitter, PendingPublish]] = []
+        for emitter in held:
+            try:
+                pending = emitter._start_flush_locked() if emitter._due_locked() else None
+                if pending is not None:
+                    started.append((emitter, pending))
+            except Exception as exc:  # keep the timer alive; the buffer's text is lost to subscribers, as before
+                _log.warning("timed flush of turn %s failed: %s", emitter.turn_id, type(exc).__name__)
+        for emitter, pending in started:
+            try:
+                emitter._end_flush_locked(pending)
+            except Exception as exc:
+                _log.warning("timed flush of turn %s failed: %s", emitter.turn_id, type(exc).__name__)
+    finally:
+        for emitter in held:
+            emitter._lock.release()
 
 
 _TIMER = _FlushTimer()
@@ -95,8 +130,11 @@ class StepEmitter:
 
     def flush_if_due(self) -> None:
         with self._lock:
-            if self._buffer and time.monotonic() - self._buffer_started >= self.window_s * 0.999:
+            if self._due_locked():
                 self._flush_locked()
+
+    def _due_locked(self) -> bool:
+        return bool(self._buffer) and time.monotonic() - self._buffer_started >= self.window_s * 0.999
 
     def flush(self) -> None:
         with self._lock:
@@ -109,10 +147,19 @@ class StepEmitter:
             return self.log.publish(self.turn_id, type_, self.step, data)
 
     def _flush_locked(self) -> None:
+        pending = self._start_flush_locked()
+        if pending is not None:
+            self._end_flush_locked(pending)
+
+    def _start_flush_locked(self) -> PendingPublish | None:
+        """Queue the buffered text as one event (not written yet: `_end_flush_locked` waits for it)."""
         if not self._buffer or self._kind is None:
-            return
+            return None
         text = "".join(self._buffer)
         self._buffer.clear()
-        self.log.publish(self.turn_id, _KIND_EVENT[self._kind], self.step, {"text": text})
+        return self.log.submit(self.turn_id, _KIND_EVENT[self._kind], self.step, {"text": text})
+
+    def _end_flush_locked(self, pending: PendingPublish) -> None:
+        self.log.wait(pending)
         self._last_flush = time.monotonic()
         self._kind = None

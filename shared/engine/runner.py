@@ -23,7 +23,15 @@ from shared.engine.dispatch import PreparedCall, StepDispatcher
 from shared.engine.emitter import StepEmitter
 from shared.engine.output import OutputInvalid, parse_object, repair_note
 from shared.logging import bind as bind_log_context
-from shared.metrics import RATE_LIMIT_WAITS, TURNS, FirstChunkProbe, record_retry, record_step, track_pending
+from shared.metrics import (
+    RATE_LIMIT_WAITS,
+    TURNS,
+    FirstChunkProbe,
+    record_retry,
+    record_step,
+    track_pending,
+    untrack_pending,
+)
 from shared.models import (
     EventType,
     FinishReason,
@@ -365,10 +373,12 @@ class StepRunner:
         state.status = status
         state.finish_reason = reason
         state.finished_at = time.time()
-        state.parked = None
+        parked, state.parked = state.parked, None
         if not self.rt.turns.commit(state):
             return _none("commit lost to a concurrent writer")
         TURNS.labels(state.agent, status.value).inc()
+        if parked is not None:  # cancelled while parked: its approvals no longer wait for anyone
+            untrack_pending(self.rt, *[a.approval_id for a in parked.approvals])
         if "batch_id" in state.metadata:
             pipe = self.rt.redis.pipeline(transaction=False)
             record_finish(pipe, self.rt.keys, state, self.rt.settings.event_ttl_s)

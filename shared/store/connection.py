@@ -12,6 +12,10 @@ from shared.config import Settings
 _lock = threading.Lock()
 _clients: dict[str, redis.Redis] = {}
 _fake_server: fakeredis.FakeServer | None = None
+# redis-py 8 caps a pool at 100 connections and raises MaxConnectionsError past it. A worker holds up to one per
+# step thread (plus pub/sub followers), so `--concurrency` above ~100 failed steps. Redis's own default maxclients;
+# `?max_connections=N` in AGENTQ_REDIS_URL overrides it.
+MAX_CONNECTIONS = 10_000
 
 
 def get_redis(settings: Settings) -> redis.Redis:
@@ -28,7 +32,9 @@ def get_redis(settings: Settings) -> redis.Redis:
 def _make_client(settings: Settings) -> redis.Redis:
     global _fake_server
     if settings.redis_url:
-        return redis.Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30)
+        return redis.Redis.from_url(
+            settings.redis_url, decode_responses=True, health_check_interval=30, max_connections=MAX_CONNECTIONS
+        )
     if _fake_server is None:
         _fake_server = fakeredis.FakeServer()
     return fakeredis.FakeRedis(server=_fake_server, decode_responses=True)

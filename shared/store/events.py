@@ -3,16 +3,22 @@
 Writing an event is one Lua call: allocate the next seq, XADD it under id `<seq>-0`,
 PUBLISH it. Readers subscribe first, replay the log after their cursor, then follow
 pub/sub, dropping seqs they have seen and re-reading the log when they see a gap.
+
+Writes from concurrent threads (a worker streaming many steps) share round trips: a
+group commit sends every write queued meanwhile in one pipeline. Each write still
+blocks until it is in Redis and returns its own seq or raises its own error.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import redis
+from redis.commands.core import Script
 
 from shared.models import CONTENT_EVENTS, Event, EventType
 from shared.store.keys import Keys
@@ -29,25 +35,138 @@ return seq
 TERMINAL = EventType.TURN_FINISH
 
 
+class PendingPublish:
+    """One queued write: its Lua keys/args, then its result or error. `gate` is held until it is done
+    (or until its thread is asked to lead the next batch)."""
+
+    __slots__ = ("args", "done", "error", "gate", "keys", "lead", "result", "waiting")
+
+    def __init__(self, keys: list[str], args: list[Any]) -> None:
+        self.keys = keys
+        self.args = args
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = False
+        self.waiting = False
+        self.lead = False
+        self.gate = threading.Lock()
+        self.gate.acquire()
+
+
+class _GroupCommit:
+    """Leader/followers: a thread that finds no batch in flight sends every queued write in one pipeline,
+    then hands the lead to a waiting thread; the others sleep until their write is done. Alone, a write
+    is one plain script call, exactly as without batching."""
+
+    def __init__(self, client: redis.Redis, script: Script) -> None:
+        self._client = client
+        self._script = script
+        self._lock = threading.Lock()
+        self._queue: list[PendingPublish] = []
+        self._busy = False  # a leader is sending a batch
+
+    def submit(self, keys: list[str], args: list[Any]) -> PendingPublish:
+        pending = PendingPublish(keys, args)
+        with self._lock:
+            self._queue.append(pending)
+        return pending
+
+    def wait(self, pending: PendingPublish) -> Any:
+        with self._lock:
+            lead = not pending.done and (pending.lead or not self._busy)
+            if lead:
+                self._busy = True
+            elif not pending.done:
+                pending.waiting = True
+        if not lead and not pending.done:
+            pending.gate.acquire()  # released when our write is done, or when we are to lead
+            lead = not pending.done
+        if lead:
+            self._lead()
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    def _lead(self) -> None:
+        """Send everything queued (our own write included) in one trip; wake its writers; pass the lead on."""
+        with self._lock:
+            batch, self._queue = self._queue, []
+        try:
+            self._execute(batch)
+        except BaseException as exc:  # e.g. KeyboardInterrupt: no writer may be left without an answer
+            for p in batch:
+                if p.error is None and p.result is None:
+                    p.error = exc
+            raise
+        finally:
+            with self._lock:
+                for p in batch:
+                    p.done = True
+                    if p.waiting:
+                        p.waiting = False
+                        p.gate.release()
+                nxt = next((p for p in self._queue if p.waiting), None)
+                if nxt is None:
+                    self._busy = False  # the next thread to wait leads
+                else:
+                    nxt.waiting, nxt.lead = False, True
+                    nxt.gate.release()
+
+    def _execute(self, batch: list[PendingPublish]) -> None:
+        if len(batch) == 1:
+            self._call(batch[0])
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for p in batch:
+            pipe.evalsha(self._script.sha, len(p.keys), *p.keys, *p.args)
+        try:
+            results = pipe.execute(raise_on_error=False)
+        except Exception as exc:  # the round trip itself failed (connection): so did every write in it
+            for p in batch:
+                p.error = exc
+            return
+        for p, result in zip(batch, results, strict=True):
+            if isinstance(result, redis.exceptions.NoScriptError):
+                self._call(p)  # the script cache was flushed: a plain call loads it again
+            elif isinstance(result, Exception):
+                p.error = result
+            else:
+                p.result = result
+
+    def _call(self, p: PendingPublish) -> None:
+        try:
+            p.result = self._script(keys=p.keys, args=p.args)
+        except Exception as exc:
+            p.error = exc
+
+
 class EventLog:
     def __init__(self, client: redis.Redis, keys: Keys, maxlen: int) -> None:
         self.client = client
         self.keys = keys
         self.maxlen = maxlen
         self._publish = client.register_script(_PUBLISH)
+        self._commits = _GroupCommit(client, self._publish)
 
     def publish(self, turn_id: str, type_: EventType, step: int, data: dict[str, Any]) -> int:
         """Append one event and fan it out; returns its seq."""
+        return self.wait(self.submit(turn_id, type_, step, data))
+
+    def submit(self, turn_id: str, type_: EventType, step: int, data: dict[str, Any]) -> PendingPublish:
+        """Queue one event (stamped now); `wait` writes it. Split so one thread can write several in one trip."""
         body = json.dumps(
             {"turn_id": turn_id, "type": type_.value, "step": step, "data": data, "ts": time.time()},
             separators=(",", ":"),
         )[1:]
         k = self.keys
-        seq = self._publish(
-            keys=[k.seq(turn_id), k.events(turn_id), k.channel(turn_id), k.emitted(turn_id)],
-            args=[body, self.maxlen, "1" if type_ in CONTENT_EVENTS else "0", step],
+        return self._commits.submit(
+            [k.seq(turn_id), k.events(turn_id), k.channel(turn_id), k.emitted(turn_id)],
+            [body, self.maxlen, "1" if type_ in CONTENT_EVENTS else "0", step],
         )
-        return int(seq)
+
+    def wait(self, pending: PendingPublish) -> int:
+        """Block until a submitted event is written; returns its seq (or raises its error)."""
+        return int(self._commits.wait(pending))
 
     def read(self, turn_id: str, after: int = 0, until: int | None = None, count: int = 1000) -> list[Event]:
         """Events with seq in (after, until], oldest first."""

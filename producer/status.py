@@ -1,0 +1,141 @@
+"""`agentq status`: queues and their depth, live workers, active turns, parked turns and their approvals.
+
+Everything comes from Redis (state store and broker), never from a broadcast to workers: workers are
+listed from their heartbeats (shared/heartbeat.py says why). Turn lists are capped at `limit` each.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from producer.render import Style
+from shared.heartbeat import live_workers
+from shared.metrics import QueueDepths, pending_approval_count
+from shared.models import TurnState
+from shared.protocol import worker_queues
+from shared.runtime import Runtime
+
+
+def collect_status(rt: Runtime, limit: int = 20, now: float | None = None) -> dict[str, Any]:
+    now = time.time() if now is None else now
+    settings, keys, client = rt.settings, rt.keys, rt.redis
+    queues: list[dict[str, Any]] = []
+    depths = QueueDepths(settings)
+    try:
+        found = depths.read()
+        queues = [{"name": q, "depth": found.get(q)} for q in worker_queues(settings)]
+    except Exception as exc:  # the broker is down or unreachable: say so, show the rest
+        queues = [{"name": q, "depth": None, "error": str(exc)} for q in worker_queues(settings)]
+    finally:
+        depths.close()
+
+    pipe = client.pipeline(transaction=False)
+    pipe.zcard(keys.active)
+    pipe.zrevrange(keys.active, 0, limit - 1, withscores=True)
+    pipe.zcard(keys.awaiting)
+    pipe.zrange(keys.awaiting, 0, limit - 1, withscores=True)
+    active_count, active, awaiting_count, awaiting = pipe.execute()
+    states = _load(rt, [t for t, _ in active] + [t for t, _ in awaiting])
+
+    running = []
+    for turn_id, score in active:
+        state = states.get(turn_id)
+        if state is not None:
+            running.append(
+                {
+                    "turn_id": turn_id,
+                    "agent": state.agent,
+                    "status": state.status.value,
+                    "step": state.step,
+                    "attempt": state.attempt,
+                    "provider": state.provider,
+                    "model": state.model,
+                    "updated_s_ago": round(max(0.0, now - score), 1),
+                }
+            )
+
+    parked = []
+    for turn_id, _ in awaiting:
+        state = states.get(turn_id)
+        if state is None or state.parked is None:
+            continue
+        records = rt.approvals.get_many([a.approval_id for a in state.parked.approvals])
+        approvals = []
+        for a in state.parked.approvals:
+            record = records.get(a.approval_id)
+            status = record.status if record is not None else "missing"
+            if status == "pending" and a.expires_at <= now:
+                status = "expired"
+            approvals.append(
+                {
+                    "approval_id": a.approval_id,
+                    "tool": a.tool_name,
+                    "tool_call_id": a.tool_call_id,
+                    "status": status,
+                    "expires_at": a.expires_at,
+                    "expires_in_s": round(a.expires_at - now, 1),
+                }
+            )
+        parked.append({"turn_id": turn_id, "agent": state.agent, "step": state.step, "approvals": approvals})
+
+    return {
+        "key_prefix": settings.key_prefix,
+        "queues": queues,
+        "workers": live_workers(client, settings.key_prefix, now),
+        "active_turns": {"count": int(active_count), "turns": running},
+        "awaiting_approval": {
+            "count": int(awaiting_count),
+            "pending_approvals": pending_approval_count(client, settings.key_prefix, now),
+            "turns": parked,
+        },
+    }
+
+
+def _load(rt: Runtime, turn_ids: list[str]) -> dict[str, TurnState]:
+    if not turn_ids:
+        return {}
+    pipe = rt.redis.pipeline(transaction=False)
+    for turn_id in turn_ids:
+        pipe.get(rt.keys.turn(turn_id))
+    return {t: TurnState.model_validate_json(raw) for t, raw in zip(turn_ids, pipe.execute(), strict=True) if raw}
+
+
+def status_lines(status: dict[str, Any], style: Style) -> list[str]:
+    lines = [style.bold("queues")]
+    for q in status["queues"]:
+        depth = q["depth"]
+        shown = "?" if depth is None else f"{depth} waiting"
+        lines.append(f"  {q['name']:<32} {shown}" + (f"  {style.red(q['error'])}" if q.get("error") else ""))
+
+    workers = status["workers"]
+    lines.append(style.bold(f"workers ({len(workers)} live)"))
+    for w in workers:
+        metrics = f"  metrics :{w['metrics_port']}" if w.get("metrics_port") else ""
+        lines.append(
+            f"  {w['name']:<32} {w.get('pool', '?')} pool, {w.get('concurrency', '?')} slots, {w.get('active', '?')} busy"
+            f"{metrics}  seen {w['seconds_ago']:.0f}s ago"
+        )
+    if not workers:
+        lines.append(style.yellow("  none: start one with `agentq worker`"))
+
+    active = status["active_turns"]
+    lines.append(style.bold(f"active turns ({active['count']} queued or running)"))
+    for t in active["turns"]:
+        lines.append(
+            f"  {t['turn_id']}  {t['agent']}  {t['status']}  step {t['step']}"
+            + (f"  attempt {t['attempt']}" if t["attempt"] else "")
+            + f"  updated {t['updated_s_ago']:.0f}s ago"
+        )
+
+    parked = status["awaiting_approval"]
+    lines.append(
+        style.bold(f"awaiting approval ({parked['count']} turns, {parked['pending_approvals']} pending approvals)")
+    )
+    for t in parked["turns"]:
+        lines.append(f"  {t['turn_id']}  {t['agent']}  step {t['step']}")
+        for a in t["approvals"]:
+            left = a["expires_in_s"]
+            when = f"expires in {left / 60:.0f} min" if left >= 120 else f"expires in {max(left, 0):.0f} s"
+            lines.append(f"    {a['approval_id']}  {a['tool']}  {a['status']}  {when}")
+    return lines

@@ -1,0 +1,135 @@
+"""Celery signal handlers of a worker *program* (`celery worker` / `agentq worker`): logs, /metrics, heartbeat.
+
+`celeryd_init` fires only in a worker program (not in embedded or test workers started in-process), so the
+handlers below act only when it named one of our apps. Connected once per process, strongly referenced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from celery import signals
+
+from shared.config import Settings
+from shared.heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat
+from shared.logging import install_on_logger
+from shared.metrics import PROCESS_POOLS
+from shared.protocol import worker_queues
+from shared.store.connection import get_redis
+from workers.metrics_server import MetricsServer, child_exited, remove_owned_dir
+
+log = logging.getLogger("agentq.worker")
+
+
+@dataclass
+class _Program:
+    settings: Settings
+    server: MetricsServer | None = None
+    heartbeat: Heartbeat | None = None
+
+
+_program: _Program | None = None
+
+
+def _settings_of(conf: Any) -> Settings | None:
+    value = getattr(conf, "agentq_settings", None)
+    return value if isinstance(value, Settings) else None
+
+
+def _on_celeryd_init(sender: Any = None, instance: Any = None, conf: Any = None, **_: Any) -> None:
+    global _program
+    settings = _settings_of(conf)
+    if settings is not None:
+        _program = _Program(settings)
+
+
+def _on_setup_logger(logger: logging.Logger | None = None, **_: Any) -> None:
+    if _program is not None and logger is not None:
+        install_on_logger(logger, _program.settings)
+
+
+def _pool_name(pool: Any) -> str:
+    """`prefork`, `threads`, `solo`…, from the pool instance Celery started."""
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+    from celery.concurrency.thread import TaskPool as ThreadPool
+
+    if isinstance(pool, PreforkPool):
+        return "prefork"
+    if isinstance(pool, ThreadPool):
+        return "threads"
+    return type(pool).__module__.rsplit(".", 1)[-1]
+
+
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    program = _program
+    if program is None or sender is None or _settings_of(sender.app.conf) is not program.settings:
+        return
+    s = program.settings
+    pool = _pool_name(getattr(sender, "pool", None))
+    program.server = MetricsServer(s)
+    program.server.start(process_pool=pool in PROCESS_POOLS)
+    controller = getattr(sender, "controller", None)
+    started = time.time()
+    queues = sorted(q.name for q in sender.app.amqp.queues.consume_from.values()) or worker_queues(s)
+
+    def info() -> dict[str, Any]:
+        from celery.worker import state as worker_state
+
+        return {
+            "hostname": sender.hostname,
+            "pid": os.getpid(),
+            "pool": pool,
+            "concurrency": getattr(controller, "concurrency", None),
+            "queues": queues,
+            "active": len(worker_state.active_requests),
+            "metrics_port": program.server.port if program.server else None,
+            "started_at": round(started, 3),
+        }
+
+    program.heartbeat = Heartbeat(get_redis(s), s.key_prefix, sender.hostname, info, HEARTBEAT_INTERVAL_S)
+    program.heartbeat.start()
+
+
+def _on_worker_process_init(**_: Any) -> None:
+    if _program is not None and _program.server is not None:
+        _program.server.close_inherited()  # a child forked after the server started
+    if _program is not None:
+        _program.heartbeat = None  # its thread lives in the parent only
+
+
+def _on_worker_process_shutdown(pid: int | None = None, **_: Any) -> None:
+    if _program is not None:
+        child_exited(pid or os.getpid())
+
+
+def _on_worker_shutdown(**_: Any) -> None:
+    program = _program
+    if program is None:
+        return
+    if program.heartbeat is not None:
+        program.heartbeat.stop()
+    if program.server is not None:
+        program.server.stop()
+    remove_owned_dir()
+
+
+_connected = False
+
+
+def install_signals() -> None:
+    """Connect the handlers (idempotent: every app created in a process shares them)."""
+    global _connected
+    if _connected:
+        return
+    _connected = True
+    signals.celeryd_init.connect(_on_celeryd_init, weak=False)
+    signals.after_setup_logger.connect(_on_setup_logger, weak=False)
+    signals.after_setup_task_logger.connect(_on_setup_logger, weak=False)
+    signals.worker_ready.connect(_on_worker_ready, weak=False)
+    signals.worker_process_init.connect(_on_worker_process_init, weak=False)
+    signals.worker_process_shutdown.connect(_on_worker_process_shutdown, weak=False)
+    signals.worker_shutdown.connect(_on_worker_shutdown, weak=False)
