@@ -166,8 +166,6 @@ class BatchRunner:
         except SubmitError as exc:
             self._write({"key": item.key, "status": "failed", "error": str(exc)}, progress, failed=True)
             return
-        if handle.created:
-            self.rt.redis.hincrby(batch_key(self.rt.keys, self.batch_id), "created", 1)
         state = self.client.get(handle.turn_id)
         if state.status.terminal:  # finished in an earlier run: written now, not paid for again
             self._write_state(item.key, state, progress)

@@ -137,8 +137,6 @@ class Client:
                 metadata={**item.metadata, "batch_id": batch_id, "item_key": item.key},
                 priority="batch",
             )
-            if handle.created:
-                self.runtime.redis.hincrby(record, "created", 1)
             handles.append(handle)
         self.runtime.redis.expire(record, self.settings.event_ttl_s)
         return batch_id, handles

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from shared.agents import AgentDefinition, Budget, StopWhen
+from shared.batch import batch_key
 from shared.engine.runner import new_turn_id
 from shared.errors import MissingFeaturesError, OverrideError, SubmitError, UnknownAgentError
 from shared.models import EventType, LoopLimits, Message, SystemMessage, TurnState, UserMessage
@@ -166,7 +167,9 @@ def create_turn(
         raise SubmitError(f"metadata is not JSON-serializable: {exc.errors()[0]['msg']}") from None
     except PydanticSerializationError as exc:
         raise SubmitError(f"metadata is not JSON-serializable: {exc}") from None
-    existing = rt.turns.create(state, idempotency_key)
+    batch_id = state.metadata.get("batch_id")
+    counter = batch_key(rt.keys, batch_id) if isinstance(batch_id, str) else None
+    existing = rt.turns.create(state, idempotency_key, counter)
     if existing:
         found = rt.turns.load(existing)
         if found is None:

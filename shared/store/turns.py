@@ -25,6 +25,10 @@ end
 redis.call('SET', KEYS[2], ARGV[1])
 redis.call('SET', KEYS[3], '0')
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[2])
+if KEYS[5] ~= '' then
+  redis.call('HINCRBY', KEYS[5], 'created', 1)
+  redis.call('EXPIRE', KEYS[5], ARGV[4])
+end
 return ''
 """
 
@@ -61,12 +65,15 @@ class TurnStore:
         self._create = client.register_script(_CREATE)
         self._commit = client.register_script(_COMMIT)
 
-    def create(self, state: TurnState, idempotency_key: str | None) -> str | None:
-        """Store a new turn. Returns the existing turn id when the idempotency key was used before."""
+    def create(self, state: TurnState, idempotency_key: str | None, counter_key: str | None = None) -> str | None:
+        """Store a new turn. Returns the existing turn id when the idempotency key was used before.
+
+        `counter_key` (a batch's record) gets its `created` count bumped in the same atomic step,
+        so the count is exact even when the submitter dies right after creating the turn."""
         k = self.keys
         idem = k.idempotency(state.agent, idempotency_key) if idempotency_key else ""
         existing = self._create(
-            keys=[idem, k.turn(state.turn_id), k.version(state.turn_id), k.active],
+            keys=[idem, k.turn(state.turn_id), k.version(state.turn_id), k.active, counter_key or ""],
             args=[state.model_dump_json(), state.turn_id, state.updated_at, self.ttl_s],
         )
         return existing or None
