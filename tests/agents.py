@@ -174,6 +174,7 @@ side_effect_then_slow = AgentDefinition(
                 ScriptToolCall(name="rt_marker_side_effect", args={"label": "mid-tools"}),
                 ScriptToolCall(name="rt_slow_work", args={"seconds": 3.0}),
             ],
+            fresh_call_ids=True,  # like a real model: asking again would give new ids
         ),
         ScriptStep(text="both done"),
     ],

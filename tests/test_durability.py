@@ -125,7 +125,12 @@ def test_sigkill_between_tool_calls_reuses_the_stored_result(prefix):
     assert result.text == "both done"
     assert _side_effects(prefix, handle.turn_id, "mid-tools") == 1  # not executed again by the re-run
     assert (EventType.STEP_RESET, 0) in [(e.type, e.step) for e in seen]
-    assert len([e for e in seen if e.type == EventType.STEP_START and e.step == 0]) == 2
+    starts = [e for e in seen if e.type == EventType.STEP_START and e.step == 0]
+    assert len(starts) == 2 and starts[1].data.get("replayed") is True  # the model was not asked again
+    replayed = "".join(
+        e.data["text"] for e in seen if e.type == EventType.TEXT_DELTA and e.seq > starts[1].seq and e.step == 0
+    )
+    assert replayed == "doing two things"  # subscribers that dropped the partial step see it whole
 
 
 def test_step_longer_than_visibility_timeout_runs_once(prefix):

@@ -37,7 +37,9 @@ from shared.models import (
     FinishReason,
     ParkedStep,
     PendingApproval,
+    ReasoningPart,
     StepTrace,
+    TextPart,
     ToolCall,
     ToolResult,
     ToolResultMessage,
@@ -45,7 +47,7 @@ from shared.models import (
     TurnStatus,
     UserMessage,
 )
-from shared.providers.base import OUTPUT_TOOL, ProviderError, StepOutput, StepRequest, ToolSpec
+from shared.providers.base import OUTPUT_TOOL, Delta, ProviderAdapter, ProviderError, StepOutput, StepRequest, ToolSpec
 from shared.providers.registry import create_adapter
 from shared.ratelimit import RateLimit, estimate_tokens
 from shared.retry import retry_countdown
@@ -171,50 +173,14 @@ class StepRunner:
             attempt=state.attempt,
             options=agent.provider_options,
         )
-        scope, limit = self._rate_limit(state, agent)
-        grant = None
-        if limit.active:
-            chars = sum(len(m.model_dump_json()) for m in state.messages) + len(agent.system_prompt)
-            grant = rt.limiter.acquire(scope, limit, estimate_tokens(chars, agent.max_output_tokens))
-            if not grant.allowed:
-                RATE_LIMIT_WAITS.labels(state.provider, state.model, grant.reason).inc()
-                return Decision(
-                    "reschedule", step=state.step, countdown=grant.wait_s, reason=f"rate limit ({grant.reason})"
-                )
-        emitter.publish(
-            EventType.STEP_START,
-            {
-                "attempt": state.attempt,
-                "worker": worker_id(),
-                "provider": state.provider,
-                "model": state.model,
-                "tools": [t.name for t in specs],  # exactly what the model is shown
-            },
-        )
-        used: int | None = None
-        probe = FirstChunkProbe(emitter.emit)  # times the first content delta (agentq_time_to_first_chunk_seconds)
-        try:
-            output = adapter.stream_step(request, probe, lambda: lease.should_stop)
-            used = output.usage.total_tokens
-        except ProviderError as exc:
-            emitter.flush()
-            if exc.status == 429:
-                rt.limiter.penalize(scope, limit, exc.retry_after_s)
-            return self._provider_failure(state, agent, emitter, exc)
-        except Exception as exc:  # an adapter bug must not leave the turn hanging
-            emitter.flush()
-            err = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False)
-            return self._provider_failure(state, agent, emitter, err)
-        finally:
-            probe.observe(state.provider, state.model)
-            if grant is not None:
-                rt.limiter.release(scope, grant, used)
-        emitter.flush()
-        if lease.lost.is_set() or not rt.leases.still_held(lease):
-            return _none("lease lost mid-step; another delivery owns the turn")
-        if lease.cancelled.is_set():
-            state.text = emitter_text(emitter)
-            return self._finish(state, emitter, TurnStatus.CANCELLED, FinishReason.CANCELLED)
+        checkpoint = rt.turns.load_checkpoint(state.turn_id, state.step)
+        if checkpoint is not None:  # the model already answered this step before a crash: replay, don't re-ask
+            output = self._replay(state, emitter, specs, checkpoint)
+        else:
+            called = self._call_model(state, agent, adapter, request, emitter, lease, specs)
+            if isinstance(called, Decision):
+                return called
+            output = called
 
         trace = StepTrace(
             step=state.step,
@@ -269,6 +235,90 @@ class StepRunner:
         state.messages.append(ToolResultMessage(results=[results[c.id] for c in calls]))
         state.tool_calls_made += len(calls)
         return self._after_tools(state, agent, emitter, calls)
+
+    def _call_model(
+        self,
+        state: TurnState,
+        agent: AgentDefinition,
+        adapter: ProviderAdapter,
+        request: StepRequest,
+        emitter: StepEmitter,
+        lease: StepLease,
+        specs: list[ToolSpec],
+    ) -> StepOutput | Decision:
+        """The model call: rate limit, stream, classify failures; checkpoint an answer that asks for tools."""
+        rt = self.rt
+        scope, limit = self._rate_limit(state, agent)
+        grant = None
+        if limit.active:
+            chars = sum(len(m.model_dump_json()) for m in state.messages) + len(agent.system_prompt)
+            grant = rt.limiter.acquire(scope, limit, estimate_tokens(chars, agent.max_output_tokens))
+            if not grant.allowed:
+                RATE_LIMIT_WAITS.labels(state.provider, state.model, grant.reason).inc()
+                return Decision(
+                    "reschedule", step=state.step, countdown=grant.wait_s, reason=f"rate limit ({grant.reason})"
+                )
+        emitter.publish(
+            EventType.STEP_START,
+            {
+                "attempt": state.attempt,
+                "worker": worker_id(),
+                "provider": state.provider,
+                "model": state.model,
+                "tools": [t.name for t in specs],  # exactly what the model is shown
+            },
+        )
+        used: int | None = None
+        probe = FirstChunkProbe(emitter.emit)  # times the first content delta (agentq_time_to_first_chunk_seconds)
+        try:
+            output = adapter.stream_step(request, probe, lambda: lease.should_stop)
+            used = output.usage.total_tokens
+        except ProviderError as exc:
+            emitter.flush()
+            if exc.status == 429:
+                rt.limiter.penalize(scope, limit, exc.retry_after_s)
+            return self._provider_failure(state, agent, emitter, exc)
+        except Exception as exc:  # an adapter bug must not leave the turn hanging
+            emitter.flush()
+            err = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False)
+            return self._provider_failure(state, agent, emitter, err)
+        finally:
+            probe.observe(state.provider, state.model)
+            if grant is not None:
+                rt.limiter.release(scope, grant, used)
+        emitter.flush()
+        if lease.lost.is_set() or not rt.leases.still_held(lease):
+            return _none("lease lost mid-step; another delivery owns the turn")
+        if lease.cancelled.is_set():
+            state.text = emitter_text(emitter)
+            return self._finish(state, emitter, TurnStatus.CANCELLED, FinishReason.CANCELLED)
+
+        if output.message.tool_calls:
+            # before any tool runs: a re-run of this step reuses this answer (same calls, same ids), so
+            # results stored by tool-call id really do keep side effects to one execution
+            rt.turns.save_checkpoint(state.turn_id, state.step, output.model_dump_json())
+        return output
+
+    def _replay(self, state: TurnState, emitter: StepEmitter, specs: list[ToolSpec], output: StepOutput) -> StepOutput:
+        """Re-publish a checkpointed answer after the step-reset, so subscribers see the step whole."""
+        emitter.publish(
+            EventType.STEP_START,
+            {
+                "attempt": state.attempt,
+                "worker": worker_id(),
+                "provider": state.provider,
+                "model": state.model,
+                "tools": [t.name for t in specs],
+                "replayed": True,
+            },
+        )
+        for part in output.message.parts:
+            if isinstance(part, TextPart) and part.text:
+                emitter.emit(Delta("text", part.text))
+            elif isinstance(part, ReasoningPart) and part.text:
+                emitter.emit(Delta("reasoning", part.text))
+        emitter.flush()
+        return output
 
     def _rate_limit(self, state: TurnState, agent: AgentDefinition) -> tuple[str, RateLimit]:
         """The limit for this step's provider/model: the agent's own, else `provider/model`, else `provider`."""

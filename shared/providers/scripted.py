@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -59,6 +60,7 @@ class ScriptStep(BaseModel):
     object: Any = None  # object mode: the final JSON answer (serialized as the step's text)
     fail: ScriptFailure | None = None
     echo_tools: bool = False  # prepend "tools: a,b" to the text: shows what the model was shown
+    fresh_call_ids: bool = False  # new tool-call ids on every call, as real providers give
     delta_chars: int = Field(default=6, ge=1)
     delta_delay_s: float = Field(default=0.0, ge=0)
     raw_finish_reason: str | None = None
@@ -144,8 +146,9 @@ class ScriptedAdapter(ProviderAdapter):
         if emitted:
             parts.append(TextPart(text="".join(emitted)))
 
+        suffix = f"_{uuid.uuid4().hex[:8]}" if step.fresh_call_ids else ""
         calls = [
-            ToolCall(id=c.id or f"call_{request.step}_{i}", name=c.name, args=c.args)
+            ToolCall(id=c.id or f"call_{request.step}_{i}{suffix}", name=c.name, args=c.args)
             for i, c in enumerate(step.tool_calls)
         ]
         parts.extend(calls)

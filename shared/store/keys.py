@@ -35,6 +35,10 @@ class Keys:
         """The step a delivery started and has not finished: present with no lease means it crashed."""
         return f"{self.turn(turn_id)}:started"
 
+    def checkpoint(self, turn_id: str) -> str:
+        """The model's answer for the step in flight, kept from before its tools run until it commits."""
+        return f"{self.turn(turn_id)}:checkpoint"
+
     def cancel(self, turn_id: str) -> str:
         return f"{self.turn(turn_id)}:cancel"
 
@@ -50,6 +54,7 @@ class Keys:
             self.seq(turn_id),
             self.emitted(turn_id),
             self.started(turn_id),
+            self.checkpoint(turn_id),
             self.cancel(turn_id),
             self.tool_results(turn_id),
         ]

@@ -14,6 +14,7 @@ from typing import cast
 import redis
 
 from shared.models import TurnState, TurnStatus
+from shared.providers.base import StepOutput
 from shared.store.keys import Keys
 
 _CREATE = """
@@ -109,6 +110,17 @@ class TurnStore:
         if not ok:
             state.version = expected
         return bool(ok)
+
+    def save_checkpoint(self, turn_id: str, step: int, output_json: str) -> None:
+        self.client.set(self.keys.checkpoint(turn_id), f"{step}\x1f{output_json}", ex=self.ttl_s)
+
+    def load_checkpoint(self, turn_id: str, step: int) -> StepOutput | None:
+        """The checkpointed model answer for `step`, if that step crashed after the model answered."""
+        raw = self.client.get(self.keys.checkpoint(turn_id))
+        if not raw:
+            return None
+        saved_step, _, body = str(raw).partition("\x1f")
+        return StepOutput.model_validate_json(body) if saved_step == str(step) else None
 
     def request_cancel(self, turn_id: str) -> None:
         self.client.set(self.keys.cancel(turn_id), "1", ex=self.ttl_s)
