@@ -95,7 +95,7 @@ class Subscribers:
         return [(msg[2], msg[3]) for msg in self._collect("done", count)]
 
     def _collect(self, kind: str, count: int) -> list[tuple[Any, ...]]:
-        got = []
+        got: list[tuple[Any, ...]] = []
         while len(got) < count:
             msg = self.results.get(timeout=300)
             if msg[0] == "error":

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                 for side, runs in got.items():
                     walls[side] += [w for w, _, _ in runs]
                     cpus[side] += [c for _, c, _ in runs]
-                client_cpu.extend(own for _, _, own in got["agentq"])
+                client_cpu.extend(own if cpu else None for _, _, own in got["agentq"])  # thread: shared process
                 b_ms = median([w for w, _, _ in got["bare"]]) * 1000 / n
                 a_ms = median([w for w, _, _ in got["agentq"]]) * 1000 / n
                 rows.append(
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{a_ms / b_ms:.2f}x",
                         fmt_cpu([c for _, c, _ in got["bare"]], n),
                         fmt_cpu([c for _, c, _ in got["agentq"]], n),
-                        fmt_cpu([own for _, _, own in got["agentq"]], n),
+                        fmt_cpu(client_cpu[-args.turns :], n),
                     ]
                 )
                 print(f"round {round_no}: bare {b_ms:.3f} ms/hop, agentq {a_ms:.3f} ms/step", flush=True)
@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         ]
         print(table(headers, rows))
         verdict = "met" if ratio <= TARGET_RATIO else "NOT met"
-        runs = len(walls["bare"])
-        print(f"\nagentq step overhead: {ratio:.2f}x the bare Celery hop (wall clock; medians of {runs} runs of {n}")
+        n_runs = len(walls["bare"])
+        print(f"\nagentq step overhead: {ratio:.2f}x the bare Celery hop (wall clock; medians of {n_runs} runs of {n}")
         print(f"per side); target <= {TARGET_RATIO:.0f}x: {verdict}.")
         print("cpu ms: the worker process's CPU per hop/step; client cpu ms: this process's (submit + Client.wait).")
         if args.profile:
