@@ -17,7 +17,7 @@ from celery import Celery
 
 from shared.config import Settings, get_settings
 from shared.errors import ApprovalError, TurnNotFoundError
-from shared.models import Event, TurnResult, TurnState
+from shared.models import Event, EventType, TurnResult, TurnState
 from shared.protocol import APPROVE, RUN_STEP, celery_config, queue_for
 from shared.runtime import Runtime, get_runtime
 from shared.submit import LoopOverrides, create_turn
@@ -60,6 +60,9 @@ class TurnHandle:
 
     def cancel(self) -> None:
         self.client.cancel(self.turn_id)
+
+
+_FINISH_MARK = f'"type":"{EventType.TURN_FINISH.value}"'
 
 
 class Client:
@@ -163,14 +166,17 @@ class Client:
         pubsub = self.runtime.redis.pubsub(ignore_subscribe_messages=True)
         pubsub.subscribe(self.runtime.keys.channel(turn_id))
         try:
+            state = self.get(turn_id)
             while True:
-                state = self.get(turn_id)
                 if state.status.terminal:
                     return state.result()
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"turn {turn_id} still {state.status.value} after {timeout}s")
-                pubsub.get_message(timeout=min(remaining if remaining is not None else 1.0, 1.0))
+                message = pubsub.get_message(timeout=min(remaining if remaining is not None else 1.0, 1.0))
+                # re-read the state only when the turn may have ended: its finish event, or a quiet second
+                if message is None or _FINISH_MARK in str(message.get("data", "")):
+                    state = self.get(turn_id)
         finally:
             pubsub.close()
 

@@ -10,7 +10,7 @@ import time
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 # --------------------------------------------------------------------------- transcript
 
@@ -230,6 +230,10 @@ class ParkedStep(BaseModel):
 
 
 class TurnState(BaseModel):
+    # how many messages / trace steps are already in Redis: a commit appends only what is new
+    _stored_messages: int = PrivateAttr(default=0)
+    _stored_trace: int = PrivateAttr(default=0)
+
     turn_id: str
     agent: str
     status: TurnStatus = TurnStatus.QUEUED
@@ -238,7 +242,7 @@ class TurnState(BaseModel):
     attempt: int = 0
     provider: str
     model: str
-    messages: list[Message]
+    messages: list[Message] = Field(default_factory=list)  # stored apart, append-only (see store/turns.py)
     limits: LoopLimits
     metadata: dict[str, Any] = Field(default_factory=dict)
     priority: str = "interactive"

@@ -54,6 +54,7 @@ from shared.retry import retry_countdown
 from shared.runtime import Runtime
 from shared.store.approvals import ApprovalRecord
 from shared.store.leases import StepLease
+from shared.store.turns import StepStart
 
 
 def worker_id() -> str:
@@ -78,54 +79,63 @@ def _none(reason: str) -> Decision:
 
 
 class StepRunner:
+    """Runs one delivery; make one per delivery (it keeps that delivery's lease and checkpoint)."""
+
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+        self._lease: StepLease | None = None
+        self._checkpoint: StepOutput | None = None
 
     # ------------------------------------------------------------------ delivery
 
     def deliver(self, turn_id: str, step: int) -> Decision:
-        state = self.rt.turns.load(turn_id)
-        if state is None:
-            return _none("unknown turn")
-        decision = self._deliver(state, step)
-        return replace(decision, priority=state.priority)
-
-    def _deliver(self, state: TurnState, step: int) -> Decision:
+        """One delivery of run_step: the lease and everything the step needs come in one round trip;
+        the step is fenced by its number, and its final commit checks and releases the lease."""
         rt = self.rt
-        turn_id = state.turn_id
-        if state.status.terminal or state.step != step:
-            return _none("stale delivery")
-        lease = rt.leases.acquire(turn_id, step)
-        if lease is None:
+        token = rt.leases.new_token()
+        start = rt.turns.begin_step(turn_id, step, token, rt.leases.ttl_ms)
+        if start is None:
             return Decision(
-                "reschedule",
-                step=step,
-                countdown=rt.settings.effective_reschedule_countdown_s,
-                reason="leased",
+                "reschedule", step=step, countdown=rt.settings.effective_reschedule_countdown_s, reason="leased"
             )
+        lease = rt.leases.adopt(turn_id, token)
+        self._lease = lease
         try:
-            fresh = rt.turns.reload(state)  # re-read under the lease (no re-parse if unchanged): the fence
-            if fresh is None or fresh.status.terminal or fresh.step != step:
-                return _none("stale delivery")
+            state = start.state
+            if state is None:
+                return _none("unknown turn")
+            if state.status.terminal or state.step != step:
+                return replace(_none("stale delivery"), priority=state.priority)
             now = time.time()
-            if fresh.not_before and fresh.not_before > now + 0.05 and not rt.turns.cancel_requested(turn_id):
-                return Decision("reschedule", step=step, countdown=fresh.not_before - now, reason="not yet")
-            return self._run(fresh, lease)
+            if state.not_before and state.not_before > now + 0.05 and not start.cancel_requested:
+                return Decision(
+                    "reschedule", step=step, countdown=state.not_before - now, reason="not yet", priority=state.priority
+                )
+            return replace(self._run(state, lease, start), priority=state.priority)
         finally:
             rt.leases.release(lease)
 
-    def _run(self, state: TurnState, lease: StepLease) -> Decision:
+    def _commit(self, state: TurnState, release: bool = True) -> bool:
+        """A fenced commit: only while this delivery's lease is held; the step's last commit releases it."""
+        lease = self._lease
+        ok = self.rt.turns.commit(state, lease_token=lease.token if lease else None, release=release)
+        if ok and release and lease is not None:
+            lease.released = True
+        return ok
+
+    def _run(self, state: TurnState, lease: StepLease, start: StepStart) -> Decision:
         rt = self.rt
         bind_log_context(attempt=state.attempt)
         agent = rt.agents.get(state.agent)
         emitter = StepEmitter(rt.events, state.turn_id, state.step, rt.settings.coalesce_window_ms / 1000)
         if agent is None:
             return self._fail(state, emitter, f"agent {state.agent!r} is not loaded on this worker")
-        stale_step, cancel_requested = rt.turns.step_flags(state.turn_id)  # one round trip for both
-        # a parked step's output was committed with it: only a crashed running step needs a reset
-        if stale_step == state.step and state.status != TurnStatus.AWAITING_APPROVAL:
+        # content of this very step reached subscribers before a crash: tell them to drop it
+        if start.emitted_step == state.step and state.status != TurnStatus.AWAITING_APPROVAL:
+            rt.turns.clear_emitted(state.turn_id)
             emitter.publish(EventType.STEP_RESET, {"reason": "redelivered after the worker stopped mid-step"})
-        if cancel_requested:
+        self._checkpoint = start.checkpoint
+        if start.cancel_requested:
             return self._finish(state, emitter, TurnStatus.CANCELLED, FinishReason.CANCELLED)
         if state.status == TurnStatus.AWAITING_APPROVAL:
             return self._resume(state, agent, emitter)
@@ -134,7 +144,7 @@ class StepRunner:
         if state.status == TurnStatus.QUEUED:  # visible as running while the first step streams
             state.status = TurnStatus.RUNNING
             state.started_at = state.started_at or time.time()
-            if not rt.turns.commit(state):
+            if not self._commit(state, release=False):
                 return _none("commit lost to a concurrent writer")
         started, traced = time.monotonic(), len(state.trace.steps)
         decision = self._model_step(state, agent, emitter, lease)
@@ -144,7 +154,6 @@ class StepRunner:
     # ------------------------------------------------------------------ the model call
 
     def _model_step(self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter, lease: StepLease) -> Decision:
-        rt = self.rt
         started = time.monotonic()
         try:
             adapter = create_adapter(state.provider, agent, state.model)
@@ -173,7 +182,7 @@ class StepRunner:
             attempt=state.attempt,
             options=agent.provider_options,
         )
-        checkpoint = rt.turns.load_checkpoint(state.turn_id, state.step)
+        checkpoint = self._checkpoint
         if checkpoint is not None:  # the model already answered this step before a crash: replay, don't re-ask
             output = self._replay(state, emitter, specs, checkpoint)
         else:
@@ -287,7 +296,7 @@ class StepRunner:
             if grant is not None:
                 rt.limiter.release(scope, grant, used)
         emitter.flush()
-        if lease.lost.is_set() or not rt.leases.still_held(lease):
+        if lease.lost.is_set():  # the heartbeat lost it; the commit is fenced on the lease anyway
             return _none("lease lost mid-step; another delivery owns the turn")
         if lease.cancelled.is_set():
             state.text = emitter_text(emitter)
@@ -396,7 +405,7 @@ class StepRunner:
         state.step += 1
         state.parked = None
         state.status = TurnStatus.RUNNING
-        if not self.rt.turns.commit(state):
+        if not self._commit(state):
             return _none("commit lost to a concurrent writer")
         return Decision("next", step=state.step)
 
@@ -424,7 +433,7 @@ class StepRunner:
         state.finish_reason = reason
         state.finished_at = time.time()
         parked, state.parked = state.parked, None
-        if not self.rt.turns.commit(state):
+        if not self._commit(state):
             return _none("commit lost to a concurrent writer")
         TURNS.labels(state.agent, status.value).inc()
         if parked is not None:  # cancelled while parked: its approvals no longer wait for anyone
@@ -481,7 +490,7 @@ class StepRunner:
         state.not_before = time.time() + countdown
         if state.status == TurnStatus.QUEUED:
             state.status = TurnStatus.RUNNING
-        if not self.rt.turns.commit(state):
+        if not self._commit(state):
             return _none("commit lost to a concurrent writer")
         record_retry(state.provider, state.model, exc)
         return Decision("retry", step=state.step, countdown=countdown, attempt=attempt)
@@ -546,7 +555,7 @@ class StepRunner:
         )
         state.messages.pop()  # the assistant message is re-added with the results on resume
         state.status = TurnStatus.AWAITING_APPROVAL
-        if not rt.turns.commit(state):
+        if not self._commit(state):
             return _none("commit lost to a concurrent writer")
         track_pending(rt, pending)  # agentq_pending_approvals counts this index
         for req in requests:

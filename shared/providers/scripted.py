@@ -16,7 +16,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.models import AssistantMessage, FinishReason, ReasoningPart, TextPart, ToolCall, Usage
+from shared.models import (
+    AssistantMessage,
+    FinishReason,
+    Message,
+    ReasoningPart,
+    SystemMessage,
+    TextPart,
+    ToolCall,
+    Usage,
+    UserMessage,
+)
 from shared.providers.base import (
     OUTPUT_TOOL,
     Delta,
@@ -86,6 +96,19 @@ _FINISH_MAP = {
 }
 
 
+def _transcript_chars(messages: list[Message]) -> int:
+    """A cheap size of the transcript for the usage estimate (no serialization: the model is free)."""
+    total = 0
+    for message in messages:
+        if isinstance(message, SystemMessage | UserMessage):
+            total += len(message.content)
+        elif isinstance(message, AssistantMessage):
+            total += sum(len(p.text) if isinstance(p, TextPart | ReasoningPart) else 40 for p in message.parts)
+        else:
+            total += 40 * len(message.results)
+    return total
+
+
 def _chunks(text: str, size: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
@@ -153,7 +176,7 @@ class ScriptedAdapter(ProviderAdapter):
         ]
         parts.extend(calls)
         raw = step.raw_finish_reason or ("tool_use" if calls else "end_turn")
-        transcript_chars = sum(len(m.model_dump_json()) for m in request.messages)
+        transcript_chars = _transcript_chars(request.messages)
         usage = Usage(
             input_tokens=step.input_tokens if step.input_tokens is not None else max(1, transcript_chars // 4),
             output_tokens=step.output_tokens if step.output_tokens is not None else max(1, len(text) // 4),
@@ -177,7 +200,7 @@ class ScriptedAdapter(ProviderAdapter):
                 time.sleep(step.delta_delay_s)  # simulated model latency
             emit(Delta("object", chunk))
         parts.append(ToolCall(id=f"call_{request.step}_out", name=OUTPUT_TOOL, args=args))
-        transcript_chars = sum(len(m.model_dump_json()) for m in request.messages)
+        transcript_chars = _transcript_chars(request.messages)
         return StepOutput(
             message=AssistantMessage(parts=parts),
             usage=Usage(input_tokens=max(1, transcript_chars // 4), output_tokens=max(1, len(encoded) // 4)),

@@ -15,6 +15,14 @@ class Keys:
     def version(self, turn_id: str) -> str:
         return f"{self.turn(turn_id)}:ver"
 
+    def messages(self, turn_id: str) -> str:
+        """The transcript: a list of message JSON, append-only."""
+        return f"{self.turn(turn_id)}:messages"
+
+    def trace(self, turn_id: str) -> str:
+        """The loop trace: a list of step-trace JSON, append-only."""
+        return f"{self.turn(turn_id)}:trace"
+
     def events(self, turn_id: str) -> str:
         return f"{self.turn(turn_id)}:events"
 
@@ -50,6 +58,8 @@ class Keys:
         return [
             self.turn(turn_id),
             self.version(turn_id),
+            self.messages(turn_id),
+            self.trace(turn_id),
             self.events(turn_id),
             self.seq(turn_id),
             self.emitted(turn_id),

@@ -44,6 +44,7 @@ class StepLease:
     token: str
     ttl_ms: int
     lost: threading.Event = field(default_factory=threading.Event)
+    released: bool = False  # set when a commit already released it in Redis
     cancelled: threading.Event = field(default_factory=threading.Event)
     renewed_at: float = field(default_factory=time.monotonic)
 
@@ -66,11 +67,19 @@ class LeaseManager:
         self._thread: threading.Thread | None = None
 
     def acquire(self, turn_id: str, step: int) -> StepLease | None:
-        token = uuid.uuid4().hex
+        token = self.new_token()
         if not self._acquire(
             keys=[self.keys.lease(turn_id), self.keys.started(turn_id)], args=[token, self.ttl_ms, step]
         ):
             return None
+        return self.adopt(turn_id, token)
+
+    @staticmethod
+    def new_token() -> str:
+        return uuid.uuid4().hex
+
+    def adopt(self, turn_id: str, token: str) -> StepLease:
+        """Start heartbeating a lease taken elsewhere (by the step-start script)."""
         lease = StepLease(turn_id, token, self.ttl_ms)
         with self._lock:
             self._held[token] = lease
@@ -79,12 +88,11 @@ class LeaseManager:
                 self._thread.start()
         return lease
 
-    def still_held(self, lease: StepLease) -> bool:
-        return bool(self.client.get(self.keys.lease(lease.turn_id)) == lease.token)
-
     def release(self, lease: StepLease) -> None:
         with self._lock:
             self._held.pop(lease.token, None)
+        if lease.released:
+            return
         self._release(keys=[self.keys.lease(lease.turn_id), self.keys.started(lease.turn_id)], args=[lease.token])
 
     def started_step(self, turn_id: str) -> int | None:

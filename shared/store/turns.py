@@ -4,16 +4,25 @@ Every commit is a Lua call that checks the stored version, writes the new state
 and keeps the sweeper's indexes (`active`, `awaiting`) in step with the status,
 so an index can never disagree with the state it points at. A terminal commit
 puts a TTL on every key the turn owns.
+
+The transcript and the loop trace grow every step, so they are not part of the state
+value: each is an append-only Redis list that a commit extends with what is new, and
+each process keeps the parsed prefix it has seen. A step then costs the same at step
+200 as at step 2 instead of re-parsing and re-writing the whole history.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import cast
 
 import redis
+from pydantic import TypeAdapter
 
-from shared.models import TurnState, TurnStatus
+from shared.models import Message, StepTrace, TurnState, TurnStatus
 from shared.providers.base import StepOutput
 from shared.store.keys import Keys
 
@@ -30,22 +39,29 @@ if KEYS[5] ~= '' then
   redis.call('HINCRBY', KEYS[5], 'created', 1)
   redis.call('EXPIRE', KEYS[5], ARGV[4])
 end
+for i = 5, #ARGV do redis.call('RPUSH', KEYS[6], ARGV[i]) end
 return ''
 """
 
-# KEYS: turn, version, active, awaiting, then the turn's other keys (expired when terminal)
-# ARGV: expected version, new json, turn id, status, score, ttl
+# KEYS: turn, version, active, awaiting, messages, trace, lease, then the turn's other keys (expired when terminal)
+# ARGV: expected version, new json, turn id, status, score, ttl, lease token ('' = none), release ('1'),
+#       #new messages, new messages..., new trace...
 _COMMIT = """
 local current = redis.call('GET', KEYS[2])
 if current ~= ARGV[1] then return 0 end
+if ARGV[7] ~= '' and redis.call('GET', KEYS[7]) ~= ARGV[7] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], tonumber(ARGV[1]) + 1)
+local new_messages = tonumber(ARGV[9])
+for i = 10, 9 + new_messages do redis.call('RPUSH', KEYS[5], ARGV[i]) end
+for i = 10 + new_messages, #ARGV do redis.call('RPUSH', KEYS[6], ARGV[i]) end
+if ARGV[8] == '1' then redis.call('DEL', KEYS[7], KEYS[11], KEYS[10]) end  -- lease, started, emitted
 local status = ARGV[4]
 if status == 'completed' or status == 'failed' or status == 'cancelled' then
   redis.call('ZREM', KEYS[3], ARGV[3])
   redis.call('ZREM', KEYS[4], ARGV[3])
   for i = 1, #KEYS do
-    if i ~= 3 and i ~= 4 then redis.call('EXPIRE', KEYS[i], ARGV[6]) end
+    if i ~= 3 and i ~= 4 and i ~= 7 then redis.call('EXPIRE', KEYS[i], ARGV[6]) end
   end
 elseif status == 'awaiting_approval' then
   redis.call('ZREM', KEYS[3], ARGV[3])
@@ -58,12 +74,67 @@ return 1
 """
 
 
+# KEYS: lease, started, emitted, cancel, checkpoint, turn, messages, trace
+# ARGV: token, lease ttl ms, step, messages already parsed here, trace steps already parsed here
+_BEGIN = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {0} end
+redis.call('SET', KEYS[2], ARGV[3])
+return {1, redis.call('GET', KEYS[3]), redis.call('EXISTS', KEYS[4]), redis.call('GET', KEYS[5]),
+        redis.call('GET', KEYS[6]), redis.call('LRANGE', KEYS[7], ARGV[4], -1),
+        redis.call('LRANGE', KEYS[8], ARGV[5], -1), redis.call('LLEN', KEYS[7])}
+"""
+
+_MESSAGE = TypeAdapter(Message)
+
+
+@dataclass
+class StepStart:
+    """What a delivery learns in its first round trip, once it holds the turn's lease."""
+
+    state: TurnState | None
+    emitted_step: int | None  # content of this step went out before a crash: subscribers need a reset
+    cancel_requested: bool
+    checkpoint: StepOutput | None
+
+
+_HISTORY_FIELDS = {"messages": True, "trace": True}
+
+
+class _HistoryCache:
+    """Parsed transcript and trace prefixes by turn, for the turns this process touched recently.
+
+    Safe because both lists are append-only in Redis: a cached prefix never goes stale.
+    """
+
+    def __init__(self, size: int = 1024) -> None:
+        self._entries: OrderedDict[str, tuple[list[Message], list[StepTrace]]] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, turn_id: str) -> tuple[list[Message], list[StepTrace]]:
+        with self._lock:
+            entry = self._entries.get(turn_id)
+            if entry is None:
+                return [], []
+            self._entries.move_to_end(turn_id)
+            return entry
+
+    def put(self, turn_id: str, messages: list[Message], trace: list[StepTrace]) -> None:
+        with self._lock:
+            self._entries[turn_id] = (list(messages), list(trace))
+            self._entries.move_to_end(turn_id)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+
 class TurnStore:
     def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int) -> None:
         self.client = client
         self.keys = keys
         self.ttl_s = ttl_s
+        self._history = _HistoryCache()
         self._create = client.register_script(_CREATE)
+        self._begin = client.register_script(_BEGIN)
         self._commit = client.register_script(_COMMIT)
 
     def create(self, state: TurnState, idempotency_key: str | None, counter_key: str | None = None) -> str | None:
@@ -73,28 +144,102 @@ class TurnStore:
         so the count is exact even when the submitter dies right after creating the turn."""
         k = self.keys
         idem = k.idempotency(state.agent, idempotency_key) if idempotency_key else ""
+        messages = [_MESSAGE.dump_json(m).decode() for m in state.messages]
         existing = self._create(
-            keys=[idem, k.turn(state.turn_id), k.version(state.turn_id), k.active, counter_key or ""],
-            args=[state.model_dump_json(), state.turn_id, state.updated_at, self.ttl_s],
+            keys=[
+                idem,
+                k.turn(state.turn_id),
+                k.version(state.turn_id),
+                k.active,
+                counter_key or "",
+                k.messages(state.turn_id),
+            ],
+            args=[
+                state.model_dump_json(exclude=_HISTORY_FIELDS),
+                state.turn_id,
+                state.updated_at,
+                self.ttl_s,
+                *messages,
+            ],
         )
+        if not existing:
+            self._stored(state)
         return existing or None
 
     def load(self, turn_id: str) -> TurnState | None:
-        raw = self.client.get(self.keys.turn(turn_id))
-        return TurnState.model_validate_json(raw) if raw else None
+        """The turn with its transcript and trace: one round trip, parsing only what this process has not seen."""
+        k = self.keys
+        messages, trace = self._history.get(turn_id)
+        pipe = self.client.pipeline(transaction=True)  # one consistent snapshot: commits are atomic scripts
+        pipe.get(k.turn(turn_id))
+        pipe.lrange(k.messages(turn_id), len(messages), -1)
+        pipe.lrange(k.trace(turn_id), len(trace), -1)
+        pipe.llen(k.messages(turn_id))
+        raw, new_messages, new_trace, total = pipe.execute()
+        if not raw:
+            return None
+        if total < len(messages):  # the lists were rewritten (an expired and re-used id): start over
+            self._history.put(turn_id, [], [])
+            return self.load(turn_id)
+        return self._assemble(turn_id, raw, messages, new_messages, trace, new_trace)
 
-    def reload(self, state: TurnState) -> TurnState | None:
-        """The stored state now: `state` itself if nothing was committed since it was read, else a fresh load.
+    def begin_step(self, turn_id: str, step: int, token: str, ttl_ms: int) -> StepStart | None:
+        """Take the lease and read everything a step needs, in one round trip; None when another holds it."""
+        k = self.keys
+        messages, trace = self._history.get(turn_id)
+        reply = self._begin(
+            keys=[
+                k.lease(turn_id),
+                k.started(turn_id),
+                k.emitted(turn_id),
+                k.cancel(turn_id),
+                k.checkpoint(turn_id),
+                k.turn(turn_id),
+                k.messages(turn_id),
+                k.trace(turn_id),
+            ],
+            args=[token, ttl_ms, step, len(messages), len(trace)],
+        )
+        if not reply[0]:
+            return None
+        _, emitted, cancel, checkpoint, raw, new_messages, new_trace, total = reply
+        state = None
+        if raw:
+            if total < len(messages):  # lists rewritten under a re-used id: read them whole
+                self._history.put(turn_id, [], [])
+                state = self.load(turn_id)
+            else:
+                state = self._assemble(turn_id, raw, messages, new_messages, trace, new_trace)
+        saved = None
+        if checkpoint:
+            saved_step, _, body = str(checkpoint).partition("\x1f")
+            saved = StepOutput.model_validate_json(body) if saved_step == str(step) else None
+        return StepStart(state, int(emitted) if emitted is not None else None, bool(cancel), saved)
 
-        One small GET and no parse on the common path: create and commit write the state and its
-        version key together (atomically), so an unchanged version means an unchanged state.
-        """
-        if self.client.get(self.keys.version(state.turn_id)) == str(state.version):
-            return state
-        return self.load(state.turn_id)
+    def _assemble(
+        self,
+        turn_id: str,
+        raw: str,
+        messages: list[Message],
+        new_messages: list[str],
+        trace: list[StepTrace],
+        new_trace: list[str],
+    ) -> TurnState:
+        state = TurnState.model_validate_json(raw)
+        state.messages = [*messages, *(_MESSAGE.validate_json(m) for m in new_messages)]
+        state.trace.steps = [*trace, *(StepTrace.model_validate_json(t) for t in new_trace)]
+        self._stored(state)
+        return state
 
-    def commit(self, state: TurnState) -> bool:
-        """Write `state` if nobody committed since it was loaded; bumps `state.version` on success."""
+    def _stored(self, state: TurnState) -> None:
+        """Record that `state`'s transcript and trace are what Redis holds now."""
+        state._stored_messages = len(state.messages)
+        state._stored_trace = len(state.trace.steps)
+        self._history.put(state.turn_id, state.messages, state.trace.steps)
+
+    def commit(self, state: TurnState, lease_token: str | None = None, release: bool = False) -> bool:
+        """Write `state` if nobody committed since it was loaded (and, given a lease token, only while that
+        lease is still held); bumps `state.version` on success. `release` frees the lease in the same call."""
         k = self.keys
         expected = state.version
         state.version = expected + 1
@@ -102,25 +247,44 @@ class TurnStore:
         score = state.updated_at
         if state.status == TurnStatus.AWAITING_APPROVAL and state.parked:
             score = min(a.expires_at for a in state.parked.approvals)
+        if len(state.messages) < state._stored_messages or len(state.trace.steps) < state._stored_trace:
+            raise ValueError("a turn's transcript and trace are append-only; stored entries cannot be removed")
+        new_messages = [_MESSAGE.dump_json(m).decode() for m in state.messages[state._stored_messages :]]
+        new_trace = [t.model_dump_json() for t in state.trace.steps[state._stored_trace :]]
         per_turn = k.per_turn(state.turn_id)
         ok = self._commit(
-            keys=[per_turn[0], per_turn[1], k.active, k.awaiting, *per_turn[2:]],
-            args=[expected, state.model_dump_json(), state.turn_id, state.status.value, score, self.ttl_s],
+            keys=[
+                per_turn[0],
+                per_turn[1],
+                k.active,
+                k.awaiting,
+                per_turn[2],
+                per_turn[3],
+                k.lease(state.turn_id),
+                *per_turn[4:],
+            ],
+            args=[
+                expected,
+                state.model_dump_json(exclude=_HISTORY_FIELDS),
+                state.turn_id,
+                state.status.value,
+                score,
+                self.ttl_s,
+                lease_token or "",
+                "1" if release and lease_token else "0",
+                len(new_messages),
+                *new_messages,
+                *new_trace,
+            ],
         )
         if not ok:
             state.version = expected
-        return bool(ok)
+            return False
+        self._stored(state)
+        return True
 
     def save_checkpoint(self, turn_id: str, step: int, output_json: str) -> None:
         self.client.set(self.keys.checkpoint(turn_id), f"{step}\x1f{output_json}", ex=self.ttl_s)
-
-    def load_checkpoint(self, turn_id: str, step: int) -> StepOutput | None:
-        """The checkpointed model answer for `step`, if that step crashed after the model answered."""
-        raw = self.client.get(self.keys.checkpoint(turn_id))
-        if not raw:
-            return None
-        saved_step, _, body = str(raw).partition("\x1f")
-        return StepOutput.model_validate_json(body) if saved_step == str(step) else None
 
     def request_cancel(self, turn_id: str) -> None:
         self.client.set(self.keys.cancel(turn_id), "1", ex=self.ttl_s)
@@ -138,11 +302,3 @@ class TurnStore:
         """Take the 'content emitted but not committed' marker; returns the step it named."""
         value = self.client.getdel(self.keys.emitted(turn_id))
         return int(value) if value is not None else None
-
-    def step_flags(self, turn_id: str) -> tuple[int | None, bool]:
-        """`clear_emitted` and `cancel_requested` in one round trip, for the start of a step."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.getdel(self.keys.emitted(turn_id))
-        pipe.exists(self.keys.cancel(turn_id))
-        emitted, cancel = pipe.execute()
-        return (int(emitted) if emitted is not None else None), bool(cancel)
