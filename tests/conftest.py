@@ -3,11 +3,13 @@ subprocess Celery workers. Each test cleans up only the keys under its own prefi
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from typing import ClassVar
 from pathlib import Path
 
 import pytest
@@ -95,7 +97,9 @@ def client(settings: Settings, rt: Runtime) -> object:
 
 
 class WorkerProcess:
-    """`celery worker` in a subprocess, so a test can SIGKILL it."""
+    """`celery worker` in a subprocess, so a test can SIGKILL it. Any still running at exit are killed."""
+
+    running: ClassVar[set[WorkerProcess]] = set()
 
     def __init__(self, settings: Settings, name: str, beat: bool = True, concurrency: int = 2) -> None:
         self.name = name
@@ -107,14 +111,17 @@ class WorkerProcess:
         if beat:
             cmd += ["-B", "--schedule", f"/tmp/{settings.key_prefix}-{name}-beat"]
         self.proc = subprocess.Popen(
-            cmd, env=settings_env(settings), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            cmd, env=settings_env(settings), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
+        WorkerProcess.running.add(self)
 
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait(timeout=30)
+        WorkerProcess.running.discard(self)
 
     def stop(self) -> None:
+        WorkerProcess.running.discard(self)
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -133,3 +140,11 @@ def eventually(condition: Callable[[], object], timeout: float = 30.0, what: str
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.01)
+
+
+@atexit.register
+def _kill_leftover_workers() -> None:
+    """A test run that is interrupted must not leave worker processes behind."""
+    for worker in list(WorkerProcess.running):
+        if worker.proc.poll() is None:
+            worker.proc.kill()

@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 from shared.batch import batch_key
 from shared.models import TurnStatus
@@ -46,6 +47,7 @@ def test_interrupted_batch_resumes_with_each_item_exactly_once(settings, worker,
         if out.exists() and out.read_text().count("\n") >= 250:
             first.send_signal(signal.SIGKILL)
             break
+        time.sleep(0.01)  # polling the output file (the only progress signal); not a timing assumption
     first.wait(timeout=60)
     assert first.returncode == -signal.SIGKILL, first.stderr.read()
     assert 250 <= len(_lines(out)) < 500

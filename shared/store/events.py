@@ -35,6 +35,9 @@ return seq
 TERMINAL = EventType.TURN_FINISH
 
 
+_LEAD_ROUNDS = 8  # batches one leader sends in a row before it hands the lead on
+
+
 class PendingPublish:
     """One queued write: its Lua keys/args, then its result or error. `gate` is held until it is done
     (or until its thread is asked to lead the next batch)."""
@@ -88,29 +91,35 @@ class _GroupCommit:
         return pending.result
 
     def _lead(self) -> None:
-        """Send everything queued (our own write included) in one trip; wake its writers; pass the lead on."""
-        with self._lock:
-            batch, self._queue = self._queue, []
-        try:
-            self._execute(batch)
-        except BaseException as exc:  # e.g. KeyboardInterrupt: no writer may be left without an answer
-            for p in batch:
-                if p.error is None and p.result is None:
-                    p.error = exc
-            raise
-        finally:
+        """Send everything queued (our own write included) in one trip and wake its writers; while more
+        writers wait, send their batch too (a few rounds at most: this thread has its own step to run),
+        then pass the lead to one of them. Sending on costs no wake-up and no wait for the GIL."""
+        for rounds_left in range(_LEAD_ROUNDS - 1, -1, -1):
             with self._lock:
+                batch, self._queue = self._queue, []
+            try:
+                self._execute(batch)
+            except BaseException as exc:  # e.g. KeyboardInterrupt: no writer may be left without an answer
                 for p in batch:
-                    p.done = True
-                    if p.waiting:
-                        p.waiting = False
-                        p.gate.release()
-                nxt = next((p for p in self._queue if p.waiting), None)
-                if nxt is None:
-                    self._busy = False  # the next thread to wait leads
-                else:
-                    nxt.waiting, nxt.lead = False, True
-                    nxt.gate.release()
+                    if p.error is None and p.result is None:
+                        p.error = exc
+                rounds_left = 0
+                raise
+            finally:
+                with self._lock:
+                    for p in batch:
+                        p.done = True
+                        if p.waiting:
+                            p.waiting = False
+                            p.gate.release()
+                    nxt = next((p for p in self._queue if p.waiting), None)
+                    if nxt is None:
+                        self._busy = False  # the next thread to wait leads
+                    elif rounds_left == 0:
+                        nxt.waiting, nxt.lead = False, True
+                        nxt.gate.release()
+            if nxt is None:
+                return
 
     def _execute(self, batch: list[PendingPublish]) -> None:
         if len(batch) == 1:

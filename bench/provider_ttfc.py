@@ -1,0 +1,194 @@
+"""Time to first chunk: a full agentq turn vs the Anthropic SDK called directly, same fake upstream.
+
+Both sides talk to one paced fake Messages API (bench/fake_upstream.py, its own process) with the
+same script: `--first-ms` before the first event, then `--deltas` text deltas `--interval-ms` apart.
+
+- **direct**: `client.messages.create(stream=True)` on a warm SDK client, timed from the call to the
+  first `content_block_delta`.
+- **agentq**: `Client.submit` of a one-step `anthropic` turn -> Celery `run_step` on one worker
+  subprocess (threads pool) over the real local Redis -> the first `text-delta` event received by a
+  subscriber (a pub/sub subscription on the run's turn channels, open before the submit). Timed from
+  the call to `submit`.
+
+Turns run one at a time (each drained to its end before the next), alternating sides, after a warm-up.
+Prints p50/p95 per side and the ratio agentq/direct.
+
+    .venv/bin/python -m bench.provider_ttfc --turns 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+import anthropic
+import redis
+
+from bench._common import DEFAULT_REDIS_URL, bench_settings, cleanup, percentile, table, unique_prefix
+from bench.fake_upstream import Script, agentq_worker, running_upstream, sdk_env
+from producer.client import Client
+from shared.models import TurnStatus
+
+AGENT = "bench.streamer"
+PROMPT = "Say something."
+
+
+class FirstChunks:
+    """A subscriber thread: pattern-subscribed to every turn channel of the run before any submit; notes
+    when each turn's first `step-start` and first `text-delta` arrive (perf_counter)."""
+
+    def __init__(self, redis_url: str, prefix: str) -> None:
+        self._client = redis.Redis.from_url(redis_url)
+        self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
+        self._pubsub.psubscribe(f"{prefix}:turn:*:ch")
+        self._cond = threading.Condition()
+        self.step_start: dict[str, float] = {}
+        self.first_delta: dict[str, float] = {}
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="ttfc-subscriber", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop:
+            message = self._pubsub.get_message(timeout=0.5)
+            if message is None:
+                continue
+            received = time.perf_counter()
+            event = json.loads(message["data"])
+            kind, turn_id = event["type"], event["turn_id"]
+            with self._cond:
+                if kind == "step-start":
+                    self.step_start.setdefault(turn_id, received)
+                elif kind == "text-delta" and turn_id not in self.first_delta:
+                    self.first_delta[turn_id] = received
+                    self._cond.notify_all()
+
+    def wait_first_delta(self, turn_id: str, timeout: float) -> float:
+        with self._cond:
+            if not self._cond.wait_for(lambda: turn_id in self.first_delta, timeout=timeout):
+                raise TimeoutError(f"no text-delta on turn {turn_id} within {timeout}s")
+            return self.first_delta[turn_id]
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join(timeout=5)
+        self._pubsub.close()
+        self._client.close()
+
+
+def agentq_turn(client: Client, sub: FirstChunks, timeout: float) -> dict[str, float]:
+    """One turn: seconds from submit to submit() returning, to step-start and to the first text-delta."""
+    started = time.perf_counter()
+    handle = client.submit(AGENT, prompt=PROMPT)
+    submitted = time.perf_counter()
+    first = sub.wait_first_delta(handle.turn_id, timeout)
+    result = handle.wait(timeout=timeout)  # drain: the next turn starts on an idle worker
+    if result.status != TurnStatus.COMPLETED:
+        raise RuntimeError(f"turn {handle.turn_id} ended {result.status.value}: {result.error}")
+    return {
+        "submit": submitted - started,
+        "step_start": sub.step_start[handle.turn_id] - started,
+        "first": first - started,
+    }
+
+
+def direct_call(sdk: anthropic.Anthropic) -> float:
+    """Seconds from messages.create(stream=True) to the first content_block_delta; the stream is drained."""
+    started = time.perf_counter()
+    first = None
+    with sdk.messages.create(
+        model="claude-bench",
+        max_tokens=1024,
+        system="benchmark",
+        messages=[{"role": "user", "content": PROMPT}],
+        stream=True,
+    ) as events:
+        for event in events:
+            if first is None and event.type == "content_block_delta":
+                first = time.perf_counter() - started
+    if first is None:
+        raise RuntimeError("the direct stream had no content_block_delta")
+    return first
+
+
+def ms(values: list[float], q: float) -> str:
+    return f"{percentile(values, q) * 1000:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--turns", type=int, default=50, help="measured turns per side (default 50)")
+    parser.add_argument("--warmup", type=int, default=3, help="unmeasured turns per side first (default 3)")
+    parser.add_argument("--first-ms", type=float, default=50.0, help="upstream latency before the first event")
+    parser.add_argument("--deltas", type=int, default=20, help="text deltas per stream (default 20)")
+    parser.add_argument("--interval-ms", type=float, default=10.0, help="gap between deltas (default 10)")
+    parser.add_argument("--concurrency", type=int, default=32, help="worker threads (default 32, as agentq worker)")
+    parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
+    parser.add_argument("--timeout", type=float, default=60.0)
+    args = parser.parse_args(argv)
+
+    prefix = unique_prefix("ttfc")
+    settings = bench_settings(args.redis_url, prefix, agent_modules=["bench.fake_upstream"])
+    script = Script(first_ms=args.first_ms, deltas=args.deltas, interval_ms=args.interval_ms)
+    print(
+        f"run {prefix}: upstream first event after {script.first_ms:g} ms, then {script.deltas} deltas every "
+        f"{script.interval_ms:g} ms; {args.turns} turns per side (+{args.warmup} warm-up), sequential; "
+        f"one worker process (threads pool, concurrency {args.concurrency})",
+        flush=True,
+    )
+    sub = None
+    try:
+        with running_upstream(script) as upstream:
+            os.environ.pop("ANTHROPIC_AUTH_TOKEN", None)
+            os.environ.update(sdk_env(upstream.base_url))  # submit checks the key; the direct SDK reads both
+            sdk = anthropic.Anthropic(max_retries=0)
+            client = Client(settings)
+            sub = FirstChunks(args.redis_url, prefix)
+            with agentq_worker(settings, args.concurrency, upstream.base_url):
+                for _ in range(args.warmup):
+                    agentq_turn(client, sub, timeout=120)  # the first also waits for the worker to start
+                    direct_call(sdk)
+                upstream.stats()  # reset: count only the measured streams
+                agentq: list[dict[str, float]] = []
+                direct: list[float] = []
+                for _ in range(args.turns):
+                    agentq.append(agentq_turn(client, sub, args.timeout))
+                    direct.append(direct_call(sdk))
+                up = upstream.stats()
+
+        first = [a["first"] for a in agentq]
+        rows = [
+            ["direct SDK", str(len(direct)), ms(direct, 50), ms(direct, 95), ms(direct, 0), ms(direct, 100)],
+            ["agentq turn", str(len(first)), ms(first, 50), ms(first, 95), ms(first, 0), ms(first, 100)],
+        ]
+        print()
+        print(table(["time to first chunk", "n", "p50 ms", "p95 ms", "min ms", "max ms"], rows))
+        r50 = percentile(first, 50) / percentile(direct, 50)
+        r95 = percentile(first, 95) / percentile(direct, 95)
+        print(f"\nagentq/direct: {r50:.2f}x at p50, {r95:.2f}x at p95")
+        added = (percentile(first, 50) - percentile(direct, 50)) * 1000
+        print(f"agentq adds {added:.1f} ms at p50 (upstream's own first-event latency: {script.first_ms:g} ms)")
+        parts = [
+            ["submit() returns", ms([a["submit"] for a in agentq], 50), ms([a["submit"] for a in agentq], 95)],
+            ["step-start received", ms([a["step_start"] for a in agentq], 50), ms([a["step_start"] for a in agentq], 95)],
+            ["first text-delta received", ms(first, 50), ms(first, 95)],
+        ]  # fmt: skip
+        print("\nagentq turn, from the submit call:")
+        print(table(["milestone", "p50 ms", "p95 ms"], parts))
+        print(
+            f"\nupstream: {up['streams']} measured streams, frame write lag p50 {up['lag_p50_ms']:.2f} ms / "
+            f"p99 {up['lag_p99_ms']:.2f} ms / max {up['lag_max_ms']:.2f} ms (its own pacing accuracy)"
+        )
+        return 0
+    finally:
+        if sub is not None:
+            sub.close()
+        print(f"cleaned up {cleanup(args.redis_url, prefix)} keys under {prefix}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
