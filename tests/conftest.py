@@ -9,8 +9,8 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
-from typing import ClassVar
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import redis
