@@ -3,8 +3,10 @@
 Deltas of one kind are buffered for at most `window_s`; the first delta after a quiet
 window goes out at once (no added latency on slow streams). A process-wide timer
 thread flushes buffers whose window ended with no further delta (all that are due in one
-round trip). Every publish of a step happens under the step's lock, so seq order matches
-the order things happened.
+round trip). Bookkeeping events a step may `defer` (step-start, step-finish, tool calls and
+results) wait in the same ordered buffer and go out with the next write, or when their
+window ends, so a step spends few round trips on them. Every write of a step happens under
+the step's lock, so seq order matches the order things happened.
 """
 
 from __future__ import annotations
@@ -69,11 +71,11 @@ def flush_due(emitters: list[StepEmitter]) -> None:
         for emitter in emitters:
             emitter._lock.acquire()
             held.append(emitter)
-        started: list[tuple[StepEmitter, PendingPublish]] = []
+        started: list[tuple[StepEmitter, list[PendingPublish]]] = []
         for emitter in held:
             try:
-                pending = emitter._start_flush_locked() if emitter._due_locked() else None
-                if pending is not None:
+                pending = emitter._start_flush_locked() if emitter._due_locked() else []
+                if pending:
                     started.append((emitter, pending))
             except Exception as exc:  # keep the timer alive; the buffer's text is lost to subscribers, as before
                 _log.warning("timed flush of turn %s failed: %s", emitter.turn_id, type(exc).__name__)
@@ -103,6 +105,8 @@ class StepEmitter:
         self._buffer: list[str] = []
         self._buffer_started = 0.0
         self._last_flush = 0.0
+        self._deferred: list[tuple[EventType, dict[str, Any]]] = []
+        self._deferred_since = 0.0
 
     def emit(self, delta: Delta) -> None:
         """Called by the adapter for each streamed delta."""
@@ -114,7 +118,7 @@ class StepEmitter:
                 self.text_parts.append(delta.text)
             now = time.monotonic()
             if self._kind is not None and self._kind != delta.kind:
-                self._flush_locked()
+                self._defer_buffer_locked(now)
             if self.window_s <= 0 or (not self._buffer and now - self._last_flush >= self.window_s):
                 self._kind = delta.kind
                 self._buffer.append(delta.text)
@@ -134,32 +138,57 @@ class StepEmitter:
                 self._flush_locked()
 
     def _due_locked(self) -> bool:
-        return bool(self._buffer) and time.monotonic() - self._buffer_started >= self.window_s * 0.999
+        elapsed = time.monotonic() - self.window_s * 0.999
+        return bool(self._buffer and self._buffer_started <= elapsed) or bool(
+            self._deferred and self._deferred_since <= elapsed
+        )
 
     def flush(self) -> None:
         with self._lock:
             self._flush_locked()
 
-    def publish(self, type_: EventType, data: dict[str, Any]) -> int:
-        """Publish a non-delta event after any buffered deltas, keeping seq order."""
+    def publish(self, type_: EventType, data: dict[str, Any]) -> None:
+        """Publish an event now, after everything buffered, in one round trip."""
         with self._lock:
+            self._deferred.append((type_, data))
             self._flush_locked()
-            return self.log.publish(self.turn_id, type_, self.step, data)
+
+    def defer(self, type_: EventType, data: dict[str, Any]) -> None:
+        """Queue an event to go out with the step's next write, or within the flush window."""
+        with self._lock:
+            now = time.monotonic()
+            self._defer_buffer_locked(now)
+            if not self._deferred:
+                self._deferred_since = now
+                _TIMER.schedule(now + max(self.window_s, 0.001), self)
+            self._deferred.append((type_, data))
+
+    def _defer_buffer_locked(self, now: float) -> None:
+        """Move buffered deltas into the ordered queue (they stay ahead of what comes next)."""
+        if self._buffer and self._kind is not None:
+            if not self._deferred:
+                self._deferred_since = self._buffer_started
+            self._deferred.append((_KIND_EVENT[self._kind], {"text": "".join(self._buffer)}))
+            self._buffer.clear()
+            self._kind = None
 
     def _flush_locked(self) -> None:
         pending = self._start_flush_locked()
-        if pending is not None:
+        if pending:
             self._end_flush_locked(pending)
 
-    def _start_flush_locked(self) -> PendingPublish | None:
-        """Queue the buffered text as one event (not written yet: `_end_flush_locked` waits for it)."""
-        if not self._buffer or self._kind is None:
-            return None
-        text = "".join(self._buffer)
-        self._buffer.clear()
-        return self.log.submit(self.turn_id, _KIND_EVENT[self._kind], self.step, {"text": text})
+    def _start_flush_locked(self) -> list[PendingPublish]:
+        """Queue everything waiting, in order (not written yet: `_end_flush_locked` waits for it)."""
+        queued = [self.log.submit(self.turn_id, type_, self.step, data) for type_, data in self._deferred]
+        self._deferred.clear()
+        if self._buffer and self._kind is not None:
+            text = "".join(self._buffer)
+            self._buffer.clear()
+            queued.append(self.log.submit(self.turn_id, _KIND_EVENT[self._kind], self.step, {"text": text}))
+        return queued
 
-    def _end_flush_locked(self, pending: PendingPublish) -> None:
-        self.log.wait(pending)
+    def _end_flush_locked(self, pending: list[PendingPublish]) -> None:
+        for item in pending:
+            self.log.wait(item)
         self._last_flush = time.monotonic()
         self._kind = None

@@ -85,6 +85,7 @@ class StepRunner:
         self.rt = rt
         self._lease: StepLease | None = None
         self._checkpoint: StepOutput | None = None
+        self._emitter: StepEmitter | None = None
 
     # ------------------------------------------------------------------ delivery
 
@@ -117,6 +118,8 @@ class StepRunner:
 
     def _commit(self, state: TurnState, release: bool = True) -> bool:
         """A fenced commit: only while this delivery's lease is held; the step's last commit releases it."""
+        if self._emitter is not None:  # the step's events go out before its commit (never after: see emitted)
+            self._emitter.flush()
         lease = self._lease
         ok = self.rt.turns.commit(state, lease_token=lease.token if lease else None, release=release)
         if ok and release and lease is not None:
@@ -124,10 +127,17 @@ class StepRunner:
         return ok
 
     def _run(self, state: TurnState, lease: StepLease, start: StepStart) -> Decision:
+        emitter = StepEmitter(self.rt.events, state.turn_id, state.step, self.rt.settings.coalesce_window_ms / 1000)
+        self._emitter = emitter
+        try:
+            return self._run_step(state, lease, start, emitter)
+        finally:
+            emitter.flush()  # anything still deferred (e.g. on a path that did not commit) goes out now
+
+    def _run_step(self, state: TurnState, lease: StepLease, start: StepStart, emitter: StepEmitter) -> Decision:
         rt = self.rt
         bind_log_context(attempt=state.attempt)
         agent = rt.agents.get(state.agent)
-        emitter = StepEmitter(rt.events, state.turn_id, state.step, rt.settings.coalesce_window_ms / 1000)
         if agent is None:
             return self._fail(state, emitter, f"agent {state.agent!r} is not loaded on this worker")
         # content of this very step reached subscribers before a crash: tell them to drop it
@@ -206,7 +216,7 @@ class StepRunner:
         state.trace.steps.append(trace)
         state.attempt = 0
         state.not_before = None
-        emitter.publish(EventType.STEP_FINISH, {"usage": output.usage.model_dump(), "finish_reason": trace.stop_reason})
+        emitter.defer(EventType.STEP_FINISH, {"usage": output.usage.model_dump(), "finish_reason": trace.stop_reason})
 
         if not state.malformed_retry_used and adapter.is_malformed(output):
             state.malformed_retry_used = True
@@ -227,7 +237,8 @@ class StepRunner:
         dispatcher = self._dispatcher(state, agent, adapter.tool_failure_breaker)
         prepared = [dispatcher.prepare(c) for c in calls]
         for p in prepared:
-            emitter.publish(EventType.TOOL_CALL, {"id": p.call.id, "name": p.call.name, "args": p.call.args})
+            emitter.defer(EventType.TOOL_CALL, {"id": p.call.id, "name": p.call.name, "args": p.call.args})
+        emitter.flush()  # subscribers learn of the calls before any tool runs
         stored = dispatcher.stored(calls)
         results: dict[str, ToolResult] = {}
         for p in prepared:
@@ -267,7 +278,7 @@ class StepRunner:
                 return Decision(
                     "reschedule", step=state.step, countdown=grant.wait_s, reason=f"rate limit ({grant.reason})"
                 )
-        emitter.publish(
+        emitter.defer(  # goes out with the first delta, or within the flush window
             EventType.STEP_START,
             {
                 "attempt": state.attempt,
@@ -295,7 +306,6 @@ class StepRunner:
             probe.observe(state.provider, state.model)
             if grant is not None:
                 rt.limiter.release(scope, grant, used)
-        emitter.flush()
         if lease.lost.is_set():  # the heartbeat lost it; the commit is fenced on the lease anyway
             return _none("lease lost mid-step; another delivery owns the turn")
         if lease.cancelled.is_set():
@@ -310,7 +320,7 @@ class StepRunner:
 
     def _replay(self, state: TurnState, emitter: StepEmitter, specs: list[ToolSpec], output: StepOutput) -> StepOutput:
         """Re-publish a checkpointed answer after the step-reset, so subscribers see the step whole."""
-        emitter.publish(
+        emitter.defer(  # goes out with the first delta, or within the flush window
             EventType.STEP_START,
             {
                 "attempt": state.attempt,
@@ -346,7 +356,7 @@ class StepRunner:
 
     @staticmethod
     def _publish_result(emitter: StepEmitter, result: ToolResult) -> None:
-        emitter.publish(
+        emitter.defer(
             EventType.TOOL_RESULT,
             {
                 "id": result.tool_call_id,
