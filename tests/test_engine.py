@@ -358,8 +358,16 @@ def test_usage_is_summed_and_the_trace_is_stored_with_the_result(rt, prefix):
 
 
 def test_stored_tool_result_is_reused_not_re_executed(rt, prefix):
-    """A re-run step finds the result stored under (turn_id, tool_call_id) and does not run the tool again."""
+    """A re-run step finds the result stored under (turn_id, tool_call_id) and does not run the tool again.
+
+    The crash left what a real crash leaves: the model's checkpointed answer (saved before any tool
+    runs) and the result of the tool that had already run."""
+    from shared.models import AssistantMessage, ToolCall
+    from shared.providers.base import StepOutput
+
     turn_id = start(rt, "eng.rerun", prefix)
+    answer = AssistantMessage(parts=[ToolCall(id="call_fixed", name="eng_count", args={"label": "once"})])
+    rt.turns.save_checkpoint(turn_id, 0, StepOutput(message=answer).model_dump_json())
     earlier = ToolResult(tool_call_id="call_fixed", name="eng_count", output={"label": "once", "count": 1})
     rt.tool_results.put(turn_id, earlier)
 

@@ -239,7 +239,8 @@ class StepRunner:
         for p in prepared:
             emitter.defer(EventType.TOOL_CALL, {"id": p.call.id, "name": p.call.name, "args": p.call.args})
         emitter.flush()  # subscribers learn of the calls before any tool runs
-        stored = dispatcher.stored(calls)
+        # results can only be stored already if this step's answer came from its checkpoint (a re-run)
+        stored = dispatcher.stored(calls) if self._checkpoint is not None else {}
         results: dict[str, ToolResult] = {}
         for p in prepared:
             if p.needs_approval:
