@@ -156,8 +156,10 @@ def test_sweeper_resolves_expired_approvals_nobody_answered(rt, prefix):
     runner = StepRunner(rt)
     runner.deliver(state.turn_id, 0)
     assert rt.turns.load(state.turn_id).status == TurnStatus.AWAITING_APPROVAL
-    found = sweep(rt, queued_grace_s=300)
-    assert (state.turn_id, 0, "interactive") in found
+    # the sweeper is periodic and takes a short lock per pass: run passes until one acts
+    eventually(
+        lambda: (state.turn_id, 0, "interactive") in sweep(rt, queued_grace_s=300), what="a sweep to find the turn"
+    )
     assert runner.deliver(state.turn_id, 0).action == "next"
     assert runner.deliver(state.turn_id, 1).action == "none"
     final = rt.turns.load(state.turn_id)

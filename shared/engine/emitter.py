@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Any
 
+from redis.commands.core import Script
+
 from shared.models import EventType
 from shared.providers.base import Delta
 from shared.store.events import EventLog, PendingPublish
@@ -152,6 +154,15 @@ class StepEmitter:
         with self._lock:
             self._deferred.append((type_, data))
             self._flush_locked()
+
+    def flush_with(self, *writes: tuple[Script, list[str], list[Any]]) -> list[Any]:
+        """Flush, and run other writes (a commit, a checkpoint) after the events in the same round trip;
+        returns those writes' replies."""
+        with self._lock:
+            queued = self._start_flush_locked()
+            extra = [self.log.submit_script(script, keys, args) for script, keys, args in writes]
+            self._end_flush_locked(queued)
+            return [self.log.wait_script(p) for p in extra]
 
     def defer(self, type_: EventType, data: dict[str, Any]) -> None:
         """Queue an event to go out with the step's next write, or within the flush window."""

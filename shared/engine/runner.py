@@ -118,10 +118,13 @@ class StepRunner:
 
     def _commit(self, state: TurnState, release: bool = True) -> bool:
         """A fenced commit: only while this delivery's lease is held; the step's last commit releases it."""
-        if self._emitter is not None:  # the step's events go out before its commit (never after: see emitted)
-            self._emitter.flush()
         lease = self._lease
-        ok = self.rt.turns.commit(state, lease_token=lease.token if lease else None, release=release)
+        prepared = self.rt.turns.prepare_commit(state, lease_token=lease.token if lease else None, release=release)
+        if self._emitter is not None:  # the step's events go out just before its commit, in the same round trip
+            [reply] = self._emitter.flush_with((prepared.script, prepared.keys, prepared.args))
+        else:
+            reply = prepared.script(keys=prepared.keys, args=prepared.args)
+        ok = self.rt.turns.finish_commit(prepared, reply)
         if ok and release and lease is not None:
             lease.released = True
         return ok
@@ -238,9 +241,15 @@ class StepRunner:
         prepared = [dispatcher.prepare(c) for c in calls]
         for p in prepared:
             emitter.defer(EventType.TOOL_CALL, {"id": p.call.id, "name": p.call.name, "args": p.call.args})
-        emitter.flush()  # subscribers learn of the calls before any tool runs
-        # results can only be stored already if this step's answer came from its checkpoint (a re-run)
-        stored = dispatcher.stored(calls) if self._checkpoint is not None else {}
+        if self._checkpoint is None:
+            # before any tool runs, with the tool-call events: a re-run of this step replays this answer
+            # (same calls, same ids), so results stored by tool-call id keep side effects to one execution
+            save = self.rt.turns.checkpoint_write(state.turn_id, state.step, output.model_dump_json())
+            emitter.flush_with((save.script, save.keys, save.args))
+            stored: dict[str, ToolResult] = {}  # results exist only once a checkpoint does
+        else:
+            emitter.flush()  # subscribers learn of the calls before any tool runs
+            stored = dispatcher.stored(calls)
         results: dict[str, ToolResult] = {}
         for p in prepared:
             if p.needs_approval:
@@ -313,10 +322,6 @@ class StepRunner:
             state.text = emitter_text(emitter)
             return self._finish(state, emitter, TurnStatus.CANCELLED, FinishReason.CANCELLED)
 
-        if output.message.tool_calls:
-            # before any tool runs: a re-run of this step reuses this answer (same calls, same ids), so
-            # results stored by tool-call id really do keep side effects to one execution
-            rt.turns.save_checkpoint(state.turn_id, state.step, output.model_dump_json())
         return output
 
     def _replay(self, state: TurnState, emitter: StepEmitter, specs: list[ToolSpec], output: StepOutput) -> StepOutput:

@@ -42,11 +42,12 @@ class PendingPublish:
     """One queued write: its Lua keys/args, then its result or error. `gate` is held until it is done
     (or until its thread is asked to lead the next batch)."""
 
-    __slots__ = ("args", "done", "error", "gate", "keys", "lead", "result", "waiting")
+    __slots__ = ("args", "done", "error", "gate", "keys", "lead", "result", "script", "waiting")
 
-    def __init__(self, keys: list[str], args: list[Any]) -> None:
+    def __init__(self, keys: list[str], args: list[Any], script: Script | None = None) -> None:
         self.keys = keys
         self.args = args
+        self.script = script  # another script riding in the same round trip (None: the event write)
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
@@ -68,8 +69,8 @@ class _GroupCommit:
         self._queue: list[PendingPublish] = []
         self._busy = False  # a leader is sending a batch
 
-    def submit(self, keys: list[str], args: list[Any]) -> PendingPublish:
-        pending = PendingPublish(keys, args)
+    def submit(self, keys: list[str], args: list[Any], script: Script | None = None) -> PendingPublish:
+        pending = PendingPublish(keys, args, script)
         with self._lock:
             self._queue.append(pending)
         return pending
@@ -127,7 +128,7 @@ class _GroupCommit:
             return
         pipe = self._client.pipeline(transaction=False)
         for p in batch:
-            pipe.evalsha(self._script.sha, len(p.keys), *p.keys, *p.args)
+            pipe.evalsha((p.script or self._script).sha, len(p.keys), *p.keys, *p.args)
         try:
             results = pipe.execute(raise_on_error=False)
         except Exception as exc:  # the round trip itself failed (connection): so did every write in it
@@ -144,7 +145,7 @@ class _GroupCommit:
 
     def _call(self, p: PendingPublish) -> None:
         try:
-            p.result = self._script(keys=p.keys, args=p.args)
+            p.result = (p.script or self._script)(keys=p.keys, args=p.args)
         except Exception as exc:
             p.error = exc
 
@@ -176,6 +177,14 @@ class EventLog:
     def wait(self, pending: PendingPublish) -> int:
         """Block until a submitted event is written; returns its seq (or raises its error)."""
         return int(self._commits.wait(pending))
+
+    def submit_script(self, script: Script, keys: list[str], args: list[Any]) -> PendingPublish:
+        """Queue another write (a state commit, a checkpoint) to share the round trip of queued events."""
+        return self._commits.submit(keys, args, script)
+
+    def wait_script(self, pending: PendingPublish) -> Any:
+        """Block until a `submit_script` write is done; returns the script's reply (or raises its error)."""
+        return self._commits.wait(pending)
 
     def read(self, turn_id: str, after: int = 0, until: int | None = None, count: int = 1000) -> list[Event]:
         """Events with seq in (after, until], oldest first."""

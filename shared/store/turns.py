@@ -17,10 +17,11 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import redis
 from pydantic import TypeAdapter
+from redis.commands.core import Script
 
 from shared.models import Message, StepTrace, TurnState, TurnStatus
 from shared.providers.base import StepOutput
@@ -84,7 +85,20 @@ return {1, redis.call('GET', KEYS[3]), redis.call('EXISTS', KEYS[4]), redis.call
         redis.call('LRANGE', KEYS[8], ARGV[5], -1), redis.call('LLEN', KEYS[7])}
 """
 
+_SAVE = "redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) return 1"
+
 _MESSAGE = TypeAdapter(Message)
+
+
+@dataclass
+class PreparedWrite:
+    """A script call not sent yet (see EventLog.submit_script / StepEmitter.flush_with)."""
+
+    script: Script
+    keys: list[str]
+    args: list[Any]
+    state: TurnState | None = None
+    expected_version: int = 0
 
 
 @dataclass
@@ -135,6 +149,7 @@ class TurnStore:
         self._history = _HistoryCache()
         self._create = client.register_script(_CREATE)
         self._begin = client.register_script(_BEGIN)
+        self._save = client.register_script(_SAVE)
         self._commit = client.register_script(_COMMIT)
 
     def create(self, state: TurnState, idempotency_key: str | None, counter_key: str | None = None) -> str | None:
@@ -240,6 +255,12 @@ class TurnStore:
     def commit(self, state: TurnState, lease_token: str | None = None, release: bool = False) -> bool:
         """Write `state` if nobody committed since it was loaded (and, given a lease token, only while that
         lease is still held); bumps `state.version` on success. `release` frees the lease in the same call."""
+        prepared = self.prepare_commit(state, lease_token, release)
+        return self.finish_commit(prepared, prepared.script(keys=prepared.keys, args=prepared.args))
+
+    def prepare_commit(self, state: TurnState, lease_token: str | None = None, release: bool = False) -> PreparedWrite:
+        """The commit as a script call, so a caller can send it in the same round trip as other writes;
+        pass its reply to `finish_commit`."""
         k = self.keys
         expected = state.version
         state.version = expected + 1
@@ -248,40 +269,39 @@ class TurnStore:
         if state.status == TurnStatus.AWAITING_APPROVAL and state.parked:
             score = min(a.expires_at for a in state.parked.approvals)
         if len(state.messages) < state._stored_messages or len(state.trace.steps) < state._stored_trace:
+            state.version = expected
             raise ValueError("a turn's transcript and trace are append-only; stored entries cannot be removed")
         new_messages = [_MESSAGE.dump_json(m).decode() for m in state.messages[state._stored_messages :]]
         new_trace = [t.model_dump_json() for t in state.trace.steps[state._stored_trace :]]
         per_turn = k.per_turn(state.turn_id)
-        ok = self._commit(
-            keys=[
-                per_turn[0],
-                per_turn[1],
-                k.active,
-                k.awaiting,
-                per_turn[2],
-                per_turn[3],
-                k.lease(state.turn_id),
-                *per_turn[4:],
-            ],
-            args=[
-                expected,
-                state.model_dump_json(exclude=_HISTORY_FIELDS),
-                state.turn_id,
-                state.status.value,
-                score,
-                self.ttl_s,
-                lease_token or "",
-                "1" if release and lease_token else "0",
-                len(new_messages),
-                *new_messages,
-                *new_trace,
-            ],
-        )
-        if not ok:
-            state.version = expected
+        keys = [per_turn[0], per_turn[1], k.active, k.awaiting, per_turn[2], per_turn[3], k.lease(state.turn_id)]
+        args: list[Any] = [
+            expected,
+            state.model_dump_json(exclude=_HISTORY_FIELDS),
+            state.turn_id,
+            state.status.value,
+            score,
+            self.ttl_s,
+            lease_token or "",
+            "1" if release and lease_token else "0",
+            len(new_messages),
+            *new_messages,
+            *new_trace,
+        ]
+        return PreparedWrite(self._commit, [*keys, *per_turn[4:]], args, state, expected)
+
+    def finish_commit(self, prepared: PreparedWrite, reply: Any) -> bool:
+        state = prepared.state
+        assert state is not None
+        if not reply:
+            state.version = prepared.expected_version
             return False
         self._stored(state)
         return True
+
+    def checkpoint_write(self, turn_id: str, step: int, output_json: str) -> PreparedWrite:
+        """Saving a step's model answer, as a script call that can share a round trip."""
+        return PreparedWrite(self._save, [self.keys.checkpoint(turn_id)], [f"{step}\x1f{output_json}", self.ttl_s])
 
     def save_checkpoint(self, turn_id: str, step: int, output_json: str) -> None:
         self.client.set(self.keys.checkpoint(turn_id), f"{step}\x1f{output_json}", ex=self.ttl_s)
