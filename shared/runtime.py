@@ -78,6 +78,7 @@ class Runtime:
 
 _lock = threading.Lock()
 _runtimes: dict[str, Runtime] = {}
+_by_object: dict[int, tuple[Settings, Runtime]] = {}
 
 
 def _cache_key(settings: Settings) -> str:
@@ -90,10 +91,14 @@ def _cache_key(settings: Settings) -> str:
 def get_runtime(settings: Settings | None = None) -> Runtime:
     """The runtime for these settings (default: the environment's), built once per process."""
     settings = settings or get_settings()
+    known = _by_object.get(id(settings))
+    if known is not None and known[0] is settings:  # the hot path: the same Settings object again
+        return known[1]
     with _lock:
         key = _cache_key(settings)
         rt = _runtimes.get(key)
         if rt is None:
             rt = Runtime.build(settings)
             _runtimes[key] = rt
+        _by_object[id(settings)] = (settings, rt)  # holds `settings`, so its id cannot be reused
         return rt
