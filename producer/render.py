@@ -107,6 +107,8 @@ class LiveView:
             self._delta("text", str(d.get("text", "")))
         elif kind == EventType.REASONING_DELTA:
             self._delta("reasoning", str(d.get("text", "")))
+        elif kind == EventType.OBJECT_DELTA:  # the structured answer's JSON as it streams
+            self._delta("text", str(d.get("text", "")))
         elif kind == EventType.TURN_START:
             self.line(s.dim(f"turn {event.turn_id} · {d.get('agent')} on {d.get('provider')}/{d.get('model')}"))
         elif kind == EventType.STEP_START:
@@ -153,7 +155,7 @@ def event_summary(event: Event) -> str:
     """One line per event for `agentq events`."""
     d = event.data
     kind = event.type
-    if kind in (EventType.TEXT_DELTA, EventType.REASONING_DELTA):
+    if kind in (EventType.TEXT_DELTA, EventType.REASONING_DELTA, EventType.OBJECT_DELTA):
         return json.dumps(d.get("text", ""), ensure_ascii=False)
     if kind == EventType.TOOL_CALL:
         return f"{d.get('name')} {compact(d.get('args', {}))} (id {d.get('id')})"
