@@ -7,7 +7,6 @@ and deletes only its own keys when it ends.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import statistics
 import subprocess
@@ -49,20 +48,7 @@ def bench_settings(redis_url: str, prefix: str, **overrides: Any) -> Settings:
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that gives a `celery worker` subprocess exactly these settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
-    for name, value in settings.model_dump().items():
-        if value is None:
-            continue
-        key = f"AGENTQ_{name.upper()}"
-        if name == "approval_secret":
-            env[key] = settings.approval_secret.get_secret_value() if settings.approval_secret else ""
-        elif name == "approval_old_secrets":
-            env[key] = ",".join(s.get_secret_value() for s in settings.approval_old_secrets)
-        elif name == "agent_modules":
-            env[key] = ",".join(value)
-        elif isinstance(value, dict | list):
-            env[key] = json.dumps(value)
-        else:
-            env[key] = str(value)
+    env.update(settings.to_env())
     env["PYTHONPATH"] = str(ROOT)
     return env
 
