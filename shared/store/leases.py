@@ -23,14 +23,6 @@ end
 return 0
 """
 
-# KEYS: lease, started. ARGV: token, ttl ms, step. Take the lease and mark the step started, in one trip.
-_ACQUIRE = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  redis.call('SET', KEYS[2], ARGV[3])
-  return 1
-end
-return 0
-"""
 
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1], KEYS[2]) end
@@ -59,20 +51,11 @@ class LeaseManager:
         self.keys = keys
         self.ttl_ms = max(int(ttl_s * 1000), 100)
         self.poll_s = poll_s
-        self._acquire = client.register_script(_ACQUIRE)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._held: dict[str, StepLease] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
-
-    def acquire(self, turn_id: str, step: int) -> StepLease | None:
-        token = self.new_token()
-        if not self._acquire(
-            keys=[self.keys.lease(turn_id), self.keys.started(turn_id)], args=[token, self.ttl_ms, step]
-        ):
-            return None
-        return self.adopt(turn_id, token)
 
     @staticmethod
     def new_token() -> str:

@@ -304,13 +304,11 @@ class TurnStore:
         return PreparedWrite(self._save, [self.keys.checkpoint(turn_id)], [f"{step}\x1f{output_json}", self.ttl_s])
 
     def save_checkpoint(self, turn_id: str, step: int, output_json: str) -> None:
-        self.client.set(self.keys.checkpoint(turn_id), f"{step}\x1f{output_json}", ex=self.ttl_s)
+        write = self.checkpoint_write(turn_id, step, output_json)
+        write.script(keys=write.keys, args=write.args)
 
     def request_cancel(self, turn_id: str) -> None:
         self.client.set(self.keys.cancel(turn_id), "1", ex=self.ttl_s)
-
-    def cancel_requested(self, turn_id: str) -> bool:
-        return bool(self.client.exists(self.keys.cancel(turn_id)))
 
     def stale_active(self, older_than: float, limit: int = 500) -> list[str]:
         return cast(list[str], self.client.zrangebyscore(self.keys.active, "-inf", older_than, start=0, num=limit))
