@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from shared.engine.runner import StepRunner
+from shared.heartbeat import live_workers
 from shared.models import EventType, TurnStatus
 from shared.ratelimit import RateLimit
 from shared.submit import create_turn
-from tests.conftest import WorkerProcess
+from tests.conftest import WorkerProcess, eventually
 
 
 def _start_times(client, handles):
@@ -20,6 +21,8 @@ def _start_times(client, handles):
 def test_rpm_limit_holds_across_two_worker_processes(settings, client):
     workers = [WorkerProcess(settings, "rl1", beat=False), WorkerProcess(settings, "rl2", beat=False)]
     try:
+        # both workers consuming before the first turn, so the limit is exercised across processes
+        eventually(lambda: len(live_workers(client.runtime.redis, settings.key_prefix)) >= 2, 60, "two live workers")
         handles = [client.submit("bt.limited", prompt=f"item {i}") for i in range(9)]
         results = [h.wait(timeout=120) for h in handles]
     finally:
