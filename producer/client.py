@@ -98,7 +98,8 @@ class Client:
         loop: LoopOverrides | dict[str, Any] | None = None,
         priority: str | None = None,
     ) -> TurnHandle:
-        """Validate and enqueue a turn. The same idempotency key returns the same turn."""
+        """Validate and enqueue a turn. The same idempotency key returns the same turn (and sends it if the
+        first submit died before sending it)."""
         state, created = create_turn(
             self.runtime,
             agent,
@@ -112,8 +113,14 @@ class Client:
             loop=loop,
             priority=priority,
         )
-        if created:
+        if created or (
+            idempotency_key is not None
+            and not state.status.terminal
+            and self.runtime.turns.never_dispatched(state.turn_id)
+        ):  # a submitter that died between storing the turn and sending it: this retry sends it
             self._send_step(state.turn_id, 0, state.priority)
+            if idempotency_key is not None:  # only a keyed turn can be submitted again
+                self.runtime.turns.mark_dispatched(state.turn_id)
         return TurnHandle(self, state.turn_id, created)
 
     def submit_batch(

@@ -8,8 +8,9 @@ import subprocess
 import sys
 import time
 
-from shared.batch import batch_key
+from shared.batch import BatchItem, batch_key, item_idempotency_key
 from shared.models import TurnStatus
+from shared.submit import create_turn
 from tests.conftest import ROOT, settings_env
 
 
@@ -51,6 +52,14 @@ def test_interrupted_batch_resumes_with_each_item_exactly_once(settings, worker,
     first.wait(timeout=60)
     assert first.returncode == -signal.SIGKILL, first.stderr.read()
     assert 250 <= len(_lines(out)) < 500
+    # a submitter killed between storing an item's turn and sending it: the resumed run must send it
+    last = BatchItem.model_validate({"key": "item-499", "input": {"text": "Contact 499 <c499@example.com>"}})
+    orphan, created = create_turn(
+        client.runtime, "bt.extract", prompt=last.prompt_text(), priority="batch",
+        idempotency_key=item_idempotency_key("resume-test", "item-499"),
+        metadata={"batch_id": "resume-test", "item_key": "item-499"},
+    )  # fmt: skip
+    assert created
 
     second = _batch(settings, *args, "--batch-id", "resume-test", "--resume")
     _, err = second.communicate(timeout=300)
@@ -63,6 +72,7 @@ def test_interrupted_batch_resumes_with_each_item_exactly_once(settings, worker,
     ok = [r for r in rows if r["status"] == "completed"]
     assert len(ok) == 499
     assert by_key["item-42"]["object"] == {"name": "Contact 42", "email": "c42@example.com"}
+    assert by_key["item-499"]["status"] == "completed" and client.get(orphan.turn_id).status == TurnStatus.COMPLETED
     assert all(r["usage"]["input_tokens"] > 0 for r in ok)
     record = client.runtime.redis.hgetall(batch_key(client.runtime.keys, "resume-test"))
     assert int(record["created"]) == 499  # no item was submitted (and paid for) twice

@@ -234,3 +234,30 @@ def test_idempotent_submit_runs_one_step_zero(worker, client, prefix):
         task_prerun.disconnect(count)
     assert seen[(first.turn_id, 0)] == 1
     assert seen[(first.turn_id, 1)] == 1
+
+
+def test_resubmit_sends_a_turn_whose_submitter_died_before_sending(worker, client, prefix):
+    """Stored but never sent (the producer was killed in between): the same key submitted again sends it once."""
+    seen: Counter[tuple[str, int]] = Counter()
+    lock = threading.Lock()
+
+    def count(sender=None, args=None, **_: object) -> None:
+        if sender is not None and sender.name == RUN_STEP and args:
+            with lock:
+                seen[(args[0], args[1])] += 1
+
+    task_prerun.connect(count, weak=False)
+    try:
+        orphan, created = create_turn(client.runtime, "eng.simple", prompt="hi", idempotency_key="orphan",
+                                      metadata={"prefix": prefix})  # fmt: skip
+        assert created and client.runtime.turns.never_dispatched(orphan.turn_id)
+        retry = client.submit("eng.simple", prompt="hi", idempotency_key="orphan", metadata={"prefix": prefix})
+        assert retry.turn_id == orphan.turn_id and not retry.created
+        assert retry.wait(timeout=30).status == TurnStatus.COMPLETED
+        again = client.submit("eng.simple", prompt="hi", idempotency_key="orphan", metadata={"prefix": prefix})
+        assert again.turn_id == orphan.turn_id
+        barrier = client.submit("eng.simple", prompt="hi", metadata={"prefix": prefix})
+        assert barrier.wait(timeout=30).status == TurnStatus.COMPLETED
+    finally:
+        task_prerun.disconnect(count)
+    assert seen[(orphan.turn_id, 0)] == 1

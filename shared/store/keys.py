@@ -53,6 +53,10 @@ class Keys:
     def tool_results(self, turn_id: str) -> str:
         return f"{self.turn(turn_id)}:tools"
 
+    def dispatched(self, turn_id: str) -> str:
+        """Set once the producer has sent the turn's first step (only for turns with an idempotency key)."""
+        return f"{self.turn(turn_id)}:sent"
+
     def per_turn(self, turn_id: str) -> list[str]:
         """Every key a turn owns, for expiry when it ends."""
         return [
@@ -67,6 +71,7 @@ class Keys:
             self.checkpoint(turn_id),
             self.cancel(turn_id),
             self.tool_results(turn_id),
+            self.dispatched(turn_id),
         ]
 
     def idempotency(self, agent: str, key: str) -> str:

@@ -246,6 +246,20 @@ class TurnStore:
         self._stored(state)
         return state
 
+    def mark_dispatched(self, turn_id: str) -> None:
+        """Record that the turn's first step was sent, so a repeated submit does not send it again."""
+        self.client.set(self.keys.dispatched(turn_id), "1", ex=self.ttl_s)
+
+    def never_dispatched(self, turn_id: str) -> bool:
+        """True for a turn whose submitter died between storing it and sending its first step: nothing was
+        committed and no send was recorded. (A send that happened but went unrecorded is sent again;
+        step fencing makes the duplicate harmless.)"""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.exists(self.keys.dispatched(turn_id))
+        pipe.get(self.keys.version(turn_id))
+        sent, version = pipe.execute()
+        return not sent and version == "0"
+
     def _stored(self, state: TurnState) -> None:
         """Record that `state`'s transcript and trace are what Redis holds now."""
         state._stored_messages = len(state.messages)
