@@ -4,7 +4,9 @@ subprocess Celery workers. Each test cleans up only the keys under its own prefi
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -97,7 +99,10 @@ def client(settings: Settings, rt: Runtime) -> object:
 
 
 class WorkerProcess:
-    """`celery worker` in a subprocess, so a test can SIGKILL it. Any still running at exit are killed."""
+    """`celery worker` in a subprocess, so a test can SIGKILL it. Any still running at exit are killed.
+
+    Each runs in its own process group, and kill/stop signal the whole group: `-B` forks the beat
+    scheduler as a child that would otherwise outlive a SIGKILLed worker."""
 
     running: ClassVar[set[WorkerProcess]] = set()
 
@@ -111,24 +116,34 @@ class WorkerProcess:
         if beat:
             cmd += ["-B", "--schedule", f"/tmp/{settings.key_prefix}-{name}-beat"]
         self.proc = subprocess.Popen(
-            cmd, env=settings_env(settings), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            cmd,
+            env=settings_env(settings),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         WorkerProcess.running.add(self)
 
+    def _signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
     def kill(self) -> None:
-        self.proc.kill()
+        self._signal_group(signal.SIGKILL)
         self.proc.wait(timeout=30)
         WorkerProcess.running.discard(self)
 
     def stop(self) -> None:
         WorkerProcess.running.discard(self)
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self._signal_group(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self._signal_group(signal.SIGKILL)
                 self.proc.wait()
+        self._signal_group(signal.SIGKILL)  # whatever the worker left in its group (a beat child)
 
 
 def eventually(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> None:
@@ -146,5 +161,4 @@ def eventually(condition: Callable[[], object], timeout: float = 30.0, what: str
 def _kill_leftover_workers() -> None:
     """A test run that is interrupted must not leave worker processes behind."""
     for worker in list(WorkerProcess.running):
-        if worker.proc.poll() is None:
-            worker.proc.kill()
+        worker._signal_group(signal.SIGKILL)
