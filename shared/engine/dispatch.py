@@ -3,7 +3,9 @@
 Nothing a tool or the model does here ends the turn: an unknown tool, bad
 arguments, a raising or timed-out tool all become error results the model reads.
 Results are stored under (turn_id, tool_call_id) before the loop moves on, so a
-re-run step reuses them instead of executing twice.
+re-run step reuses them instead of executing twice. A result is handed to a
+`ResultSink`, which makes it durable before the next tool runs or the step
+commits, whichever comes first: a result rides in a round trip the step makes anyway.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import contextvars
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from shared.agents import AgentDefinition
 from shared.approvals import canonical_args_hash
@@ -24,6 +26,14 @@ from shared.tools import ToolArgumentError, ToolContext, ToolDefinition
 
 log = logging.getLogger("agentq.tools")
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="agentq-tool")
+
+
+class ResultSink(Protocol):
+    def store(self, result: ToolResult) -> None:
+        """Queue a result's write (first stored wins); durable once `settle` returns or the step commits."""
+
+    def settle(self) -> None:
+        """Make every queued result durable now (before a tool with side effects starts)."""
 
 
 @dataclass
@@ -45,12 +55,14 @@ class StepDispatcher:
         agent: AgentDefinition,
         state: TurnState,
         results: ToolResultStore,
+        sink: ResultSink,
         breaker: int | None,
         max_result_chars: int,
     ) -> None:
         self.agent = agent
         self.state = state
         self.results = results
+        self.sink = sink
         self.breaker = breaker
         self.max_result_chars = max_result_chars
         self.visible = {t.name: t for t in agent.visible_tools()}
@@ -110,6 +122,7 @@ class StepDispatcher:
         blocked = self._breaker_block(prepared.call)
         if blocked is not None:
             return self._store(blocked)
+        self.sink.settle()  # earlier results are stored before this tool's side effects can happen
         result = self._run(prepared.definition, prepared.call, prepared.args)
         return self._store(result)
 
@@ -117,9 +130,11 @@ class StepDispatcher:
         return self._store(result)
 
     def _store(self, result: ToolResult) -> ToolResult:
-        """Store a freshly produced result (first stored wins) and count it in agentq_tool_calls_total."""
+        """Store a freshly produced result and count it in agentq_tool_calls_total. (Only this delivery,
+        holding the turn's lease, runs the step's tools, so no other result can be stored first.)"""
         record_tool_call(self.agent.id, result, known=result.name in self.visible)
-        return self.results.put(self.state.turn_id, result)
+        self.sink.store(result)
+        return result
 
     def _run(self, definition: ToolDefinition, call: ToolCall, args: dict[str, Any]) -> ToolResult:
         ctx = ToolContext(

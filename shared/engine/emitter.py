@@ -5,7 +5,8 @@ window goes out at once (no added latency on slow streams). A process-wide timer
 thread flushes buffers whose window ended with no further delta (all that are due in one
 round trip). Bookkeeping events a step may `defer` (step-start, step-finish, tool calls and
 results) wait in the same ordered buffer and go out with the next write, or when their
-window ends, so a step spends few round trips on them. Every write of a step happens under
+window ends, so a step spends few round trips on them; so do deferred writes (`defer_write`:
+a tool's stored result), which follow the events in the same round trip. Every write of a step happens under
 the step's lock, so seq order matches the order things happened.
 """
 
@@ -51,8 +52,13 @@ class _FlushTimer:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._heap:
+                # an emitter with nothing waiting flushed before its window ended: its entry is moot, and
+                # dropping it here saves a wake-up (one per step when steps are shorter than the window)
+                while self._heap and self._heap[0][2].idle():
+                    heapq.heappop(self._heap)
+                if not self._heap:
                     self._cond.wait()
+                    continue
                 when = self._heap[0][0]
                 now = time.monotonic()
                 if when > now:
@@ -108,7 +114,13 @@ class StepEmitter:
         self._buffer_started = 0.0
         self._last_flush = 0.0
         self._deferred: list[tuple[EventType, dict[str, Any]]] = []
+        self._writes: list[tuple[Script, list[str], list[Any]]] = []
         self._deferred_since = 0.0
+
+    def idle(self) -> bool:
+        """Nothing buffered or deferred (read without the lock: a stale answer only costs a wake-up, since
+        whatever is queued next schedules its own flush)."""
+        return not (self._buffer or self._deferred or self._writes)
 
     def emit(self, delta: Delta) -> None:
         """Called by the adapter for each streamed delta."""
@@ -142,7 +154,7 @@ class StepEmitter:
     def _due_locked(self) -> bool:
         elapsed = time.monotonic() - self.window_s * 0.999
         return bool(self._buffer and self._buffer_started <= elapsed) or bool(
-            self._deferred and self._deferred_since <= elapsed
+            (self._deferred or self._writes) and self._deferred_since <= elapsed
         )
 
     def flush(self) -> None:
@@ -169,15 +181,31 @@ class StepEmitter:
         with self._lock:
             now = time.monotonic()
             self._defer_buffer_locked(now)
-            if not self._deferred:
-                self._deferred_since = now
-                _TIMER.schedule(now + max(self.window_s, 0.001), self)
+            self._schedule_deferred_locked(now)
             self._deferred.append((type_, data))
+
+    def defer_write(self, script: Script, keys: list[str], args: list[Any]) -> None:
+        """Queue a write to go out after the queued events in the step's next round trip (or when the flush
+        window ends); `settle` sends it now."""
+        with self._lock:
+            self._schedule_deferred_locked(time.monotonic())
+            self._writes.append((script, keys, args))
+
+    def settle(self) -> None:
+        """Send deferred writes (and the events ahead of them) now, if there are any."""
+        with self._lock:
+            if self._writes:
+                self._flush_locked()
+
+    def _schedule_deferred_locked(self, now: float) -> None:
+        if not self._deferred and not self._writes:
+            self._deferred_since = now
+            _TIMER.schedule(now + max(self.window_s, 0.001), self)
 
     def _defer_buffer_locked(self, now: float) -> None:
         """Move buffered deltas into the ordered queue (they stay ahead of what comes next)."""
         if self._buffer and self._kind is not None:
-            if not self._deferred:
+            if not self._deferred and not self._writes:
                 self._deferred_since = self._buffer_started
             self._deferred.append((_KIND_EVENT[self._kind], {"text": "".join(self._buffer)}))
             self._buffer.clear()
@@ -196,10 +224,12 @@ class StepEmitter:
             text = "".join(self._buffer)
             self._buffer.clear()
             queued.append(self.log.submit(self.turn_id, _KIND_EVENT[self._kind], self.step, {"text": text}))
+        queued += [self.log.submit_script(script, keys, args) for script, keys, args in self._writes]
+        self._writes.clear()
         return queued
 
     def _end_flush_locked(self, pending: list[PendingPublish]) -> None:
         for item in pending:
-            self.log.wait(item)
+            self.log.wait_script(item)
         self._last_flush = time.monotonic()
         self._kind = None

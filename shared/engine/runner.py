@@ -54,6 +54,7 @@ from shared.retry import retry_countdown
 from shared.runtime import Runtime
 from shared.store.approvals import ApprovalRecord
 from shared.store.leases import StepLease
+from shared.store.tool_results import ToolResultStore
 from shared.store.turns import StepStart
 
 
@@ -180,7 +181,8 @@ class StepRunner:
             output_schema = agent.output_schema()
             specs.append(structured.output_tool(agent))
             tool_choice = OUTPUT_TOOL if structured.must_answer_now(agent, state, bool(tools)) else "auto"
-        request = StepRequest(
+        # built from already-validated parts: re-validating the whole transcript each step costs O(turn length)
+        request = StepRequest.model_construct(
             provider=state.provider,
             model=state.model,
             system=agent.system_prompt or None,
@@ -237,7 +239,7 @@ class StepRunner:
         limits = state.limits
         if limits.max_tool_calls is not None and state.tool_calls_made + len(calls) > limits.max_tool_calls:
             return self._finish_limit(state, agent, emitter, FinishReason.BUDGET, "tool-call budget exhausted")
-        dispatcher = self._dispatcher(state, agent, adapter.tool_failure_breaker)
+        dispatcher = self._dispatcher(state, agent, emitter, adapter.tool_failure_breaker)
         prepared = [dispatcher.prepare(c) for c in calls]
         for p in prepared:
             emitter.defer(EventType.TOOL_CALL, {"id": p.call.id, "name": p.call.name, "args": p.call.args})
@@ -356,9 +358,12 @@ class StepRunner:
                 return key, RateLimit.model_validate(configured[key])
         return scope, RateLimit()
 
-    def _dispatcher(self, state: TurnState, agent: AgentDefinition, provider_breaker: int | None) -> StepDispatcher:
+    def _dispatcher(
+        self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter, provider_breaker: int | None
+    ) -> StepDispatcher:
         breaker = agent.tool_failure_breaker or provider_breaker
-        return StepDispatcher(agent, state, self.rt.tool_results, breaker, self.rt.settings.max_tool_result_chars)
+        sink = _EmitterResultSink(self.rt.tool_results, emitter, state.turn_id)
+        return StepDispatcher(agent, state, self.rt.tool_results, sink, breaker, self.rt.settings.max_tool_result_chars)
 
     @staticmethod
     def _publish_result(emitter: StepEmitter, result: ToolResult) -> None:
@@ -601,7 +606,7 @@ class StepRunner:
                     },
                 )
         calls = parked.assistant.tool_calls
-        dispatcher = self._dispatcher(state, agent, None)
+        dispatcher = self._dispatcher(state, agent, emitter, None)
         stored = dispatcher.stored(calls)
         by_call = {a.tool_call_id: records.get(a.approval_id) for a in parked.approvals}
         results: list[ToolResult] = []
@@ -658,6 +663,21 @@ class StepRunner:
         state.parked = None
         state.status = TurnStatus.RUNNING
         return self._after_tools(state, agent, emitter, calls)
+
+
+class _EmitterResultSink:
+    """Tool results ride in the step's next event write: the next tool's settle, or the commit's trip."""
+
+    def __init__(self, store: ToolResultStore, emitter: StepEmitter, turn_id: str) -> None:
+        self._store = store
+        self._emitter = emitter
+        self._turn_id = turn_id
+
+    def store(self, result: ToolResult) -> None:
+        self._emitter.defer_write(*self._store.put_write(self._turn_id, result))
+
+    def settle(self) -> None:
+        self._emitter.settle()
 
 
 def emitter_text(emitter: StepEmitter) -> str:
