@@ -6,6 +6,7 @@ import redis
 
 from shared.agents import AgentDefinition, Budget, LoopConfig, StopWhen
 from shared.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
+from shared.store.keys import Keys
 from shared.tools import ToolContext, tool
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -162,6 +163,29 @@ def rt_slow_work(seconds: float) -> dict[str, float]:
 
     time.sleep(seconds)
     return {"slept": seconds}
+
+
+@tool(needs_approval=True)
+def rt_count_stored_results(ctx: ToolContext) -> dict[str, int]:
+    """Read-only, approval-gated: how many of the turn's tool results are stored when it starts."""
+    keys = Keys(ctx.metadata["prefix"])
+    return {"stored": int(_redis.hlen(keys.tool_results(ctx.turn_id)))}
+
+
+mutation_then_observer = AgentDefinition(
+    id="rt.mutation_then_observer",
+    allowed_tools=["rt_side_effect", "rt_count_stored_results"],
+    read_only=False,
+    script=[
+        ScriptStep(
+            tool_calls=[
+                ScriptToolCall(name="rt_side_effect", args={"label": "stored-at-once"}),
+                ScriptToolCall(name="rt_count_stored_results", args={}),
+            ]
+        ),
+        ScriptStep(text="done"),
+    ],
+)
 
 
 side_effect_then_slow = AgentDefinition(

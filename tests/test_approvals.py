@@ -178,3 +178,16 @@ def test_rotated_secret_still_verifies_pending_approvals(prefix):
     assert not refused.accepted and refused.code == "invalid-token"
     rotated = get_runtime(make_settings(prefix, approval_secret="new-secret", approval_old_secrets=["old-secret"]))
     assert decide_approval(rotated, data["approval_id"], data["token"], True).accepted
+
+
+def test_an_approved_mutation_is_stored_before_the_next_tool_starts(worker, client, prefix):
+    """A mutation's result is durable as soon as it returns: a crash during a later tool cannot re-run it."""
+    handle, requests = _park(client, prefix, agent="rt.mutation_then_observer")
+    assert [r.data["tool"] for r in requests] == ["rt_side_effect", "rt_count_stored_results"]
+    for request in requests:
+        assert client.approve(request.data["approval_id"], request.data["token"], True).wait(30)
+    result = handle.wait(timeout=60)
+    assert result.status == TurnStatus.COMPLETED, result.error
+    results = _tool_results(client.get(handle.turn_id))
+    assert results["rt_side_effect"].output == {"label": "stored-at-once", "count": 1}
+    assert results["rt_count_stored_results"].output == {"stored": 1}  # the mutation's, already in Redis

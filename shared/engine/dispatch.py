@@ -3,9 +3,11 @@
 Nothing a tool or the model does here ends the turn: an unknown tool, bad
 arguments, a raising or timed-out tool all become error results the model reads.
 Results are stored under (turn_id, tool_call_id) before the loop moves on, so a
-re-run step reuses them instead of executing twice. A result is handed to a
-`ResultSink`, which makes it durable before the next tool runs or the step
-commits, whichever comes first: a result rides in a round trip the step makes anyway.
+re-run step reuses them instead of executing twice. A mutation tool's result is
+stored as soon as it returns, and everything queued before it (the step's
+checkpoint, earlier results) before it starts. A read-only tool's result rides
+in a round trip the step makes anyway (the next write, the flush window, or the
+commit): a crash before then may run it again, which is safe for a read-only tool.
 """
 
 from __future__ import annotations
@@ -43,6 +45,12 @@ class PreparedCall:
     args: dict[str, Any] | None
     error: ToolResult | None  # set when the call cannot run (unknown tool, bad args, breaker)
     needs_approval: bool = False
+
+    @property
+    def has_side_effects(self) -> bool:
+        """It will run a mutation tool: running it twice would repeat the mutation."""
+        d = self.definition
+        return self.error is None and d is not None and (d.is_mutation or d.destructive)
 
     @property
     def args_hash(self) -> str:
@@ -122,9 +130,14 @@ class StepDispatcher:
         blocked = self._breaker_block(prepared.call)
         if blocked is not None:
             return self._store(blocked)
-        self.sink.settle()  # earlier results are stored before this tool's side effects can happen
-        result = self._run(prepared.definition, prepared.call, prepared.args)
-        return self._store(result)
+        if not prepared.has_side_effects:
+            return self._store(self._run(prepared.definition, prepared.call, prepared.args))
+        # a mutation is bracketed by durable writes: what the step queued (its checkpoint, earlier
+        # results) is stored before it starts, and its own result right after it returns
+        self.sink.settle()
+        result = self._store(self._run(prepared.definition, prepared.call, prepared.args))
+        self.sink.settle()
+        return result
 
     def record(self, result: ToolResult) -> ToolResult:
         return self._store(result)

@@ -6,7 +6,7 @@ thread flushes buffers whose window ended with no further delta (all that are du
 round trip). Bookkeeping events a step may `defer` (step-start, step-finish, tool calls and
 results) wait in the same ordered buffer and go out with the next write, or when their
 window ends, so a step spends few round trips on them; so do deferred writes (`defer_write`:
-a tool's stored result), which follow the events in the same round trip. Every write of a step happens under
+a step's checkpoint, a tool's stored result), which go just ahead of the events in the same trip. Every write of a step happens under
 the step's lock, so seq order matches the order things happened.
 """
 
@@ -17,6 +17,7 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from redis.commands.core import Script
@@ -26,6 +27,8 @@ from shared.providers.base import Delta
 from shared.store.events import EventLog, PendingPublish
 
 _log = logging.getLogger("agentq.emitter")
+
+WriteArgs = list[Any] | Callable[[], list[Any]]
 
 _KIND_EVENT = {"text": EventType.TEXT_DELTA, "reasoning": EventType.REASONING_DELTA, "object": EventType.OBJECT_DELTA}
 
@@ -92,6 +95,8 @@ def flush_due(emitters: list[StepEmitter]) -> None:
                 emitter._end_flush_locked(pending)
             except Exception as exc:
                 _log.warning("timed flush of turn %s failed: %s", emitter.turn_id, type(exc).__name__)
+                if any(p.script is not None for p in pending):  # a write, not only events, was lost:
+                    emitter._lost_write = exc  # `settle` must not report it as stored
     finally:
         for emitter in held:
             emitter._lock.release()
@@ -114,8 +119,9 @@ class StepEmitter:
         self._buffer_started = 0.0
         self._last_flush = 0.0
         self._deferred: list[tuple[EventType, dict[str, Any]]] = []
-        self._writes: list[tuple[Script, list[str], list[Any]]] = []
+        self._writes: list[tuple[Script, list[str], WriteArgs]] = []
         self._deferred_since = 0.0
+        self._lost_write: Exception | None = None
 
     def idle(self) -> bool:
         """Nothing buffered or deferred (read without the lock: a stale answer only costs a wake-up, since
@@ -184,16 +190,24 @@ class StepEmitter:
             self._schedule_deferred_locked(now)
             self._deferred.append((type_, data))
 
-    def defer_write(self, script: Script, keys: list[str], args: list[Any]) -> None:
-        """Queue a write to go out after the queued events in the step's next round trip (or when the flush
-        window ends); `settle` sends it now."""
+    def defer_write(self, script: Script, keys: list[str], args: WriteArgs) -> None:
+        """Queue a write to go out in the step's next round trip (or when the flush window ends); `settle`
+        sends it now. `args` may be a function, called only if the write goes out (not if discarded)."""
         with self._lock:
             self._schedule_deferred_locked(time.monotonic())
             self._writes.append((script, keys, args))
 
-    def settle(self) -> None:
-        """Send deferred writes (and the events ahead of them) now, if there are any."""
+    def discard_write(self, script: Script, keys: list[str]) -> None:
+        """Drop queued writes of `script` to `keys` that a later write makes moot."""
         with self._lock:
+            self._writes = [w for w in self._writes if not (w[0] is script and w[1] == keys)]
+
+    def settle(self) -> None:
+        """Send deferred writes (and the events ahead of them) now, if there are any; raises if a write
+        queued earlier was lost in a timed flush."""
+        with self._lock:
+            if self._lost_write is not None:
+                raise self._lost_write
             if self._writes:
                 self._flush_locked()
 
@@ -217,15 +231,20 @@ class StepEmitter:
             self._end_flush_locked(pending)
 
     def _start_flush_locked(self) -> list[PendingPublish]:
-        """Queue everything waiting, in order (not written yet: `_end_flush_locked` waits for it)."""
-        queued = [self.log.submit(self.turn_id, type_, self.step, data) for type_, data in self._deferred]
+        """Queue everything waiting, in order (not written yet: `_end_flush_locked` waits for it). Deferred
+        writes go first: an event a subscriber sees (a tool's result) is already stored."""
+        queued = [
+            self.log.submit_script(script, keys, args() if callable(args) else args)
+            for script, keys, args in self._writes
+        ]
+        self._writes.clear()
+        events = [(type_, self.step, data) for type_, data in self._deferred]
         self._deferred.clear()
         if self._buffer and self._kind is not None:
-            text = "".join(self._buffer)
+            events.append((_KIND_EVENT[self._kind], self.step, {"text": "".join(self._buffer)}))
             self._buffer.clear()
-            queued.append(self.log.submit(self.turn_id, _KIND_EVENT[self._kind], self.step, {"text": text}))
-        queued += [self.log.submit_script(script, keys, args) for script, keys, args in self._writes]
-        self._writes.clear()
+        if events:
+            queued.append(self.log.submit_many(self.turn_id, events))
         return queued
 
     def _end_flush_locked(self, pending: list[PendingPublish]) -> None:

@@ -55,7 +55,7 @@ from shared.runtime import Runtime
 from shared.store.approvals import ApprovalRecord
 from shared.store.leases import StepLease
 from shared.store.tool_results import ToolResultStore
-from shared.store.turns import StepStart
+from shared.store.turns import PreparedWrite, StepStart
 
 
 def worker_id() -> str:
@@ -86,6 +86,7 @@ class StepRunner:
         self.rt = rt
         self._lease: StepLease | None = None
         self._checkpoint: StepOutput | None = None
+        self._pending_checkpoint: PreparedWrite | None = None
         self._emitter: StepEmitter | None = None
 
     # ------------------------------------------------------------------ delivery
@@ -121,6 +122,9 @@ class StepRunner:
         """A fenced commit: only while this delivery's lease is held; the step's last commit releases it."""
         lease = self._lease
         prepared = self.rt.turns.prepare_commit(state, lease_token=lease.token if lease else None, release=release)
+        checkpoint, self._pending_checkpoint = self._pending_checkpoint, None
+        if checkpoint is not None and self._emitter is not None:  # not written yet, and moot once this commits
+            self._emitter.discard_write(checkpoint.script, checkpoint.keys)
         if self._emitter is not None:  # the step's events go out just before its commit, in the same round trip
             [reply] = self._emitter.flush_with((prepared.script, prepared.keys, prepared.args))
         else:
@@ -244,10 +248,14 @@ class StepRunner:
         for p in prepared:
             emitter.defer(EventType.TOOL_CALL, {"id": p.call.id, "name": p.call.name, "args": p.call.args})
         if self._checkpoint is None:
-            # before any tool runs, with the tool-call events: a re-run of this step replays this answer
-            # (same calls, same ids), so results stored by tool-call id keep side effects to one execution
-            save = self.rt.turns.checkpoint_write(state.turn_id, state.step, output.model_dump_json())
-            emitter.flush_with((save.script, save.keys, save.args))
+            # A re-run of this step replays this answer (same calls, same ids), so results stored by
+            # tool-call id keep side effects to one execution. Before a tool with side effects runs, the
+            # answer is durable; read-only tools (safe to run again) do not wait for it: it rides the
+            # step's next write (or the flush window, for a slow tool), and the commit supersedes it.
+            save = self.rt.turns.checkpoint_write(state.turn_id, state.step, "")
+            turns, step = self.rt.turns, state.step
+            emitter.defer_write(save.script, save.keys, lambda: turns.checkpoint_args(step, output.model_dump_json()))
+            self._pending_checkpoint = save  # serialized only if it is written before the commit
             stored: dict[str, ToolResult] = {}  # results exist only once a checkpoint does
         else:
             emitter.flush()  # subscribers learn of the calls before any tool runs

@@ -23,12 +23,17 @@ from redis.commands.core import Script
 from shared.models import CONTENT_EVENTS, Event, EventType
 from shared.store.keys import Keys
 
+# KEYS: seq, events, channel, emitted. ARGV: maxlen, then per event: body, content flag, step.
+# Several events of one turn go in one call (a step's flush); returns the last seq.
 _PUBLISH = """
-local seq = redis.call('INCR', KEYS[1])
-local payload = '{"seq":' .. seq .. ',' .. ARGV[1]
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], seq .. '-0', 'e', payload)
-redis.call('PUBLISH', KEYS[3], payload)
-if ARGV[3] == '1' then redis.call('SET', KEYS[4], ARGV[4]) end
+local seq
+for i = 2, #ARGV, 3 do
+  seq = redis.call('INCR', KEYS[1])
+  local payload = '{"seq":' .. seq .. ',' .. ARGV[i]
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], seq .. '-0', 'e', payload)
+  redis.call('PUBLISH', KEYS[3], payload)
+  if ARGV[i + 1] == '1' then redis.call('SET', KEYS[4], ARGV[i + 2]) end
+end
 return seq
 """
 
@@ -164,15 +169,20 @@ class EventLog:
 
     def submit(self, turn_id: str, type_: EventType, step: int, data: dict[str, Any]) -> PendingPublish:
         """Queue one event (stamped now); `wait` writes it. Split so one thread can write several in one trip."""
-        body = json.dumps(
-            {"turn_id": turn_id, "type": type_.value, "step": step, "data": data, "ts": time.time()},
-            separators=(",", ":"),
-        )[1:]
+        return self.submit_many(turn_id, [(type_, step, data)])
+
+    def submit_many(self, turn_id: str, events: list[tuple[EventType, int, dict[str, Any]]]) -> PendingPublish:
+        """Queue several events of one turn as one write (one script call); `wait` returns the last seq."""
+        now = time.time()
+        args: list[Any] = [self.maxlen]
+        for type_, step, data in events:
+            body = json.dumps(
+                {"turn_id": turn_id, "type": type_.value, "step": step, "data": data, "ts": now},
+                separators=(",", ":"),
+            )[1:]
+            args += [body, "1" if type_ in CONTENT_EVENTS else "0", step]
         k = self.keys
-        return self._commits.submit(
-            [k.seq(turn_id), k.events(turn_id), k.channel(turn_id), k.emitted(turn_id)],
-            [body, self.maxlen, "1" if type_ in CONTENT_EVENTS else "0", step],
-        )
+        return self._commits.submit([k.seq(turn_id), k.events(turn_id), k.channel(turn_id), k.emitted(turn_id)], args)
 
     def wait(self, pending: PendingPublish) -> int:
         """Block until a submitted event is written; returns its seq (or raises its error)."""

@@ -315,7 +315,11 @@ class TurnStore:
 
     def checkpoint_write(self, turn_id: str, step: int, output_json: str) -> PreparedWrite:
         """Saving a step's model answer, as a script call that can share a round trip."""
-        return PreparedWrite(self._save, [self.keys.checkpoint(turn_id)], [f"{step}\x1f{output_json}", self.ttl_s])
+        return PreparedWrite(self._save, [self.keys.checkpoint(turn_id)], self.checkpoint_args(step, output_json))
+
+    def checkpoint_args(self, step: int, output_json: str) -> list[Any]:
+        """The arguments of a checkpoint write (`checkpoint_write` with its JSON made later, if at all)."""
+        return [f"{step}\x1f{output_json}", self.ttl_s]
 
     def save_checkpoint(self, turn_id: str, step: int, output_json: str) -> None:
         write = self.checkpoint_write(turn_id, step, output_json)
