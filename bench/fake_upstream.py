@@ -399,18 +399,20 @@ def sdk_env(base_url: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def agentq_worker(settings: Settings, concurrency: int, base_url: str) -> Iterator[subprocess.Popen[bytes]]:
-    """`celery -A workers.celery_app worker --pool=threads --concurrency=C` (what `agentq worker` runs,
-    without beat), with the SDK pointed at the fake upstream."""
+def agentq_worker(
+    settings: Settings, concurrency: int, base_url: str, pool: str = "threads"
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`celery -A workers.celery_app worker --pool=POOL --concurrency=C` (what `agentq worker --pool POOL`
+    runs, without beat), with the SDK pointed at the fake upstream."""
     from bench._common import ROOT, settings_env
 
     env = {k: v for k, v in settings_env(settings).items() if not k.startswith("ANTHROPIC_")}
     env.update(sdk_env(base_url))
     cmd = [
         sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
-        "--pool=threads", f"--concurrency={concurrency}", "--loglevel=ERROR",
+        f"--pool={pool}", f"--concurrency={concurrency}", "--loglevel=ERROR",
         "-Q", ",".join(worker_queues(settings)), "--without-gossip", "--without-mingle", "--without-heartbeat",
-        f"--hostname={settings.key_prefix}-c{concurrency}@%h",
+        f"--hostname={settings.key_prefix}-{pool}-c{concurrency}@%h",
     ]  # fmt: skip
     with tempfile.NamedTemporaryFile(prefix=f"{settings.key_prefix}-worker-", suffix=".log", delete=False) as log:
         proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)

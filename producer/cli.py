@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import importlib.util
 import json
 import os
 import shlex
@@ -365,6 +366,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             "`agentq worker` needs AGENTQ_REDIS_URL (and optionally AGENTQ_BROKER_URL): without it agentq runs "
             "embedded, with no separate worker. Try `agentq demo`, or `agentq run` which starts one in-process."
         )
+    if args.pool == "gevent" and importlib.util.find_spec("gevent") is None:
+        raise UsageError("`--pool gevent` needs gevent: pip install 'agentq[gevent]'")
     argv = worker_argv(args, settings)
     if args.print_command:
         print(shlex.join(argv))
@@ -408,7 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("worker", help="run a Celery worker (needs AGENTQ_REDIS_URL)")
-    p.add_argument("--pool", default="threads", help="Celery pool (default: threads)")
+    p.add_argument(
+        "--pool",
+        default="threads",
+        choices=["threads", "gevent", "prefork", "solo"],
+        help="Celery pool (default: threads; gevent for hundreds of concurrent streaming steps per process)",
+    )
     p.add_argument("--concurrency", type=int, default=32, help="concurrent steps (default: 32)")
     p.add_argument("--queues", help="comma-separated queues (default: AGENTQ_QUEUE and AGENTQ_QUEUE.batch)")
     p.add_argument("--loglevel", default="INFO")

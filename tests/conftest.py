@@ -106,11 +106,13 @@ class WorkerProcess:
 
     running: ClassVar[set[WorkerProcess]] = set()
 
-    def __init__(self, settings: Settings, name: str, beat: bool = True, concurrency: int = 2) -> None:
+    def __init__(
+        self, settings: Settings, name: str, beat: bool = True, concurrency: int = 2, pool: str = "threads"
+    ) -> None:
         self.name = name
         cmd = [
             sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
-            "--pool=threads", f"--concurrency={concurrency}", "--loglevel=WARNING",
+            f"--pool={pool}", f"--concurrency={concurrency}", "--loglevel=WARNING",
             f"--hostname={name}@%h", "-Q", ",".join(worker_queues(settings)), "--without-gossip", "--without-mingle",
         ]  # fmt: skip
         if beat:

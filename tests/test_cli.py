@@ -227,6 +227,9 @@ def test_worker_command_line(env, settings):
     assert "-B" in cmd and os.path.isdir(os.path.dirname(cmd[cmd.index("--schedule") + 1]))
     cmd = shlex.split(agentq(env, "worker", "--no-beat", "--queues", "a,b", "--print-command", check=0).stdout)
     assert "-B" not in cmd and cmd[cmd.index("-Q") + 1] == "a,b"
+    cmd = shlex.split(agentq(env, "worker", "--pool", "gevent", "--print-command", check=0).stdout)
+    assert "--pool=gevent" in cmd
+    assert "invalid choice: 'eventlet'" in agentq(env, "worker", "--pool", "eventlet", check=2).stderr
 
 
 def test_worker_refuses_embedded_mode():
