@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 from celery.signals import task_prerun
@@ -210,8 +212,9 @@ def test_concurrent_submits_with_one_key_create_one_turn(rt, prefix):
     assert len([k for k in stored_keys(prefix) if k.startswith(f"{prefix}:turn:") and k.endswith("}")]) == 1
 
 
-def test_idempotent_submit_runs_one_step_zero(worker, client, prefix):
-    """Through Celery: the repeated submit enqueues nothing, so run_step(turn, 0) executes exactly once."""
+@contextlib.contextmanager
+def run_step_deliveries() -> Iterator[Counter[tuple[str, int]]]:
+    """Count the worker's run_step executions by (turn id, step) while the block runs."""
     seen: Counter[tuple[str, int]] = Counter()
     lock = threading.Lock()
 
@@ -222,32 +225,34 @@ def test_idempotent_submit_runs_one_step_zero(worker, client, prefix):
 
     task_prerun.connect(count, weak=False)
     try:
+        yield seen
+    finally:
+        task_prerun.disconnect(count)
+
+
+def _barrier(client, prefix) -> None:
+    """A later turn on the same queue: a duplicate message sent earlier would be consumed before it ends."""
+    assert client.submit("eng.simple", prompt="hi", metadata={"prefix": prefix}).wait(timeout=30).status == (
+        TurnStatus.COMPLETED
+    )
+
+
+def test_idempotent_submit_runs_one_step_zero(worker, client, prefix):
+    """Through Celery: the repeated submit enqueues nothing, so run_step(turn, 0) executes exactly once."""
+    with run_step_deliveries() as seen:
         first = client.submit("eng.simple", prompt="hi", idempotency_key="once", metadata={"prefix": prefix})
         second = client.submit("eng.simple", prompt="hi", idempotency_key="once", metadata={"prefix": prefix})
         assert first.turn_id == second.turn_id
         assert first.created and not second.created
         assert first.wait(timeout=30).status == TurnStatus.COMPLETED
-        # a later turn on the same queue is a barrier: a duplicate message sent earlier would be consumed first
-        barrier = client.submit("eng.simple", prompt="hi", metadata={"prefix": prefix})
-        assert barrier.wait(timeout=30).status == TurnStatus.COMPLETED
-    finally:
-        task_prerun.disconnect(count)
+        _barrier(client, prefix)
     assert seen[(first.turn_id, 0)] == 1
     assert seen[(first.turn_id, 1)] == 1
 
 
 def test_resubmit_sends_a_turn_whose_submitter_died_before_sending(worker, client, prefix):
     """Stored but never sent (the producer was killed in between): the same key submitted again sends it once."""
-    seen: Counter[tuple[str, int]] = Counter()
-    lock = threading.Lock()
-
-    def count(sender=None, args=None, **_: object) -> None:
-        if sender is not None and sender.name == RUN_STEP and args:
-            with lock:
-                seen[(args[0], args[1])] += 1
-
-    task_prerun.connect(count, weak=False)
-    try:
+    with run_step_deliveries() as seen:
         orphan, created = create_turn(client.runtime, "eng.simple", prompt="hi", idempotency_key="orphan",
                                       metadata={"prefix": prefix})  # fmt: skip
         assert created and client.runtime.turns.never_dispatched(orphan.turn_id)
@@ -256,8 +261,5 @@ def test_resubmit_sends_a_turn_whose_submitter_died_before_sending(worker, clien
         assert retry.wait(timeout=30).status == TurnStatus.COMPLETED
         again = client.submit("eng.simple", prompt="hi", idempotency_key="orphan", metadata={"prefix": prefix})
         assert again.turn_id == orphan.turn_id
-        barrier = client.submit("eng.simple", prompt="hi", metadata={"prefix": prefix})
-        assert barrier.wait(timeout=30).status == TurnStatus.COMPLETED
-    finally:
-        task_prerun.disconnect(count)
+        _barrier(client, prefix)
     assert seen[(orphan.turn_id, 0)] == 1
