@@ -8,6 +8,7 @@ so a test can assert that a tool ran exactly N times (or never).
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import redis
@@ -18,6 +19,7 @@ from shared.engine.runner import StepRunner
 from shared.models import ToolResult, ToolResultMessage, TurnState
 from shared.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
 from shared.runtime import Runtime
+from shared.store.keys import Keys
 from shared.submit import create_turn
 from shared.tools import ToolContext, tool
 
@@ -418,6 +420,25 @@ rerun = AgentDefinition(
     id="eng.rerun",
     allowed_tools=["eng_count"],
     script=[ScriptStep(tool_calls=[_call("eng_count", id="call_fixed", label="once")]), ScriptStep(text="done")],
+)
+
+
+@tool
+def eng_await_checkpoint(ctx: ToolContext) -> dict[str, bool]:
+    """Read-only and slower than the flush window: wait (at most 10 s) for the step's checkpoint to be stored."""
+    key = Keys(str(ctx.metadata["prefix"])).checkpoint(ctx.turn_id)
+    deadline = time.monotonic() + 10
+    while not _redis.exists(key):
+        if time.monotonic() > deadline:
+            return {"checkpoint": False}
+        time.sleep(0.005)  # polling Redis for the key (nothing to wait on); bounded by the deadline
+    return {"checkpoint": True}
+
+
+slow_read = AgentDefinition(
+    id="eng.slow_read",
+    allowed_tools=["eng_await_checkpoint"],
+    script=[ScriptStep(tool_calls=[_call("eng_await_checkpoint", id="w")]), ScriptStep(text="done")],
 )
 
 big_result = AgentDefinition(

@@ -390,6 +390,21 @@ def test_tool_result_is_stored_by_turn_and_call_id(rt, prefix):
     assert again == stored["call_fixed"]
 
 
+def test_a_fast_read_only_step_writes_no_checkpoint(rt, prefix):
+    """The commit comes first: the checkpoint of a step whose tools are read-only is dropped unwritten."""
+    turn_id = start(rt, "eng.simple", prefix)
+    assert drive(rt, turn_id).status == TurnStatus.COMPLETED
+    assert not rt.redis.exists(rt.keys.checkpoint(turn_id))
+
+
+def test_a_slow_read_only_tool_finds_its_step_checkpointed(rt, prefix):
+    """The checkpoint rides the flush window: a read-only tool slower than it finds the model's answer stored,
+    so a crash from then on replays the answer instead of asking the model again."""
+    turn_id = start(rt, "eng.slow_read", prefix)
+    state = drive(rt, turn_id)
+    assert tool_results(state)["w"].output == {"checkpoint": True}
+
+
 def test_oversized_tool_result_is_truncated_with_a_marker(rt, prefix):
     turn_id = start(rt, "eng.big_result", prefix)
     state = drive(rt, turn_id)
