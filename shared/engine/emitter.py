@@ -5,9 +5,11 @@ window goes out at once (no added latency on slow streams). A process-wide timer
 thread flushes buffers whose window ended with no further delta (all that are due in one
 round trip). Bookkeeping events a step may `defer` (step-start, step-finish, tool calls and
 results) wait in the same ordered buffer and go out with the next write, or when their
-window ends, so a step spends few round trips on them; so do deferred writes (`defer_write`:
-a step's checkpoint, a tool's stored result), which go just ahead of the events in the same trip. Every write of a step happens under
-the step's lock, so seq order matches the order things happened.
+window ends, so a step spends few round trips on them. So do deferred writes
+(`defer_write`: a step's checkpoint, a tool's stored result); they go just ahead of the
+events in the same trip, and `settle` sends them at once when something depends on them.
+All of a flush's events are one script call. Every write of a step happens under the
+step's lock, so seq order matches the order things happened.
 """
 
 from __future__ import annotations
