@@ -13,7 +13,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from shared.agents import AgentDefinition
 from shared.approvals import ApprovalClaim
@@ -298,16 +298,7 @@ class StepRunner:
                 return Decision(
                     "reschedule", step=state.step, countdown=grant.wait_s, reason=f"rate limit ({grant.reason})"
                 )
-        emitter.defer(  # goes out with the first delta, or within the flush window
-            EventType.STEP_START,
-            {
-                "attempt": state.attempt,
-                "worker": worker_id(),
-                "provider": state.provider,
-                "model": state.model,
-                "tools": [t.name for t in specs],  # exactly what the model is shown
-            },
-        )
+        self._defer_step_start(state, emitter, specs)
         used: int | None = None
         probe = FirstChunkProbe(emitter.emit)  # times the first content delta (agentq_time_to_first_chunk_seconds)
         try:
@@ -336,17 +327,7 @@ class StepRunner:
 
     def _replay(self, state: TurnState, emitter: StepEmitter, specs: list[ToolSpec], output: StepOutput) -> StepOutput:
         """Re-publish a checkpointed answer after the step-reset, so subscribers see the step whole."""
-        emitter.defer(  # goes out with the first delta, or within the flush window
-            EventType.STEP_START,
-            {
-                "attempt": state.attempt,
-                "worker": worker_id(),
-                "provider": state.provider,
-                "model": state.model,
-                "tools": [t.name for t in specs],
-                "replayed": True,
-            },
-        )
+        self._defer_step_start(state, emitter, specs, replayed=True)
         for part in output.message.parts:
             if isinstance(part, TextPart) and part.text:
                 emitter.emit(Delta("text", part.text))
@@ -354,6 +335,21 @@ class StepRunner:
                 emitter.emit(Delta("reasoning", part.text))
         emitter.flush()
         return output
+
+    @staticmethod
+    def _defer_step_start(
+        state: TurnState, emitter: StepEmitter, specs: list[ToolSpec], replayed: bool = False
+    ) -> None:
+        data: dict[str, Any] = {
+            "attempt": state.attempt,
+            "worker": worker_id(),
+            "provider": state.provider,
+            "model": state.model,
+            "tools": [t.name for t in specs],  # exactly what the model is shown
+        }
+        if replayed:
+            data["replayed"] = True
+        emitter.defer(EventType.STEP_START, data)  # goes out with the first delta, or within the flush window
 
     def _rate_limit(self, state: TurnState, agent: AgentDefinition) -> tuple[str, RateLimit]:
         """The limit for this step's provider/model: the agent's own, else `provider/model`, else `provider`."""
@@ -628,41 +624,14 @@ class StepRunner:
             record = by_call[call.id]
             prepared = dispatcher.prepare(call)
             if record is None or record.status == "expired":
-                result = ToolResult(
-                    tool_call_id=call.id,
-                    name=call.name,
-                    is_error=True,
-                    output={"error": "approval expired: the tool was not run", "status": "denied"},
-                )
-                result = dispatcher.record(result)
+                result = dispatcher.record(_refusal(call, "approval expired: the tool was not run"))
             elif record.status == "denied":
                 reason = record.reason or "no reason given"
-                result = dispatcher.record(
-                    ToolResult(
-                        tool_call_id=call.id,
-                        name=call.name,
-                        is_error=True,
-                        output={
-                            "error": f"denied by reviewer: {reason}",
-                            "status": "denied",
-                            "do_not_retry": True,
-                        },
-                    )
-                )
+                result = dispatcher.record(_refusal(call, f"denied by reviewer: {reason}", do_not_retry=True))
             elif prepared.error is None and prepared.args_hash == record.args_hash:
                 result = dispatcher.execute(prepared)
             else:
-                result = dispatcher.record(
-                    ToolResult(
-                        tool_call_id=call.id,
-                        name=call.name,
-                        is_error=True,
-                        output={
-                            "error": "approval does not match the call's arguments; not run",
-                            "status": "denied",
-                        },
-                    )
-                )
+                result = dispatcher.record(_refusal(call, "approval does not match the call's arguments; not run"))
             results.append(result)
             self._publish_result(emitter, result)
         state.messages.append(parked.assistant)
@@ -671,6 +640,13 @@ class StepRunner:
         state.parked = None
         state.status = TurnStatus.RUNNING
         return self._after_tools(state, agent, emitter, calls)
+
+
+def _refusal(call: ToolCall, error: str, **extra: object) -> ToolResult:
+    """The result of a gated call that was not run (expired, denied, or approved for other arguments)."""
+    return ToolResult(
+        tool_call_id=call.id, name=call.name, is_error=True, output={"error": error, "status": "denied", **extra}
+    )
 
 
 class _EmitterResultSink:
