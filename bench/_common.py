@@ -118,18 +118,23 @@ def running_worker(
             print(f"worker stderr is in {log.name}", file=sys.stderr)
             raise
         finally:
-            proc.terminate()  # warm shutdown: worker_shutdown fires, so a profile gets written
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)  # warm shutdown: worker_shutdown fires, so a profile gets written
 
 
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU of a process (all its threads), from /proc: less sensitive to a busy machine."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM (a worker's warm shutdown), then SIGKILL if it is still running after 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def profile_report(path: str, limit: int = 30) -> str:

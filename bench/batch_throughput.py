@@ -38,6 +38,7 @@ from bench._common import (
     now,
     process_cpu_seconds,
     settings_env,
+    stop_process,
     table,
     unique_prefix,
 )
@@ -81,12 +82,7 @@ def worker_process(settings: Settings, concurrency: int) -> Iterator[Callable[[]
             print(f"worker stderr is in {log.name}", file=sys.stderr)
             raise
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
     if proc.returncode not in (0, -15):
         print(f"worker exited with {proc.returncode}; its stderr is in {log.name}", file=sys.stderr)
     else:

@@ -404,7 +404,7 @@ def agentq_worker(
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`celery -A workers.celery_app worker --pool=POOL --concurrency=C` (what `agentq worker --pool POOL`
     runs, without beat), with the SDK pointed at the fake upstream."""
-    from bench._common import ROOT, settings_env
+    from bench._common import ROOT, settings_env, stop_process
 
     env = {k: v for k, v in settings_env(settings).items() if not k.startswith("ANTHROPIC_")}
     env.update(sdk_env(base_url))
@@ -424,12 +424,7 @@ def agentq_worker(
         else:
             os.unlink(log.name)  # kept only when the run went wrong
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
 
 
 def stamps(text: str) -> list[float]:
