@@ -7,15 +7,20 @@ STAMP  := $(VENV)/.installed
 .PHONY: demo test lint format bench clean
 
 demo: $(STAMP)
-	$(BIN)/agentq demo
+	$(BIN)/stepq demo
 
 test: $(STAMP)
 	$(BIN)/pytest -q
 
+# mypy cannot follow the editable install's package-dir mapping, so it reads a link tree laid out as
+# the installed package: build/typecheck/stepq = shared/ + workers/ + producer/.
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	rm -rf build/typecheck && mkdir -p build/typecheck/stepq
+	for f in shared/*; do ln -s "$$PWD/$$f" build/typecheck/stepq/; done
+	ln -s "$$PWD/workers" "$$PWD/producer" build/typecheck/stepq/
+	MYPYPATH=build/typecheck $(BIN)/mypy -p stepq
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .

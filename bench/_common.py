@@ -20,11 +20,11 @@ from typing import Any
 
 import redis
 
-from shared.config import Settings
-from shared.protocol import worker_queues
+from stepq.config import Settings
+from stepq.protocol import worker_queues
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_REDIS_URL = os.environ.get("AGENTQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+DEFAULT_REDIS_URL = os.environ.get("STEPQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 BENCH_AGENT_MODULES = ["bench.agents"]
 
 
@@ -33,7 +33,7 @@ def unique_prefix(kind: str) -> str:
 
 
 def bench_settings(redis_url: str, prefix: str, **overrides: Any) -> Settings:
-    """Settings for one run: its own prefix and queue; the rest are agentq's defaults."""
+    """Settings for one run: its own prefix and queue; the rest are stepq's defaults."""
     values: dict[str, Any] = {
         "redis_url": redis_url,
         "key_prefix": prefix,
@@ -47,14 +47,14 @@ def bench_settings(redis_url: str, prefix: str, **overrides: Any) -> Settings:
 
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that gives a `celery worker` subprocess exactly these settings."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
     env.update(settings.to_env())
     env["PYTHONPATH"] = str(ROOT)
     return env
 
 
 def cleanup(redis_url: str, prefix: str) -> int:
-    """Delete every key this run made (agentq keys and the broker's, both under the prefix)."""
+    """Delete every key this run made (stepq keys and the broker's, both under the prefix)."""
     client = redis.Redis.from_url(redis_url)
     deleted = 0
     try:
@@ -71,7 +71,7 @@ def cleanup(redis_url: str, prefix: str) -> int:
 def running_worker(
     settings: Settings, kind: str, profile_path: str | None = None
 ) -> Iterator[Callable[[], float] | None]:
-    """One Celery worker, threads pool, concurrency 1, serving the run's queues (as `agentq worker` would).
+    """One Celery worker, threads pool, concurrency 1, serving the run's queues (as `stepq worker` would).
 
     kind="process": a `celery worker` subprocess, so the benchmark's own client work does not
     share the worker's GIL; kind="thread": in-process (celery.contrib.testing.worker).
@@ -84,11 +84,11 @@ def running_worker(
         from bench import celery_app
 
         if profile_path:
-            os.environ["AGENTQ_BENCH_PROFILE"] = profile_path
+            os.environ["STEPQ_BENCH_PROFILE"] = profile_path
         try:
             app = celery_app.build_app(settings)
         finally:
-            os.environ.pop("AGENTQ_BENCH_PROFILE", None)
+            os.environ.pop("STEPQ_BENCH_PROFILE", None)
         with start_worker(
             app,
             pool="threads",
@@ -103,7 +103,7 @@ def running_worker(
         return
     env = settings_env(settings)
     if profile_path:
-        env["AGENTQ_BENCH_PROFILE"] = profile_path
+        env["STEPQ_BENCH_PROFILE"] = profile_path
     cmd = [
         sys.executable, "-m", "celery", "-A", "bench.celery_app", "worker",
         "--pool=threads", "--concurrency=1", "--loglevel=ERROR", "-Q", ",".join(worker_queues(settings)),

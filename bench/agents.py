@@ -6,9 +6,9 @@ tightens `loop.max_steps` per turn) and ends with finish reason `max-steps`.
 
 from __future__ import annotations
 
-from shared.agents import AgentDefinition, LoopConfig
-from shared.providers.scripted import ScriptStep, ScriptToolCall
-from shared.tools import tool
+from stepq.agents import AgentDefinition, LoopConfig
+from stepq.providers.scripted import ScriptStep, ScriptToolCall
+from stepq.tools import tool
 
 MAX_STEPS = 1000  # the most LoopConfig allows; a turn asks for fewer with loop={"max_steps": n}
 

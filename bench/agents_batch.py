@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from shared.agents import AgentDefinition
-from shared.providers.scripted import ScriptStep
+from stepq.agents import AgentDefinition
+from stepq.providers.scripted import ScriptStep
 
 EXTRACTED = {"name": "Ada Lovelace", "email": "ada@example.com", "score": 7}
 

@@ -1,14 +1,14 @@
-"""Batch throughput: items/s through `agentq batch` on one worker process vs a plain engine loop.
+"""Batch throughput: items/s through `stepq batch` on one worker process vs a plain engine loop.
 
-(a) agentq: a JSONL file of N items run by `producer.batch.BatchRunner` (the body of `agentq batch`:
+(a) stepq: a JSONL file of N items run by `stepq.producer.batch.BatchRunner` (the body of `stepq batch`:
     submit at most --inflight turns at a time on the batch queue, follow the batch's done stream,
-    write one result line per item) against ONE `celery -A workers.celery_app worker` subprocess
-    (threads pool, concurrency C; what `agentq worker --no-beat` runs).
+    write one result line per item) against ONE `celery -A stepq.workers.celery_app worker` subprocess
+    (threads pool, concurrency C; what `stepq worker --no-beat` runs).
 (b) plain loop: the same file in one process, no broker: `create_turn` + `StepRunner(rt).deliver`
     for each item, then the same result line. Same Redis, same engine, same agent.
 
 The agent (`benchb.extract`) is an object-mode agent on the zero-latency scripted model, so one item
-is one step + validating the object. Prints items/s for each side and agentq / plain loop.
+is one step + validating the object. Prints items/s for each side and stepq / plain loop.
 
     .venv/bin/python -m bench.batch_throughput --items 2000 --concurrency 1 8
 """
@@ -43,15 +43,15 @@ from bench._common import (
     unique_prefix,
 )
 from bench.agents_batch import EXTRACTED
-from producer.batch import BatchRunner, read_items
-from producer.client import Client
-from shared.batch import item_idempotency_key, result_line
-from shared.config import Settings
-from shared.engine.runner import StepRunner
-from shared.models import TurnStatus
-from shared.protocol import worker_queues
-from shared.runtime import Runtime
-from shared.submit import create_turn
+from stepq.batch import item_idempotency_key, result_line
+from stepq.config import Settings
+from stepq.engine.runner import StepRunner
+from stepq.models import TurnStatus
+from stepq.producer.batch import BatchRunner, read_items
+from stepq.producer.client import Client
+from stepq.protocol import worker_queues
+from stepq.runtime import Runtime
+from stepq.submit import create_turn
 
 AGENT = "benchb.extract"
 AGENT_MODULES = ["bench.agents_batch"]
@@ -65,12 +65,12 @@ def batch_bench_settings(redis_url: str, prefix: str) -> Settings:
 
 @contextlib.contextmanager
 def worker_process(settings: Settings, concurrency: int) -> Iterator[Callable[[], float]]:
-    """One `celery -A workers.celery_app worker` subprocess (threads pool) serving the interactive then batch queue.
+    """One `celery -A stepq.workers.celery_app worker` subprocess (threads pool) serving the interactive then batch queue.
 
-    The argv is what `agentq worker --no-beat` runs. Yields a function returning the process's CPU seconds.
+    The argv is what `stepq worker --no-beat` runs. Yields a function returning the process's CPU seconds.
     """
     cmd = [
-        sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
+        sys.executable, "-m", "celery", "-A", "stepq.workers.celery_app", "worker",
         "--pool=threads", f"--concurrency={concurrency}", "--loglevel=WARNING",
         "-Q", ",".join(worker_queues(settings)), f"--hostname={settings.key_prefix}-c{concurrency}@%h",
     ]  # fmt: skip
@@ -128,7 +128,7 @@ class Sample:
     items: int
     wall_s: float
     worker_cpu_s: float  # the worker process (0 for the plain loop)
-    own_cpu_s: float  # this process: BatchRunner for agentq, everything for the plain loop
+    own_cpu_s: float  # this process: BatchRunner for stepq, everything for the plain loop
 
     @property
     def rate(self) -> float:
@@ -139,8 +139,8 @@ class Sample:
         return seconds * 1000 / self.items
 
 
-def run_agentq(client: Client, items_path: Path, out_path: Path, inflight: int) -> tuple[float, float]:
-    """`agentq batch` minus argument parsing: read the file, BatchRunner.run, results written. (wall s, own cpu s)"""
+def run_stepq(client: Client, items_path: Path, out_path: Path, inflight: int) -> tuple[float, float]:
+    """`stepq batch` minus argument parsing: read the file, BatchRunner.run, results written. (wall s, own cpu s)"""
     batch_id = f"bench-{uuid.uuid4().hex[:12]}"
     started, own = now(), time.process_time()
     items = list(read_items(items_path))
@@ -181,24 +181,22 @@ def run_plain(rt: Runtime, items_path: Path, out_path: Path) -> tuple[float, flo
     return now() - started, time.process_time() - own
 
 
-def measure_agentq(
-    settings: Settings, concurrency: int, workdir: Path, n: int, inflight: int, timeout: float
-) -> Sample:
+def measure_stepq(settings: Settings, concurrency: int, workdir: Path, n: int, inflight: int, timeout: float) -> Sample:
     client = Client(settings)
     warm, items, out = workdir / "warm.jsonl", workdir / "items.jsonl", workdir / f"out-c{concurrency}.jsonl"
     with worker_process(settings, concurrency) as worker_cpu:
         with deadline(120, "warm-up batch (is the worker running?)"):
-            run_agentq(client, warm, workdir / "warm-out.jsonl", inflight)  # also proves the worker consumes
+            run_stepq(client, warm, workdir / "warm-out.jsonl", inflight)  # also proves the worker consumes
         before = worker_cpu()
-        with deadline(timeout, f"agentq batch of {n} at concurrency {concurrency}"):
-            wall, own_cpu = run_agentq(client, items, out, inflight)
+        with deadline(timeout, f"stepq batch of {n} at concurrency {concurrency}"):
+            wall, own_cpu = run_stepq(client, items, out, inflight)
         worker = worker_cpu() - before
     check_output(out, n)
-    return Sample(f"agentq C={concurrency}", n, wall, worker, own_cpu)
+    return Sample(f"stepq C={concurrency}", n, wall, worker, own_cpu)
 
 
 def measure_plain(settings: Settings, workdir: Path, n: int, timeout: float) -> Sample:
-    from shared.runtime import get_runtime
+    from stepq.runtime import get_runtime
 
     rt = get_runtime(settings)
     out = workdir / "out-plain.jsonl"
@@ -215,9 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--concurrency", type=int, nargs="+", default=[1, 8], help="worker thread counts to try (default: 1 8)"
     )
-    parser.add_argument(
-        "--inflight", type=int, default=64, help="BatchRunner turns in flight (agentq batch default 64)"
-    )
+    parser.add_argument("--inflight", type=int, default=64, help="BatchRunner turns in flight (stepq batch default 64)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds of plain loop + each concurrency (default 1)")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--timeout", type=float, default=600.0, help="per measured batch, seconds")
@@ -243,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                     if c is None:
                         sample = measure_plain(settings, workdir, args.items, args.timeout)
                     else:
-                        sample = measure_agentq(settings, c, workdir, args.items, args.inflight, args.timeout)
+                        sample = measure_stepq(settings, c, workdir, args.items, args.inflight, args.timeout)
                     samples.setdefault(sample.side, []).append(sample)
                     print(
                         f"round {round_no}: {sample.side:<14} {sample.rate:8.1f} items/s "
@@ -261,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         print(table(headers, rows))
         print(
             "\nitems/s: wall clock from reading the input file to the last result line (median of rounds)."
-            "\ncpu ms/item: worker process + this process (client cpu: BatchRunner for agentq, the whole loop"
+            "\ncpu ms/item: worker process + this process (client cpu: BatchRunner for stepq, the whole loop"
             "\nfor the plain loop). Neither includes the Redis server's CPU."
             "\nvs plain = items/s / plain-loop items/s."
         )

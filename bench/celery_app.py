@@ -1,6 +1,6 @@
-"""The benchmark worker's Celery app: agentq's app plus one no-op task for the bare-Celery floor.
+"""The benchmark worker's Celery app: stepq's app plus one no-op task for the bare-Celery floor.
 
-`celery -A bench.celery_app worker` builds it from `AGENTQ_*` settings; the in-process
+`celery -A bench.celery_app worker` builds it from `STEPQ_*` settings; the in-process
 worker calls `build_app(settings)`. Both tasks share one app, broker config and worker.
 """
 
@@ -11,11 +11,11 @@ from typing import Any
 
 from celery import Celery
 
-from shared.config import Settings, get_settings
-from shared.store.connection import get_redis
-from workers.app import create_app
+from stepq.config import Settings, get_settings
+from stepq.store.connection import get_redis
+from stepq.workers.app import create_app
 
-NOOP = "agentq.bench.noop"
+NOOP = "stepq.bench.noop"
 
 
 def done_key(settings: Settings, run_id: str) -> str:
@@ -33,7 +33,7 @@ def build_app(settings: Settings) -> Celery:
         else:
             get_redis(settings).rpush(done_key(settings, run_id), "done")
 
-    profile_path = os.environ.get("AGENTQ_BENCH_PROFILE")
+    profile_path = os.environ.get("STEPQ_BENCH_PROFILE")
     if profile_path:
         _profile_tasks(profile_path)
     return app

@@ -2,7 +2,7 @@
 
 A batch of --batch-items turns (`benchb.batch_item`, one short step each) is submitted with
 `Client.submit_batch` before the worker starts, so the batch queue holds all of it. Then ONE
-`celery -A workers.celery_app worker` subprocess (threads pool, concurrency C, queues
+`celery -A stepq.workers.celery_app worker` subprocess (threads pool, concurrency C, queues
 `<queue>,<queue>.batch`: interactive first) starts draining it, and --chats chat turns
 (`benchb.chat`, several text deltas) run one after another:
 
@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from bench._common import DEFAULT_REDIS_URL, cleanup, now, percentile, table, unique_prefix
 from bench.agents_batch import CHAT_TEXT
 from bench.batch_throughput import batch_bench_settings, deadline, worker_process
-from producer.client import Client
-from shared.batch import batch_key
-from shared.config import Settings
-from shared.models import EventType, TurnStatus
-from shared.protocol import queue_for
+from stepq.batch import batch_key
+from stepq.config import Settings
+from stepq.models import EventType, TurnStatus
+from stepq.producer.client import Client
+from stepq.protocol import queue_for
 
 CHAT_AGENT = "benchb.chat"
 BATCH_AGENT = "benchb.batch_item"

@@ -35,9 +35,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from shared.agents import AgentDefinition
-from shared.config import Settings
-from shared.protocol import worker_queues
+from stepq.agents import AgentDefinition
+from stepq.config import Settings
+from stepq.protocol import worker_queues
 
 STAMP_SEP = "|"
 
@@ -321,7 +321,7 @@ def renice(nice: int) -> bool:
 def main() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    renice(int(os.environ.get("AGENTQ_BENCH_UPSTREAM_NICE", "0")))
+    renice(int(os.environ.get("STEPQ_BENCH_UPSTREAM_NICE", "0")))
     asyncio.run(_serve())
 
 
@@ -336,7 +336,7 @@ class Upstream:
     def __init__(self, nice: int = 0) -> None:
         from bench._common import ROOT
 
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "AGENTQ_BENCH_UPSTREAM_NICE": str(nice)}
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "STEPQ_BENCH_UPSTREAM_NICE": str(nice)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.fake_upstream"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
         )
@@ -399,17 +399,17 @@ def sdk_env(base_url: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def agentq_worker(
+def stepq_worker(
     settings: Settings, concurrency: int, base_url: str, pool: str = "threads"
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """`celery -A workers.celery_app worker --pool=POOL --concurrency=C` (what `agentq worker --pool POOL`
+    """`celery -A stepq.workers.celery_app worker --pool=POOL --concurrency=C` (what `stepq worker --pool POOL`
     runs, without beat), with the SDK pointed at the fake upstream."""
     from bench._common import ROOT, settings_env, stop_process
 
     env = {k: v for k, v in settings_env(settings).items() if not k.startswith("ANTHROPIC_")}
     env.update(sdk_env(base_url))
     cmd = [
-        sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
+        sys.executable, "-m", "celery", "-A", "stepq.workers.celery_app", "worker",
         f"--pool={pool}", f"--concurrency={concurrency}", "--loglevel=ERROR",
         "-Q", ",".join(worker_queues(settings)), "--without-gossip", "--without-mingle", "--without-heartbeat",
         f"--hostname={settings.key_prefix}-{pool}-c{concurrency}@%h",

@@ -1,7 +1,7 @@
 """Text-delta fan-out: coalesced (StepEmitter with a flush window) vs one publish per delta.
 
 A producer thread streams the same text (default 20,000 deltas of 4 chars, unpaced) through
-`shared.engine.emitter.StepEmitter` into a turn's event log; 1 or 10 subscriber processes read it
+`stepq.engine.emitter.StepEmitter` into a turn's event log; 1 or 10 subscriber processes read it
 with the real reader, `EventLog.follow`. For each run it reports delivered text chars/s and
 events/s (summed over subscribers, first emit to last receive), publish->receive latency (the
 event's `ts`, stamped when the event is written) and emit->receive latency per delta (includes
@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench._common import DEFAULT_REDIS_URL, bench_settings, cleanup, median, percentile, table, unique_prefix
-from shared.engine.emitter import StepEmitter
-from shared.models import EventType
-from shared.providers.base import Delta
-from shared.runtime import get_runtime
-from shared.store.events import EventLog
+from stepq.engine.emitter import StepEmitter
+from stepq.models import EventType
+from stepq.providers.base import Delta
+from stepq.runtime import get_runtime
+from stepq.store.events import EventLog
 
 TARGET_RATIO = 5.0
 CHUNK = 4
@@ -48,8 +48,8 @@ def expected_digest(deltas: int) -> str:
 
 def subscriber_main(redis_url: str, prefix: str, index: int, jobs: Any, results: Any) -> None:
     """One subscriber process: for each turn id it is given, follow the turn to its end."""
-    from shared.store.connection import get_redis
-    from shared.store.keys import Keys
+    from stepq.store.connection import get_redis
+    from stepq.store.keys import Keys
 
     settings = bench_settings(redis_url, prefix)
     log = EventLog(get_redis(settings), Keys(prefix), settings.event_maxlen)

@@ -1,17 +1,17 @@
-"""Time to first chunk: a full agentq turn vs the Anthropic SDK called directly, same fake upstream.
+"""Time to first chunk: a full stepq turn vs the Anthropic SDK called directly, same fake upstream.
 
 Both sides talk to one paced fake Messages API (bench/fake_upstream.py, its own process) with the
 same script: `--first-ms` before the first event, then `--deltas` text deltas `--interval-ms` apart.
 
 - **direct**: `client.messages.create(stream=True)` on a warm SDK client, timed from the call to the
   first `content_block_delta`.
-- **agentq**: `Client.submit` of a one-step `anthropic` turn -> Celery `run_step` on one worker
+- **stepq**: `Client.submit` of a one-step `anthropic` turn -> Celery `run_step` on one worker
   subprocess (threads pool) over the real local Redis -> the first `text-delta` event received by a
   subscriber (a pub/sub subscription on the run's turn channels, open before the submit). Timed from
   the call to `submit`.
 
 Turns run one at a time (each drained to its end before the next), alternating sides, after a warm-up.
-Prints p50/p95 per side and the ratio agentq/direct.
+Prints p50/p95 per side and the ratio stepq/direct.
 
     .venv/bin/python -m bench.provider_ttfc --turns 50
 """
@@ -29,9 +29,9 @@ import anthropic
 import redis
 
 from bench._common import DEFAULT_REDIS_URL, bench_settings, cleanup, percentile, table, unique_prefix
-from bench.fake_upstream import Script, agentq_worker, running_upstream, sdk_env
-from producer.client import Client
-from shared.models import TurnStatus
+from bench.fake_upstream import Script, running_upstream, sdk_env, stepq_worker
+from stepq.models import TurnStatus
+from stepq.producer.client import Client
 
 AGENT = "bench.streamer"
 PROMPT = "Say something."
@@ -80,7 +80,7 @@ class FirstChunks:
         self._client.close()
 
 
-def agentq_turn(client: Client, sub: FirstChunks, timeout: float) -> dict[str, float]:
+def stepq_turn(client: Client, sub: FirstChunks, timeout: float) -> dict[str, float]:
     """One turn: seconds from submit to submit() returning, to step-start and to the first text-delta."""
     started = time.perf_counter()
     handle = client.submit(AGENT, prompt=PROMPT)
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first-ms", type=float, default=50.0, help="upstream latency before the first event")
     parser.add_argument("--deltas", type=int, default=20, help="text deltas per stream (default 20)")
     parser.add_argument("--interval-ms", type=float, default=10.0, help="gap between deltas (default 10)")
-    parser.add_argument("--concurrency", type=int, default=32, help="worker threads (default 32, as agentq worker)")
+    parser.add_argument("--concurrency", type=int, default=32, help="worker threads (default 32, as stepq worker)")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
@@ -148,36 +148,36 @@ def main(argv: list[str] | None = None) -> int:
             sdk = anthropic.Anthropic(max_retries=0)
             client = Client(settings)
             sub = FirstChunks(args.redis_url, prefix)
-            with agentq_worker(settings, args.concurrency, upstream.base_url):
+            with stepq_worker(settings, args.concurrency, upstream.base_url):
                 for _ in range(args.warmup):
-                    agentq_turn(client, sub, timeout=120)  # the first also waits for the worker to start
+                    stepq_turn(client, sub, timeout=120)  # the first also waits for the worker to start
                     direct_call(sdk)
                 upstream.stats()  # reset: count only the measured streams
-                agentq: list[dict[str, float]] = []
+                stepq: list[dict[str, float]] = []
                 direct: list[float] = []
                 for _ in range(args.turns):
-                    agentq.append(agentq_turn(client, sub, args.timeout))
+                    stepq.append(stepq_turn(client, sub, args.timeout))
                     direct.append(direct_call(sdk))
                 up = upstream.stats()
 
-        first = [a["first"] for a in agentq]
+        first = [a["first"] for a in stepq]
         rows = [
             ["direct SDK", str(len(direct)), ms(direct, 50), ms(direct, 95), ms(direct, 0), ms(direct, 100)],
-            ["agentq turn", str(len(first)), ms(first, 50), ms(first, 95), ms(first, 0), ms(first, 100)],
+            ["stepq turn", str(len(first)), ms(first, 50), ms(first, 95), ms(first, 0), ms(first, 100)],
         ]
         print()
         print(table(["time to first chunk", "n", "p50 ms", "p95 ms", "min ms", "max ms"], rows))
         r50 = percentile(first, 50) / percentile(direct, 50)
         r95 = percentile(first, 95) / percentile(direct, 95)
-        print(f"\nagentq/direct: {r50:.2f}x at p50, {r95:.2f}x at p95")
+        print(f"\nstepq/direct: {r50:.2f}x at p50, {r95:.2f}x at p95")
         added = (percentile(first, 50) - percentile(direct, 50)) * 1000
-        print(f"agentq adds {added:.1f} ms at p50 (upstream's own first-event latency: {script.first_ms:g} ms)")
+        print(f"stepq adds {added:.1f} ms at p50 (upstream's own first-event latency: {script.first_ms:g} ms)")
         parts = [
-            ["submit() returns", ms([a["submit"] for a in agentq], 50), ms([a["submit"] for a in agentq], 95)],
-            ["step-start received", ms([a["step_start"] for a in agentq], 50), ms([a["step_start"] for a in agentq], 95)],
+            ["submit() returns", ms([a["submit"] for a in stepq], 50), ms([a["submit"] for a in stepq], 95)],
+            ["step-start received", ms([a["step_start"] for a in stepq], 50), ms([a["step_start"] for a in stepq], 95)],
             ["first text-delta received", ms(first, 50), ms(first, 95)],
         ]  # fmt: skip
-        print("\nagentq turn, from the submit call:")
+        print("\nstepq turn, from the submit call:")
         print(table(["milestone", "p50 ms", "p95 ms"], parts))
         print(
             f"\nupstream: {up['streams']} measured streams, frame write lag p50 {up['lag_p50_ms']:.2f} ms / "

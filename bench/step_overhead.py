@@ -1,12 +1,12 @@
-"""agentq's per-step overhead against the bare Celery hop, on one worker and one broker.
+"""stepq's per-step overhead against the bare Celery hop, on one worker and one broker.
 
 (a) bare Celery: a no-op task that re-enqueues itself N times (same app, same broker config as
-    agentq: `shared.protocol.celery_config`), timed from the first enqueue to the Nth execution.
-(b) agentq: turns of N steps (zero-latency scripted model + one trivial tool per step) submitted
-    with `producer.Client` and awaited with `Client.wait`; ms/step = total / N.
+    stepq: `stepq.protocol.celery_config`), timed from the first enqueue to the Nth execution.
+(b) stepq: turns of N steps (zero-latency scripted model + one trivial tool per step) submitted
+    with `stepq.Client` and awaited with `Client.wait`; ms/step = total / N.
 
 Both run against the same single worker (threads pool, concurrency 1), alternating per round.
-Target: agentq ms/step <= 2x the bare Celery ms/hop.
+Target: stepq ms/step <= 2x the bare Celery ms/hop.
 
     .venv/bin/python -m bench.step_overhead --steps 200 --turns 3 --repeat 3
 """
@@ -31,8 +31,8 @@ from bench._common import (
     unique_prefix,
 )
 from bench.celery_app import NOOP, done_key
-from producer.client import Client
-from shared.models import FinishReason, TurnStatus
+from stepq.models import FinishReason, TurnStatus
+from stepq.producer.client import Client
 
 AGENT = "bench.overhead"
 TARGET_RATIO = 2.0
@@ -54,7 +54,7 @@ def bare_chain(client: Client, steps: int, timeout: float) -> float:
     return elapsed
 
 
-def agentq_turn(client: Client, steps: int, timeout: float) -> float:
+def stepq_turn(client: Client, steps: int, timeout: float) -> float:
     """Seconds from submit to `Client.wait` returning, for one turn of exactly `steps` steps."""
     started = now()
     handle = client.submit(AGENT, prompt="go", loop={"max_steps": steps})
@@ -101,26 +101,26 @@ def main(argv: list[str] | None = None) -> int:
         f"steps={n}, turns={args.turns}, repeat={args.repeat}",
         flush=True,
     )
-    walls: dict[str, list[float]] = {"bare": [], "agentq": []}
-    cpus: dict[str, list[float | None]] = {"bare": [], "agentq": []}
+    walls: dict[str, list[float]] = {"bare": [], "stepq": []}
+    cpus: dict[str, list[float | None]] = {"bare": [], "stepq": []}
     client_cpu: list[float | None] = []
     rows: list[list[str]] = []
     try:
         with running_worker(settings, args.worker, args.profile) as cpu:
             bare_chain(client, 5, timeout=120)  # warm-up: proves the worker consumes; settles imports
-            agentq_turn(client, 3, timeout=120)
+            stepq_turn(client, 3, timeout=120)
             for round_no in range(1, args.repeat + 1):
-                got: dict[str, list[tuple[float, float | None, float]]] = {"bare": [], "agentq": []}
+                got: dict[str, list[tuple[float, float | None, float]]] = {"bare": [], "stepq": []}
                 for _ in range(args.turns):
                     got["bare"].append(measured(lambda: bare_chain(client, n, args.timeout), cpu))
                 for _ in range(args.turns):
-                    got["agentq"].append(measured(lambda: agentq_turn(client, n, args.timeout), cpu))
+                    got["stepq"].append(measured(lambda: stepq_turn(client, n, args.timeout), cpu))
                 for side, runs in got.items():
                     walls[side] += [w for w, _, _ in runs]
                     cpus[side] += [c for _, c, _ in runs]
-                client_cpu.extend(own if cpu else None for _, _, own in got["agentq"])  # thread: shared process
+                client_cpu.extend(own if cpu else None for _, _, own in got["stepq"])  # thread: shared process
                 b_ms = median([w for w, _, _ in got["bare"]]) * 1000 / n
-                a_ms = median([w for w, _, _ in got["agentq"]]) * 1000 / n
+                a_ms = median([w for w, _, _ in got["stepq"]]) * 1000 / n
                 rows.append(
                     [
                         str(round_no),
@@ -128,30 +128,30 @@ def main(argv: list[str] | None = None) -> int:
                         f"{a_ms:.3f}",
                         f"{a_ms / b_ms:.2f}x",
                         fmt_cpu([c for _, c, _ in got["bare"]], n),
-                        fmt_cpu([c for _, c, _ in got["agentq"]], n),
+                        fmt_cpu([c for _, c, _ in got["stepq"]], n),
                         fmt_cpu(client_cpu[-args.turns :], n),
                     ]
                 )
-                print(f"round {round_no}: bare {b_ms:.3f} ms/hop, agentq {a_ms:.3f} ms/step", flush=True)
+                print(f"round {round_no}: bare {b_ms:.3f} ms/hop, stepq {a_ms:.3f} ms/step", flush=True)
         bare_ms = median(walls["bare"]) * 1000 / n
-        agentq_ms = median(walls["agentq"]) * 1000 / n
-        ratio = agentq_ms / bare_ms
-        summary = [f"{bare_ms:.3f}", f"{agentq_ms:.3f}", f"{ratio:.2f}x"]
-        rows.append(["median", *summary, fmt_cpu(cpus["bare"], n), fmt_cpu(cpus["agentq"], n), fmt_cpu(client_cpu, n)])
+        stepq_ms = median(walls["stepq"]) * 1000 / n
+        ratio = stepq_ms / bare_ms
+        summary = [f"{bare_ms:.3f}", f"{stepq_ms:.3f}", f"{ratio:.2f}x"]
+        rows.append(["median", *summary, fmt_cpu(cpus["bare"], n), fmt_cpu(cpus["stepq"], n), fmt_cpu(client_cpu, n)])
         print()
         headers = [
             "round",
             "bare ms/hop",
-            "agentq ms/step",
-            "agentq/bare",
+            "stepq ms/step",
+            "stepq/bare",
             "bare cpu ms",
-            "agentq cpu ms",
+            "stepq cpu ms",
             "client cpu ms",
         ]
         print(table(headers, rows))
         verdict = "met" if ratio <= TARGET_RATIO else "NOT met"
         n_runs = len(walls["bare"])
-        print(f"\nagentq step overhead: {ratio:.2f}x the bare Celery hop (wall clock; medians of {n_runs} runs of {n}")
+        print(f"\nstepq step overhead: {ratio:.2f}x the bare Celery hop (wall clock; medians of {n_runs} runs of {n}")
         print(f"per side); target <= {TARGET_RATIO:.0f}x: {verdict}.")
         print("cpu ms: the worker process's CPU per hop/step; client cpu ms: this process's (submit + Client.wait).")
         if args.profile:

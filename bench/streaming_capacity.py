@@ -1,11 +1,11 @@
 """Concurrent streaming steps per worker process, against a slow upstream.
 
 For each Celery pool (`--pools`, default threads and gevent) and concurrency C (default 50 100 200 300
-400): a fresh worker process (`celery -A workers.celery_app worker --pool=POOL --concurrency=C`, what
-`agentq worker --pool POOL` runs, without beat) and C one-step `anthropic` turns submitted at once. The fake upstream
+400): a fresh worker process (`celery -A stepq.workers.celery_app worker --pool=POOL --concurrency=C`, what
+`stepq worker --pool POOL` runs, without beat) and C one-step `anthropic` turns submitted at once. The fake upstream
 (bench/fake_upstream.py, its own asyncio process) holds every stream until all C are open, then
 streams each (at a random phase) `--deltas` text deltas `--interval-ms` apart: by default 200 deltas
-over 2 s, so C steps really stream at the same time. The worker keeps agentq's defaults (coalescing
+over 2 s, so C steps really stream at the same time. The worker keeps stepq's defaults (coalescing
 window 10 ms, lease/cancel poll 50 ms).
 
 Subscribers are `--subscribers` processes, each pattern-subscribed (one raw pub/sub connection,
@@ -59,8 +59,8 @@ from bench._common import (
     table,
     unique_prefix,
 )
-from bench.fake_upstream import Script, agentq_worker, renice, running_upstream, sdk_env, stamps
-from producer.client import Client
+from bench.fake_upstream import Script, renice, running_upstream, sdk_env, stamps, stepq_worker
+from stepq.producer.client import Client
 
 AGENT = "bench.streamer"
 HEX = "0123456789abcdef"
@@ -427,7 +427,7 @@ def py_spy(pid: int, path: str, c: int) -> subprocess.Popen[bytes]:
 def run_level(args: argparse.Namespace, client: Client, upstream: Any, subs: Subscribers, c: int, pool: str) -> Level:
     """A fresh worker process (Celery pool `pool`) with concurrency C; `--repeat` rounds of C turns; the round
     with the median p99 publish->recv stands for the level (its other rounds' p99s are kept for the report)."""
-    with agentq_worker(client.settings, c, upstream.base_url, pool) as worker:
+    with stepq_worker(client.settings, c, upstream.base_url, pool) as worker:
         upstream.configure(Script(first_ms=0, deltas=5, interval_ms=1))  # warm-up: imports, first connection
         client.submit(AGENT, prompt="warm up").wait(timeout=120)
         rounds = [run_round(args, client, upstream, subs, c, worker, n) for n in range(args.repeat)]

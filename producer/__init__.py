@@ -1,5 +1,9 @@
-"""The producer side: `Client` for applications, and the `agentq` CLI."""
+"""The producer side: `Client` for applications, and the `stepq` CLI."""
 
-from producer.client import ApprovalReceipt, Client, TurnHandle
+if __name__ != "stepq.producer":  # the folder's own name would load every module a second time
+    raise ImportError(f"import stepq.producer, not {__name__}: this folder is installed as the package stepq.producer")
+
+
+from stepq.producer.client import ApprovalReceipt, Client, TurnHandle
 
 __all__ = ["ApprovalReceipt", "Client", "TurnHandle"]

@@ -1,4 +1,4 @@
-"""`agentq batch`: push a JSONL file of items through one agent, write JSONL results, resumably.
+"""`stepq batch`: push a JSONL file of items through one agent, write JSONL results, resumably.
 
 Each item becomes a turn keyed by (batch id, item key), so a re-run after an
 interruption re-uses turns that exist instead of submitting (and paying for) them
@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
-from producer.client import Client
-from shared.batch import (
+from stepq.batch import (
     BatchItem,
     Prices,
     batch_key,
@@ -28,8 +27,9 @@ from shared.batch import (
     parse_item,
     result_line,
 )
-from shared.errors import SubmitError
-from shared.models import TurnState, TurnStatus
+from stepq.errors import SubmitError
+from stepq.models import TurnState, TurnStatus
+from stepq.producer.client import Client
 
 
 @dataclass
@@ -258,12 +258,12 @@ def run_batch_command(
     concurrency: int,
     batch_id: str | None,
 ) -> int:
-    """The body of `agentq batch`; returns the exit code."""
+    """The body of `stepq batch`; returns the exit code."""
     if not input_path.exists():
-        print(f"agentq batch: no input file {input_path}", file=sys.stderr)
+        print(f"stepq batch: no input file {input_path}", file=sys.stderr)
         return 2
     if client.runtime.agents.get(agent) is None:
-        print(f"agentq batch: unknown agent {agent!r}", file=sys.stderr)
+        print(f"stepq batch: unknown agent {agent!r}", file=sys.stderr)
         return 2
     batch_id = batch_id or derive_batch_id(agent, str(input_path.resolve()))
     items = list(read_items(input_path))
@@ -295,19 +295,19 @@ def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`agentq batch --agent A --input items.jsonl --output results.jsonl` or `agentq batch status ID`."""
+    """`stepq batch --agent A --input items.jsonl --output results.jsonl` or `stepq batch status ID`."""
     import argparse
 
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["status"]:
-        status_parser = argparse.ArgumentParser(prog="agentq batch status")
+        status_parser = argparse.ArgumentParser(prog="stepq batch status")
         status_parser.add_argument("batch_id")
         status_parser.add_argument("--json", action="store_true")
         ns = status_parser.parse_args(args_list[1:])
         try:
             status = batch_status(Client(), ns.batch_id)
         except LookupError as exc:
-            print(f"agentq batch status: {exc}", file=sys.stderr)
+            print(f"stepq batch status: {exc}", file=sys.stderr)
             return 2
         if ns.json:
             print(json.dumps(status))
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, value in status.items():
                 print(f"{name:>14}: {value}")
         return 0
-    parser = argparse.ArgumentParser(prog="agentq batch", description="Run a JSONL file of items through an agent.")
+    parser = argparse.ArgumentParser(prog="stepq batch", description="Run a JSONL file of items through an agent.")
     parser.add_argument("--agent", required=True)
     parser.add_argument("--input", required=True, type=Path, help="JSONL: {key, prompt|messages|input} per line")
     parser.add_argument("--output", required=True, type=Path, help="JSONL results, one line per item")
@@ -327,13 +327,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--concurrency must be at least 1")
     from contextlib import nullcontext
 
-    from producer.cli import UsageError, load_settings
-    from producer.local import local_worker
+    from stepq.producer.cli import UsageError, load_settings
+    from stepq.producer.local import local_worker
 
     try:
         settings = load_settings()
     except UsageError as exc:
-        print(f"agentq batch: {exc}", file=sys.stderr)
+        print(f"stepq batch: {exc}", file=sys.stderr)
         return 2
     # embedded mode has no separate worker: run one in this process for the batch's duration
     with local_worker(settings) if settings.embedded else nullcontext():
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
                 batch_id=ns.batch_id,
             )
         except ValueError as exc:
-            print(f"agentq batch: {exc}", file=sys.stderr)
+            print(f"stepq batch: {exc}", file=sys.stderr)
             return 2
 
 

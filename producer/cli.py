@@ -1,4 +1,4 @@
-"""`agentq`: run a worker, submit and follow turns, decide approvals, inspect and cancel turns, run the demo.
+"""`stepq`: run a worker, submit and follow turns, decide approvals, inspect and cancel turns, run the demo.
 
 Exit codes: 0 success (a turn completed), 1 the turn failed or was cancelled or a
 decision was refused, 2 bad input (unknown agent or turn, malformed option).
@@ -23,21 +23,21 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 from pydantic import ValidationError
 
-from producer.client import Client
-from producer.local import local_worker, with_demo_agents
-from producer.render import LiveView, Style, compact, event_summary, result_lines, state_lines, trace_table
-from producer.status import collect_status, status_lines
-from shared.config import Settings
-from shared.errors import AgentqError, ApprovalError, SubmitError, TurnNotFoundError
-from shared.logging import configure_logging
-from shared.metrics import prepare_multiprocess_dir
-from shared.models import Event, EventType, TurnResult, TurnStatus
-from shared.protocol import worker_queues
+from stepq.config import Settings
+from stepq.errors import ApprovalError, StepqError, SubmitError, TurnNotFoundError
+from stepq.logging import configure_logging
+from stepq.metrics import prepare_multiprocess_dir
+from stepq.models import Event, EventType, TurnResult, TurnStatus
+from stepq.producer.client import Client
+from stepq.producer.local import local_worker, with_demo_agents
+from stepq.producer.render import LiveView, Style, compact, event_summary, result_lines, state_lines, trace_table
+from stepq.producer.status import collect_status, status_lines
+from stepq.protocol import worker_queues
 
 NO_WORKER_AFTER_S = 15.0
 EMBEDDED_STATE_HINT = (
-    "embedded mode (AGENTQ_REDIS_URL unset) keeps turns inside the process that ran them; "
-    "set AGENTQ_REDIS_URL to inspect turns from another command"
+    "embedded mode (STEPQ_REDIS_URL unset) keeps turns inside the process that ran them; "
+    "set STEPQ_REDIS_URL to inspect turns from another command"
 )
 
 
@@ -50,7 +50,7 @@ def load_settings() -> Settings:
     try:
         settings = Settings()
     except ValidationError as exc:  # name the variable, never echo its value (it may be a secret)
-        problems = "; ".join(f"AGENTQ_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"STEPQ_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
         raise UsageError(f"invalid configuration: {problems}") from None
     return with_demo_agents(settings) if settings.embedded else settings
 
@@ -65,7 +65,7 @@ def redacted(url: str) -> str:
 
 
 def err(message: str) -> None:
-    print(f"agentq: {message}", file=sys.stderr, flush=True)
+    print(f"stepq: {message}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- following a turn
@@ -94,8 +94,8 @@ def no_worker_hint(turn_id: str, out: TextIO) -> Callable[[TurnStatus], None]:
         if status == TurnStatus.QUEUED and not warned[0]:
             warned[0] = True
             print(
-                f"agentq: no worker has picked up turn {turn_id} after {NO_WORKER_AFTER_S:.0f} s. Is `agentq worker` "
-                "running with the same AGENTQ_REDIS_URL, AGENTQ_KEY_PREFIX, AGENTQ_QUEUE and AGENTQ_AGENT_MODULES? "
+                f"stepq: no worker has picked up turn {turn_id} after {NO_WORKER_AFTER_S:.0f} s. Is `stepq worker` "
+                "running with the same STEPQ_REDIS_URL, STEPQ_KEY_PREFIX, STEPQ_QUEUE and STEPQ_AGENT_MODULES? "
                 "Still waiting…",
                 file=out,
                 flush=True,
@@ -106,7 +106,7 @@ def no_worker_hint(turn_id: str, out: TextIO) -> Callable[[TurnStatus], None]:
 
 @dataclass
 class Decider:
-    """Answers approval requests during `agentq run`: --approve-all, --deny-all, or ask the person at the terminal."""
+    """Answers approval requests during `stepq run`: --approve-all, --deny-all, or ask the person at the terminal."""
 
     mode: str  # "approve" | "deny" | "ask"
     out: TextIO
@@ -285,7 +285,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
             print(f"  {line}")
     for p in pending:
         print(f"\n{style.yellow('pending approval')} {p['approval_id']}: {p['tool']} {compact(p['args'])}")
-        print(f"  agentq approve {p['approval_id']} {p['token']} --yes   (or --no --reason '…')")
+        print(f"  stepq approve {p['approval_id']} {p['token']} --yes   (or --no --reason '…')")
     if state.trace.steps:
         print(f"\n{style.bold('steps')}")
         for line in trace_table(state.trace):
@@ -312,7 +312,7 @@ def _pending_approvals(client: Client, turn_id: str) -> list[dict[str, Any]]:
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     if settings.embedded:
-        raise UsageError(f"`agentq status` needs a shared Redis: {EMBEDDED_STATE_HINT}")
+        raise UsageError(f"`stepq status` needs a shared Redis: {EMBEDDED_STATE_HINT}")
     status = collect_status(Client(settings).runtime, limit=args.limit)
     if args.json:
         print(json.dumps(status, indent=2, ensure_ascii=False))
@@ -325,7 +325,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
     if settings.embedded:
         raise UsageError(
-            "`agentq approve` needs a shared Redis (set AGENTQ_REDIS_URL); in embedded mode `agentq run` decides "
+            "`stepq approve` needs a shared Redis (set STEPQ_REDIS_URL); in embedded mode `stepq run` decides "
             "approvals itself (--approve-all, --deny-all, or interactively)"
         )
     client = Client(settings)
@@ -336,7 +336,7 @@ def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
         print(f"refused ({exc.code}): {exc}")
         return 1
     except TimeoutError as exc:
-        err(f"{exc}; is `agentq worker` running?")
+        err(f"{exc}; is `stepq worker` running?")
         return 1
     print(f"accepted: approval {args.approval_id} {'approved' if args.yes else 'denied'}")
     return 0
@@ -363,11 +363,11 @@ def cmd_cancel(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     if settings.embedded:
         raise UsageError(
-            "`agentq worker` needs AGENTQ_REDIS_URL (and optionally AGENTQ_BROKER_URL): without it agentq runs "
-            "embedded, with no separate worker. Try `agentq demo`, or `agentq run` which starts one in-process."
+            "`stepq worker` needs STEPQ_REDIS_URL (and optionally STEPQ_BROKER_URL): without it stepq runs "
+            "embedded, with no separate worker. Try `stepq demo`, or `stepq run` which starts one in-process."
         )
     if args.pool == "gevent" and importlib.util.find_spec("gevent") is None:
-        raise UsageError("`--pool gevent` needs gevent: pip install 'agentq[gevent]'")
+        raise UsageError("`--pool gevent` needs gevent: pip install 'stepq[gevent]'")
     argv = worker_argv(args, settings)
     if args.print_command:
         print(shlex.join(argv))
@@ -379,9 +379,9 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def worker_argv(args: argparse.Namespace, settings: Settings) -> list[str]:
-    """`celery -A workers.celery_app worker …` as an argv list."""
+    """`celery -A stepq.workers.celery_app worker …` as an argv list."""
     argv = [
-        sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
+        sys.executable, "-m", "celery", "-A", "stepq.workers.celery_app", "worker",
         f"--pool={args.pool}", f"--concurrency={args.concurrency}", f"--loglevel={args.loglevel}",
         "-Q", args.queues or ",".join(worker_queues(settings)),
     ]  # fmt: skip
@@ -389,13 +389,13 @@ def worker_argv(args: argparse.Namespace, settings: Settings) -> list[str]:
         argv.append(f"--hostname={args.hostname}")
     beat = settings.beat if args.beat is None else args.beat
     if beat:
-        schedule = os.path.join(tempfile.mkdtemp(prefix="agentq-beat-"), "schedule")
+        schedule = os.path.join(tempfile.mkdtemp(prefix="stepq-beat-"), "schedule")
         argv += ["-B", "--schedule", schedule]
     return argv
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    from producer.demo import run_demo
+    from stepq.producer.demo import run_demo
 
     return run_demo(settings)
 
@@ -405,12 +405,12 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="agentq",
-        description="Durable LLM agent loops on Celery workers with Redis. Configuration: AGENTQ_* variables.",
+        prog="stepq",
+        description="Durable LLM agent loops on Celery workers with Redis. Configuration: STEPQ_* variables.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("worker", help="run a Celery worker (needs AGENTQ_REDIS_URL)")
+    p = sub.add_parser("worker", help="run a Celery worker (needs STEPQ_REDIS_URL)")
     p.add_argument(
         "--pool",
         default="threads",
@@ -418,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="Celery pool (default: threads; gevent for hundreds of concurrent streaming steps per process)",
     )
     p.add_argument("--concurrency", type=int, default=32, help="concurrent steps (default: 32)")
-    p.add_argument("--queues", help="comma-separated queues (default: AGENTQ_QUEUE and AGENTQ_QUEUE.batch)")
+    p.add_argument("--queues", help="comma-separated queues (default: STEPQ_QUEUE and STEPQ_QUEUE.batch)")
     p.add_argument("--loglevel", default="INFO")
     p.add_argument("--hostname", help="Celery node name")
     p.add_argument(
@@ -481,8 +481,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the embedded tour: no services, no API keys")
     p.set_defaults(func=cmd_demo)
 
-    # listed for --help only: main() hands `agentq batch …` to producer.batch before parsing
-    sub.add_parser("batch", help="run a JSONL file of items through an agent (see `agentq batch --help`)")
+    # listed for --help only: main() hands `stepq batch …` to stepq.producer.batch before parsing
+    sub.add_parser("batch", help="run a JSONL file of items through an agent (see `stepq batch --help`)")
     return parser
 
 
@@ -493,14 +493,14 @@ def main(argv: list[str] | None = None) -> int:
             reconfigure(errors="replace")
     raw = sys.argv[1:] if argv is None else list(argv)
     if raw[:1] == ["batch"]:
-        from producer.batch import main as batch_main
+        from stepq.producer.batch import main as batch_main
 
         return batch_main(raw[1:])
     args = build_parser().parse_args(raw)
     settings: Settings | None = None
     try:
         settings = load_settings()
-        configure_logging(settings)  # secrets redacted, JSON lines with AGENTQ_LOG_JSON
+        configure_logging(settings)  # secrets redacted, JSON lines with STEPQ_LOG_JSON
         code: int = args.func(args, settings)
         return code
     except UsageError as exc:
@@ -513,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" ({EMBEDDED_STATE_HINT})" if settings is not None and settings.embedded else ""
         err(f"{exc}{hint}")
         return 2
-    except AgentqError as exc:
+    except StepqError as exc:
         err(str(exc))
         return 2
     except redis.exceptions.ConnectionError as exc:

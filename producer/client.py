@@ -15,12 +15,12 @@ from typing import Any
 
 from celery import Celery
 
-from shared.config import Settings, get_settings
-from shared.errors import ApprovalError, TurnNotFoundError
-from shared.models import Event, EventType, TurnResult, TurnState
-from shared.protocol import APPROVE, RUN_STEP, celery_config, queue_for
-from shared.runtime import Runtime, get_runtime
-from shared.submit import LoopOverrides, create_turn
+from stepq.config import Settings, get_settings
+from stepq.errors import ApprovalError, TurnNotFoundError
+from stepq.models import Event, EventType, TurnResult, TurnState
+from stepq.protocol import APPROVE, RUN_STEP, celery_config, queue_for
+from stepq.runtime import Runtime, get_runtime
+from stepq.submit import LoopOverrides, create_turn
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class Client:
     @property
     def celery(self) -> Celery:
         if self._celery is None:
-            app = Celery("agentq-producer")
+            app = Celery("stepq-producer")
             app.conf.update(celery_config(self.settings))
             self._celery = app
         return self._celery
@@ -131,7 +131,7 @@ class Client:
         Items are `{"key": ..., "prompt"|"messages"|"input": ...}`. Submitting the same batch again
         returns the existing turns instead of creating (and paying for) new ones.
         """
-        from shared.batch import BatchItem, batch_key, check_batch_id, derive_batch_id, item_idempotency_key
+        from stepq.batch import BatchItem, batch_key, check_batch_id, derive_batch_id, item_idempotency_key
 
         parsed = [BatchItem.model_validate(item) for item in items]
         batch_id = check_batch_id(key) if key else derive_batch_id(agent, json.dumps([i.key for i in parsed]))

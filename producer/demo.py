@@ -1,10 +1,10 @@
-"""`agentq demo`: a narrated tour of two turns, with no services and no API keys.
+"""`stepq demo`: a narrated tour of two turns, with no services and no API keys.
 
-Embedded (AGENTQ_REDIS_URL unset), the whole system runs in this process: a Redis
+Embedded (STEPQ_REDIS_URL unset), the whole system runs in this process: a Redis
 stand-in (fakeredis), Celery's memory transport, one threads-pool worker, and the
-offline `scripted` provider playing the bundled `shared.demo_agents`. With
-AGENTQ_REDIS_URL set, the same tour runs against real Redis and a separately
-started `agentq worker`.
+offline `scripted` provider playing the bundled `stepq.demo_agents`. With
+STEPQ_REDIS_URL set, the same tour runs against real Redis and a separately
+started `stepq worker`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import sys
 from contextlib import AbstractContextManager, nullcontext
 from typing import TextIO
 
-from producer.client import Client
-from producer.local import local_worker, with_demo_agents
-from producer.render import LiveView, compact, pretty, result_lines, token_hint
-from shared.config import Settings
-from shared.models import Event, EventType, TurnResult, TurnStatus, UserMessage
+from stepq.config import Settings
+from stepq.models import Event, EventType, TurnResult, TurnStatus, UserMessage
+from stepq.producer.client import Client
+from stepq.producer.local import local_worker, with_demo_agents
+from stepq.producer.render import LiveView, compact, pretty, result_lines, token_hint
 
 NO_WORKER_S = 15.0
 SUPPORT_PROMPT = "My espresso grinder from order A-1001 arrived broken. Can I get my money back?"
@@ -27,7 +27,7 @@ _PROBLEMS = re.compile(r"Problems: (.*?)\. Reply with", re.DOTALL)
 
 
 class NoWorker(Exception):
-    """Nothing picked the turn up: real-Redis mode with no `agentq worker` running."""
+    """Nothing picked the turn up: real-Redis mode with no `stepq worker` running."""
 
 
 class Tour:
@@ -135,10 +135,10 @@ def run_demo(settings: Settings | None = None, out: TextIO | None = None) -> int
             return _tour(Client(settings), out, settings)
         except NoWorker as exc:
             print(
-                f"\nagentq demo: no worker picked up turn {exc} within {NO_WORKER_S:.0f} s.\n"
-                "With AGENTQ_REDIS_URL set the demo needs a worker started separately, with the demo agents loaded:\n"
-                "    AGENTQ_AGENT_MODULES=shared.demo_agents agentq worker\n"
-                "(same AGENTQ_REDIS_URL, AGENTQ_KEY_PREFIX and AGENTQ_QUEUE). Or unset AGENTQ_REDIS_URL for the "
+                f"\nstepq demo: no worker picked up turn {exc} within {NO_WORKER_S:.0f} s.\n"
+                "With STEPQ_REDIS_URL set the demo needs a worker started separately, with the demo agents loaded:\n"
+                "    STEPQ_AGENT_MODULES=stepq.demo_agents stepq worker\n"
+                "(same STEPQ_REDIS_URL, STEPQ_KEY_PREFIX and STEPQ_QUEUE). Or unset STEPQ_REDIS_URL for the "
                 "embedded demo.",
                 file=sys.stderr,
             )
@@ -149,13 +149,13 @@ def _tour(client: Client, out: TextIO, settings: Settings) -> int:
     embedded = settings.embedded
     intro = Tour(client, out, embedded)
     s = intro.s
-    intro.say(s.bold("agentq demo") + " · durable LLM agent loops on Celery workers with Redis")
+    intro.say(s.bold("stepq demo") + " · durable LLM agent loops on Celery workers with Redis")
     if embedded:
         intro.say("Running embedded: no services, no API keys. This one process holds a Redis stand-in (fakeredis),")
         intro.say("Celery's in-memory broker, a 4-thread Celery worker, and the offline `scripted` model provider.")
     else:
         intro.say(f"Running against real Redis (key prefix {settings.key_prefix!r}, queue {settings.queue!r});")
-        intro.say("a separately started `agentq worker` runs the steps.")
+        intro.say("a separately started `stepq worker` runs the steps.")
     intro.say("Each model step (one model call plus the tools it asks for) runs as one Celery task, run_step.")
     intro.say()
 
@@ -194,15 +194,13 @@ def _what_next(tour: Tour, embedded: bool) -> None:
     tour.say(s.bold("What next"))
     if embedded:
         tour.say("  • Run it for real, with state and queues in Redis and as many workers as you like:")
-        tour.say("        export AGENTQ_REDIS_URL=redis://127.0.0.1:6379/0")
-        tour.say("        export AGENTQ_APPROVAL_SECRET=$(openssl rand -hex 32)   # signs approval tokens")
-        tour.say(
-            "        export AGENTQ_AGENT_MODULES=shared.demo_agents          # your agent modules, comma-separated"
-        )
-        tour.say("        agentq worker                                           # in one terminal (or ten)")
-        tour.say('        agentq run demo.support "Refund order A-1001, please"   # you approve at the prompt')
+        tour.say("        export STEPQ_REDIS_URL=redis://127.0.0.1:6379/0")
+        tour.say("        export STEPQ_APPROVAL_SECRET=$(openssl rand -hex 32)   # signs approval tokens")
+        tour.say("        export STEPQ_AGENT_MODULES=stepq.demo_agents          # your agent modules, comma-separated")
+        tour.say("        stepq worker                                           # in one terminal (or ten)")
+        tour.say('        stepq run demo.support "Refund order A-1001, please"   # you approve at the prompt')
     else:
-        tour.say('  • agentq run demo.support "Refund order A-1001"  decides approvals at the terminal;')
-        tour.say("    agentq show TURN / agentq events TURN inspect any turn.")
+        tour.say('  • stepq run demo.support "Refund order A-1001"  decides approvals at the terminal;')
+        tour.say("    stepq show TURN / stepq events TURN inspect any turn.")
     tour.say("  • Write an agent (a @tool and an AgentDefinition): README.md, 'Writing an agent'.")
     tour.say("  • make test runs the suite against real Redis and real Celery workers.")

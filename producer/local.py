@@ -1,4 +1,4 @@
-"""The embedded mode's in-process worker, for `agentq demo` and `agentq run` without AGENTQ_REDIS_URL.
+"""The embedded mode's in-process worker, for `stepq demo` and `stepq run` without STEPQ_REDIS_URL.
 
 Embedded mode keeps state in an in-process Redis stand-in and messages on Celery's
 `memory://` transport, so nothing outside this process could run the turn: the
@@ -12,10 +12,10 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from shared.config import Settings
-from shared.protocol import SWEEP, worker_queues
+from stepq.config import Settings
+from stepq.protocol import SWEEP, worker_queues
 
-DEMO_MODULE = "shared.demo_agents"
+DEMO_MODULE = "stepq.demo_agents"
 
 
 def with_demo_agents(settings: Settings) -> Settings:
@@ -31,7 +31,7 @@ def local_worker(settings: Settings, concurrency: int = 4) -> Iterator[None]:
     from celery.contrib.testing.worker import start_worker
     from celery.worker import state as worker_state
 
-    from workers.app import create_app
+    from stepq.workers.app import create_app
 
     # memory:// URLs have no host; kombu warns about that on every connection
     logging.getLogger("kombu.connection").setLevel(logging.ERROR)

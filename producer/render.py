@@ -1,6 +1,6 @@
 """Terminal rendering for the CLI and the demo: a live event view, result summaries, the step trace table.
 
-Kept apart from the commands so `agentq run`, `agentq events` and `agentq demo` print a turn the same way.
+Kept apart from the commands so `stepq run`, `stepq events` and `stepq demo` print a turn the same way.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 import time
 from typing import Any, TextIO
 
-from shared.models import Event, EventType, LoopTrace, TurnResult, TurnState, Usage
+from stepq.models import Event, EventType, LoopTrace, TurnResult, TurnState, Usage
 
 
 class Style:
@@ -152,7 +152,7 @@ def _expires_in(expires_at: object) -> str:
 
 
 def event_summary(event: Event) -> str:
-    """One line per event for `agentq events`."""
+    """One line per event for `stepq events`."""
     d = event.data
     kind = event.type
     if kind in (EventType.TEXT_DELTA, EventType.REASONING_DELTA, EventType.OBJECT_DELTA):
@@ -208,7 +208,7 @@ def trace_table(trace: LoopTrace) -> list[str]:
 
 
 def state_lines(state: TurnState) -> list[tuple[str, str]]:
-    """The key/value header of `agentq show`."""
+    """The key/value header of `stepq show`."""
 
     def when(ts: float | None) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"

@@ -1,4 +1,4 @@
-"""`agentq status`: queues and their depth, live workers, active turns, parked turns and their approvals.
+"""`stepq status`: queues and their depth, live workers, active turns, parked turns and their approvals.
 
 Everything comes from Redis (state store and broker), never from a broadcast to workers: workers are
 listed from their heartbeats (shared/heartbeat.py says why). Turn lists are capped at `limit` each.
@@ -9,12 +9,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from producer.render import Style
-from shared.heartbeat import live_workers
-from shared.metrics import QueueDepths, pending_approval_count
-from shared.models import TurnState
-from shared.protocol import worker_queues
-from shared.runtime import Runtime
+from stepq.heartbeat import live_workers
+from stepq.metrics import QueueDepths, pending_approval_count
+from stepq.models import TurnState
+from stepq.producer.render import Style
+from stepq.protocol import worker_queues
+from stepq.runtime import Runtime
 
 
 def collect_status(rt: Runtime, limit: int = 20, now: float | None = None) -> dict[str, Any]:
@@ -117,7 +117,7 @@ def status_lines(status: dict[str, Any], style: Style) -> list[str]:
             f"{metrics}  seen {w['seconds_ago']:.0f}s ago"
         )
     if not workers:
-        lines.append(style.yellow("  none: start one with `agentq worker`"))
+        lines.append(style.yellow("  none: start one with `stepq worker`"))
 
     active = status["active_turns"]
     lines.append(style.bold(f"active turns ({active['count']} queued or running)"))

@@ -1,6 +1,10 @@
-"""agentq's library: definitions, engine, providers and the Redis store. No Celery imports here."""
+"""stepq's library: definitions, engine, providers and the Redis store. No Celery imports here."""
 
-from shared.agents import AgentDefinition, Budget, LoopConfig, StopWhen
-from shared.tools import ToolContext, ToolDefinition, tool
+if __name__ != "stepq":  # the folder's own name would load every module a second time
+    raise ImportError(f"import stepq, not {__name__}: this folder is installed as the package stepq")
+
+
+from stepq.agents import AgentDefinition, Budget, LoopConfig, StopWhen
+from stepq.tools import ToolContext, ToolDefinition, tool
 
 __all__ = ["AgentDefinition", "Budget", "LoopConfig", "StopWhen", "ToolContext", "ToolDefinition", "tool"]

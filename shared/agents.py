@@ -1,4 +1,4 @@
-"""Agent definitions and the registry that loads them from `AGENTQ_AGENT_MODULES`.
+"""Agent definitions and the registry that loads them from `STEPQ_AGENT_MODULES`.
 
 An agent is a contract: which tools the model may see, what it may change, who may
 call it, how long its loop may run, and what shape its answer must have.
@@ -13,13 +13,13 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from shared.errors import DefinitionError
-from shared.models import LoopLimits
-from shared.providers.base import ToolSpec
-from shared.providers.registry import check_tool_schemas, split_shorthand
-from shared.providers.scripted import ScriptStep
-from shared.ratelimit import RateLimit
-from shared.tools import ToolDefinition, all_tools
+from stepq.errors import DefinitionError
+from stepq.models import LoopLimits
+from stepq.providers.base import ToolSpec
+from stepq.providers.registry import check_tool_schemas, split_shorthand
+from stepq.providers.scripted import ScriptStep
+from stepq.ratelimit import RateLimit
+from stepq.tools import ToolDefinition, all_tools
 
 MutationPolicy = Literal["read-only", "confirm-required", "destructive-confirm-required"]
 ExecutionMode = Literal["chat", "object"]
@@ -92,7 +92,7 @@ class AgentDefinition(BaseModel):
     stop_sequences: list[str] = Field(default_factory=list)
     approval_ttl_s: float | None = None
     provider_options: dict[str, Any] = Field(default_factory=dict)  # e.g. {"thinking_budget": 2048}
-    rate_limit: RateLimit | None = None  # overrides AGENTQ_RATE_LIMITS for this agent's provider/model
+    rate_limit: RateLimit | None = None  # overrides STEPQ_RATE_LIMITS for this agent's provider/model
     priority: Literal["interactive", "batch"] = "interactive"
     script: list[ScriptStep] | None = None  # for the offline `scripted` provider
 
@@ -173,7 +173,7 @@ class AgentRegistry:
                 for t in agent.visible_tools()
             ]
             if agent.execution_mode == "object":
-                from shared.engine.structured import output_tool
+                from stepq.engine.structured import output_tool
 
                 specs.append(output_tool(agent))
             check_tool_schemas(provider, specs)

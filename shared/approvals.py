@@ -1,7 +1,7 @@
 """Approval capabilities: an HMAC over (approval id, turn, tool call, tool name, args hash, expiry).
 
 The token is `<key id>.<hex mac>`; the key id picks the secret, so old secrets kept
-in `AGENTQ_APPROVAL_OLD_SECRETS` still verify pending approvals after a rotation.
+in `STEPQ_APPROVAL_OLD_SECRETS` still verify pending approvals after a rotation.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def canonical_args_hash(args: dict[str, Any]) -> str:
 
 
 def key_id(secret: bytes) -> str:
-    return hashlib.sha256(b"agentq-approval-key:" + secret).hexdigest()[:12]
+    return hashlib.sha256(b"stepq-approval-key:" + secret).hexdigest()[:12]
 
 
 @dataclass(frozen=True)

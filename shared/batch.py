@@ -2,7 +2,7 @@
 and the item's key, so re-running after an interruption re-uses finished turns instead of re-billing.
 
 Workers record each finished batch turn in the batch's counters and its `done` stream;
-a runner anywhere follows that stream, and `agentq batch status` reads the counters.
+a runner anywhere follows that stream, and `stepq batch status` reads the counters.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from shared.models import TurnState, TurnStatus
-from shared.store.keys import Keys
+from stepq.models import TurnState, TurnStatus
+from stepq.store.keys import Keys
 
 _BATCH_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 

@@ -1,4 +1,4 @@
-"""Runtime configuration from `AGENTQ_*` environment variables.
+"""Runtime configuration from `STEPQ_*` environment variables.
 
 One `Settings` object is read per process; tests and the demo pass their own
 instance instead of mutating the environment.
@@ -15,13 +15,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    """Every knob agentq reads. Unset `redis_url` means the embedded default (no services)."""
+    """Every knob stepq reads. Unset `redis_url` means the embedded default (no services)."""
 
-    model_config = SettingsConfigDict(env_prefix="AGENTQ_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="STEPQ_", extra="ignore")
 
     redis_url: str | None = None
     broker_url: str | None = None
-    key_prefix: str = "agentq"
+    key_prefix: str = "stepq"
     agent_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     approval_secret: SecretStr | None = None
@@ -36,14 +36,14 @@ class Settings(BaseSettings):
     lease_ttl_s: float = 30.0
     sweep_interval_s: float = 10.0
     reschedule_countdown_s: float | None = None  # default: lease_ttl_s / 2
-    queue: str = "agentq"
+    queue: str = "stepq"
     broker_transport_options: dict[str, Any] = Field(default_factory=dict)
     rate_limits: dict[str, Any] = Field(
         default_factory=dict
     )  # {"provider/model" | "provider": {rpm, tpm, concurrency}}
     prices: dict[str, Any] = Field(default_factory=dict)  # {"provider/model": {input_per_mtok, output_per_mtok}}
     queued_grace_s: float = 300.0  # a queued turn untouched this long is presumed to have lost its message
-    beat: bool = True  # `agentq worker` runs the sweeper's schedule unless --no-beat
+    beat: bool = True  # `stepq worker` runs the sweeper's schedule unless --no-beat
     memory_polling_interval_s: float = 0.01
 
     # Observability
@@ -82,12 +82,12 @@ class Settings(BaseSettings):
         return value
 
     def to_env(self) -> dict[str, str]:
-        """The `AGENTQ_*` variables that give another process (a worker, the CLI) exactly these settings."""
+        """The `STEPQ_*` variables that give another process (a worker, the CLI) exactly these settings."""
         env: dict[str, str] = {}
         for name, value in self.model_dump().items():
             if value is None:
                 continue
-            key = f"AGENTQ_{name.upper()}"
+            key = f"STEPQ_{name.upper()}"
             if name == "approval_secret":
                 env[key] = self.approval_secret.get_secret_value() if self.approval_secret else ""
             elif name == "approval_old_secrets":

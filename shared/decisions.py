@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from shared.approvals import ApprovalClaim, canonical_args_hash
-from shared.errors import ApprovalError
-from shared.metrics import untrack_pending
-from shared.models import EventType, TurnStatus
-from shared.runtime import Runtime
+from stepq.approvals import ApprovalClaim, canonical_args_hash
+from stepq.errors import ApprovalError
+from stepq.metrics import untrack_pending
+from stepq.models import EventType, TurnStatus
+from stepq.runtime import Runtime
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def _decide(
     now = time.time()
     verdict = rt.approvals.decide(approval_id, approved, reviewer[:200], reason[:2000], now)
     if verdict in ("ok", "expired"):
-        untrack_pending(rt, approval_id)  # no longer waiting for a person (agentq_pending_approvals)
+        untrack_pending(rt, approval_id)  # no longer waiting for a person (stepq_pending_approvals)
     if verdict == "expired":
         _publish_decision(rt, record.turn_id, record.step, approval_id, record.tool_call_id, "expired", "", "")
         return ApprovalOutcome(

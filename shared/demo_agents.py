@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from shared.agents import AgentDefinition, LoopConfig
-from shared.providers.scripted import ScriptStep, ScriptToolCall
-from shared.tools import ToolContext, tool
+from stepq.agents import AgentDefinition, LoopConfig
+from stepq.providers.scripted import ScriptStep, ScriptToolCall
+from stepq.tools import ToolContext, tool
 
 ORDERS = {
     "A-1001": {"order_id": "A-1001", "item": "espresso grinder", "amount_eur": 129.0, "status": "delivered damaged"},

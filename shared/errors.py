@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 
-class AgentqError(Exception):
-    """Base of every error agentq raises on purpose."""
+class StepqError(Exception):
+    """Base of every error stepq raises on purpose."""
 
 
-class DefinitionError(AgentqError):
+class DefinitionError(StepqError):
     """An agent or tool definition is invalid; raised at load time, not at call time."""
 
 
-class SubmitError(AgentqError, ValueError):
+class SubmitError(StepqError, ValueError):
     """A submit request was refused; nothing was stored."""
 
 
@@ -27,11 +27,11 @@ class OverrideError(SubmitError):
     """A caller override tried to widen what the agent definition allows."""
 
 
-class TurnNotFoundError(AgentqError, LookupError):
+class TurnNotFoundError(StepqError, LookupError):
     pass
 
 
-class ApprovalError(AgentqError):
+class ApprovalError(StepqError):
     """An approval decision was refused (unknown id, bad token, not pending, expired, changed args)."""
 
     def __init__(self, code: str, message: str) -> None:

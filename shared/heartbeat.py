@@ -1,4 +1,4 @@
-"""Worker heartbeats in Redis: what `agentq status` lists as live workers.
+"""Worker heartbeats in Redis: what `stepq status` lists as live workers.
 
 Why not `celery inspect ping`: it broadcasts to every worker over the broker and always waits its full
 timeout, it answers only through Celery's remote control (off or filtered in some deployments), and it
@@ -23,7 +23,7 @@ HEARTBEAT_INTERVAL_S = 10.0
 LIVE_WITHIN_S = 3 * HEARTBEAT_INTERVAL_S  # a worker missing three beats is presumed gone
 FORGET_AFTER_S = 3600.0  # entries of workers killed without a goodbye are pruned after this
 
-log = logging.getLogger("agentq.heartbeat")
+log = logging.getLogger("stepq.heartbeat")
 
 
 def workers_key(prefix: str) -> str:
@@ -78,7 +78,7 @@ class Heartbeat:
     ) -> None:
         self.client, self.prefix, self.name, self.info, self.interval_s = client, prefix, name, info, interval_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="agentq-heartbeat", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="stepq-heartbeat", daemon=True)
 
     def start(self) -> None:
         self._beat()  # visible at once, not one interval later

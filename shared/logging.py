@@ -5,7 +5,7 @@
   runs them in a copy of the caller's context).
 - `RedactFilter` masks the values of known secret environment variables and bearer / API-key / URL-password
   patterns in the message and the traceback, before any formatter sees the record.
-- `AGENTQ_LOG_JSON=true` switches the handlers to `JsonFormatter`: one JSON object per line.
+- `STEPQ_LOG_JSON=true` switches the handlers to `JsonFormatter`: one JSON object per line.
 
 Workers install this on Celery's handlers (workers/signals.py); the CLI calls `configure_logging`.
 """
@@ -24,12 +24,12 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-from shared.config import Settings
+from stepq.config import Settings
 
 CONTEXT_FIELDS = ("turn_id", "step", "attempt")
 SECRET_ENV_VARS = (
-    "AGENTQ_APPROVAL_SECRET",
-    "AGENTQ_APPROVAL_OLD_SECRETS",
+    "STEPQ_APPROVAL_SECRET",
+    "STEPQ_APPROVAL_OLD_SECRETS",
     "ANTHROPIC_API_KEY",
     "ANTHROPIC_AUTH_TOKEN",
     "GOOGLE_API_KEY",
@@ -38,11 +38,11 @@ SECRET_ENV_VARS = (
     "AWS_SESSION_TOKEN",
     "AWS_BEARER_TOKEN_BEDROCK",
 )
-URL_ENV_VARS = ("AGENTQ_REDIS_URL", "AGENTQ_BROKER_URL")  # their passwords are secrets too
+URL_ENV_VARS = ("STEPQ_REDIS_URL", "STEPQ_BROKER_URL")  # their passwords are secrets too
 MASK = "***"
 MIN_SECRET_LEN = 6  # shorter values would mask ordinary words
 
-_context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("agentq_log_context", default=None)
+_context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("stepq_log_context", default=None)
 
 
 @contextmanager

@@ -23,66 +23,66 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from shared.config import Settings
-from shared.protocol import celery_config, worker_queues
+from stepq.config import Settings
+from stepq.protocol import celery_config, worker_queues
 
 if TYPE_CHECKING:
-    from shared.models import PendingApproval, StepTrace, ToolResult, TurnState
-    from shared.providers.base import Delta, ProviderError
-    from shared.runtime import Runtime
+    from stepq.models import PendingApproval, StepTrace, ToolResult, TurnState
+    from stepq.providers.base import Delta, ProviderError
+    from stepq.runtime import Runtime
 
 STEP_DELIVERIES = Counter(
-    "agentq_step_deliveries_total",
+    "stepq_step_deliveries_total",
     "run_step deliveries by what they did (next, retry, reschedule, none)",
     ["action"],
 )
 
 RATE_LIMIT_WAITS = Counter(
-    "agentq_rate_limiter_waits_total",
+    "stepq_rate_limiter_waits_total",
     "Steps re-queued because the shared rate limit had no capacity",
     ["provider", "model", "limit"],
 )
 
 TURNS = Counter(
-    "agentq_turns_total",
+    "stepq_turns_total",
     "Turns finished, by final status (completed, failed, cancelled)",
     ["agent", "status"],
 )
 
 STEPS = Counter(
-    "agentq_steps_total",
+    "stepq_steps_total",
     "Model steps (one model call each) by outcome: ok, retry, failed, parked, cancelled, lost, conflict",
     ["agent", "provider", "model", "outcome"],
 )
 
 STEP_DURATION = Histogram(
-    "agentq_step_duration_seconds",
+    "stepq_step_duration_seconds",
     "Wall time of one model step (model call plus its auto tools), per attempt",
     ["provider", "model"],
     buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600),
 )
 
 TIME_TO_FIRST_CHUNK = Histogram(
-    "agentq_time_to_first_chunk_seconds",
+    "stepq_time_to_first_chunk_seconds",
     "From the start of the model call to its first content delta",
     ["provider", "model"],
     buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 30, 60),
 )
 
 STEP_RETRIES = Counter(
-    "agentq_step_retries_total",
+    "stepq_step_retries_total",
     "Step retries before the first chunk, by reason (HTTP status or provider error code)",
     ["provider", "model", "reason"],
 )
 
 TOKENS = Counter(
-    "agentq_tokens_total",
+    "stepq_tokens_total",
     "Tokens reported by providers, by kind (input, output, cache_read, cache_write, reasoning)",
     ["provider", "model", "kind"],
 )
 
 TOOL_CALLS = Counter(
-    "agentq_tool_calls_total",
+    "stepq_tool_calls_total",
     "Tool calls resolved, by outcome (ok, error, denied, not_found, invalid_args, blocked)",
     ["agent", "tool", "outcome"],
 )
@@ -119,7 +119,7 @@ def step_outcome(action: str, reason: str, status: str) -> str | None:
     if action == "next":
         return "ok"
     if action == "reschedule":
-        return None  # the model was not called (rate limit): counted by agentq_rate_limiter_waits_total
+        return None  # the model was not called (rate limit): counted by stepq_rate_limiter_waits_total
     if reason.startswith("commit lost"):
         return "conflict"
     if reason.startswith("lease lost"):
@@ -281,7 +281,7 @@ class QueueDepths:
 
 
 class StateCollector(Collector):
-    """`agentq_queue_depth{queue}` and `agentq_pending_approvals`, read from Redis at scrape time.
+    """`stepq_queue_depth{queue}` and `stepq_pending_approvals`, read from Redis at scrape time.
 
     Register it only in the process that serves /metrics (each serving worker reports the same fleet-wide
     values: aggregate with max(), not sum()). The reads run on a helper thread with a time budget and
@@ -294,7 +294,7 @@ class StateCollector(Collector):
         self.budget_s = budget_s
         self.depths = QueueDepths(settings, timeout_s=SCRAPE_SOCKET_TIMEOUT_S)
         self._state: redis.Redis | None = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentq-scrape")
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="stepq-scrape")
         self._inflight: concurrent.futures.Future[tuple[dict[str, int] | None, int | None]] | None = None
         self._lock = threading.Lock()
 
@@ -330,14 +330,14 @@ class StateCollector(Collector):
             return
         if depths is not None:
             gauge = GaugeMetricFamily(
-                "agentq_queue_depth", "Step messages waiting in the broker queue", labels=["queue"]
+                "stepq_queue_depth", "Step messages waiting in the broker queue", labels=["queue"]
             )
             for queue, depth in depths.items():
                 gauge.add_metric([queue], depth)
             yield gauge
         if pending is not None:
             yield GaugeMetricFamily(
-                "agentq_pending_approvals",
+                "stepq_pending_approvals",
                 "Approvals of parked turns waiting for a decision (unexpired)",
                 value=pending,
             )
@@ -347,14 +347,14 @@ class StateCollector(Collector):
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 PROCESS_POOLS = frozenset({"prefork", "processes"})
-OWNED_MARKER = ".agentq-owned"  # in a directory agentq created, so the worker may delete it on shutdown
+OWNED_MARKER = ".stepq-owned"  # in a directory stepq created, so the worker may delete it on shutdown
 
 
 def prepare_multiprocess_dir(pool: str, environ: MutableMapping[str, str]) -> str | None:
     """For a process pool, make sure `PROMETHEUS_MULTIPROC_DIR` names an existing directory in `environ`.
 
     It must be set before prometheus_client is first imported in the worker (the value class is chosen
-    then), so `agentq worker` sets it before exec'ing celery: a fresh temp dir unless the operator set one
+    then), so `stepq worker` sets it before exec'ing celery: a fresh temp dir unless the operator set one
     (which must then start empty, e.g. a Kubernetes emptyDir). Returns the directory, or None for thread pools.
     """
     if pool not in PROCESS_POOLS:
@@ -363,7 +363,7 @@ def prepare_multiprocess_dir(pool: str, environ: MutableMapping[str, str]) -> st
     if path:
         os.makedirs(path, exist_ok=True)
         return path
-    path = tempfile.mkdtemp(prefix="agentq-metrics-")
+    path = tempfile.mkdtemp(prefix="stepq-metrics-")
     with open(os.path.join(path, OWNED_MARKER), "w"):
         pass
     environ[MULTIPROC_ENV] = path

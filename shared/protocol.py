@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.config import Settings
+from stepq.config import Settings
 
-RUN_STEP = "agentq.run_step"
-APPROVE = "agentq.approve"
-SWEEP = "agentq.sweep"
+RUN_STEP = "stepq.run_step"
+APPROVE = "stepq.approve"
+SWEEP = "stepq.sweep"
 
 
 def queue_for(settings: Settings, priority: str) -> str:
@@ -54,6 +54,6 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "beat_schedule": {
-            "agentq-sweep": {"task": SWEEP, "schedule": settings.sweep_interval_s, "options": {"queue": settings.queue}}
+            "stepq-sweep": {"task": SWEEP, "schedule": settings.sweep_interval_s, "options": {"queue": settings.queue}}
         },
     }

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import redis
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.store.keys import Keys
+from stepq.store.keys import Keys
 
 WINDOW_S = 60.0
 

@@ -10,19 +10,19 @@ from dataclasses import dataclass, field
 
 import redis
 
-from shared.agents import AgentRegistry, registry
-from shared.approvals import ApprovalSigner
-from shared.config import Settings, get_settings
-from shared.ratelimit import RateLimiter
-from shared.store.approvals import ApprovalStore
-from shared.store.connection import get_redis
-from shared.store.events import EventLog
-from shared.store.keys import Keys
-from shared.store.leases import LeaseManager
-from shared.store.tool_results import ToolResultStore
-from shared.store.turns import TurnStore
+from stepq.agents import AgentRegistry, registry
+from stepq.approvals import ApprovalSigner
+from stepq.config import Settings, get_settings
+from stepq.ratelimit import RateLimiter
+from stepq.store.approvals import ApprovalStore
+from stepq.store.connection import get_redis
+from stepq.store.events import EventLog
+from stepq.store.keys import Keys
+from stepq.store.leases import LeaseManager
+from stepq.store.tool_results import ToolResultStore
+from stepq.store.turns import TurnStore
 
-log = logging.getLogger("agentq")
+log = logging.getLogger("stepq")
 
 
 @dataclass
@@ -61,7 +61,7 @@ class Runtime:
 
     @property
     def signer(self) -> ApprovalSigner:
-        """HMAC signer from AGENTQ_APPROVAL_SECRET; without one, a random secret shared through Redis."""
+        """HMAC signer from STEPQ_APPROVAL_SECRET; without one, a random secret shared through Redis."""
         if self._signer is None:
             s = self.settings
             if s.approval_secret is not None:
@@ -70,7 +70,7 @@ class Runtime:
                 self.redis.set(self.keys.generated_secret, secrets.token_hex(32), nx=True)
                 current = str(self.redis.get(self.keys.generated_secret)).encode()
                 if not s.embedded:
-                    log.warning("AGENTQ_APPROVAL_SECRET is not set; using a generated secret kept in Redis")
+                    log.warning("STEPQ_APPROVAL_SECRET is not set; using a generated secret kept in Redis")
             old = [x.get_secret_value().encode() for x in s.approval_old_secrets]
             self._signer = ApprovalSigner(current, old)
         return self._signer

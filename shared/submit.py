@@ -8,13 +8,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from shared.agents import AgentDefinition, Budget, StopWhen
-from shared.batch import batch_key
-from shared.engine.runner import new_turn_id
-from shared.errors import MissingFeaturesError, OverrideError, SubmitError, UnknownAgentError
-from shared.models import EventType, LoopLimits, Message, SystemMessage, TurnState, UserMessage
-from shared.providers.registry import resolve_model
-from shared.runtime import Runtime
+from stepq.agents import AgentDefinition, Budget, StopWhen
+from stepq.batch import batch_key
+from stepq.engine.runner import new_turn_id
+from stepq.errors import MissingFeaturesError, OverrideError, SubmitError, UnknownAgentError
+from stepq.models import EventType, LoopLimits, Message, SystemMessage, TurnState, UserMessage
+from stepq.providers.registry import resolve_model
+from stepq.runtime import Runtime
 
 _MESSAGES = TypeAdapter(list[Message])
 
@@ -77,7 +77,7 @@ def build_messages(
         if not isinstance(prompt, str) or not prompt.strip():
             raise SubmitError("prompt must be a non-empty string")
         if len(prompt) > limit:
-            raise SubmitError(f"prompt is {len(prompt)} characters; the limit is {limit} (AGENTQ_MAX_PROMPT_CHARS)")
+            raise SubmitError(f"prompt is {len(prompt)} characters; the limit is {limit} (STEPQ_MAX_PROMPT_CHARS)")
         return [UserMessage(content=prompt)]
     try:
         parsed = _MESSAGES.validate_python(messages)
@@ -93,7 +93,7 @@ def build_messages(
         raise SubmitError(f"{len(parsed)} messages; the limit is {rt.settings.max_messages}")
     size = sum(len(m.model_dump_json()) for m in parsed)
     if size > limit:
-        raise SubmitError(f"messages total {size} characters; the limit is {limit} (AGENTQ_MAX_PROMPT_CHARS)")
+        raise SubmitError(f"messages total {size} characters; the limit is {limit} (STEPQ_MAX_PROMPT_CHARS)")
     if any(isinstance(m, SystemMessage) for m in parsed):
         raise SubmitError("system messages come from the agent definition, not the caller")
     return parsed
@@ -136,7 +136,7 @@ def create_turn(
     """Validate and store a turn. Returns (state, created); created is False for a repeated key."""
     agent = rt.agents.get(agent_id) if isinstance(agent_id, str) else None
     if agent is None:
-        known = ", ".join(rt.agents.ids()) or "none loaded (set AGENTQ_AGENT_MODULES)"
+        known = ", ".join(rt.agents.ids()) or "none loaded (set STEPQ_AGENT_MODULES)"
         raise UnknownAgentError(f"unknown agent {agent_id!r}; known agents: {known}")
     missing = sorted(set(agent.required_features) - set(features or []))
     if missing:

@@ -16,7 +16,7 @@ from typing import Any, get_type_hints
 import jsonschema
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from shared.errors import DefinitionError
+from stepq.errors import DefinitionError
 
 ApprovalPredicate = Callable[[dict[str, Any]], bool]
 

@@ -6,9 +6,9 @@ through ANTHROPIC_BASE_URL; the model names are arbitrary because the fake ignor
 
 from __future__ import annotations
 
-from shared.agents import AgentDefinition
-from shared.providers.scripted import ScriptStep
-from shared.tools import tool
+from stepq.agents import AgentDefinition
+from stepq.providers.scripted import ScriptStep
+from stepq.tools import tool
 
 
 @tool
@@ -62,7 +62,7 @@ override = AgentDefinition(
     script=[ScriptStep(text="scripted answer")],
 )
 
-# no provider or model of its own: AGENTQ_PROVIDER / AGENTQ_MODEL decide
+# no provider or model of its own: STEPQ_PROVIDER / STEPQ_MODEL decide
 from_env = AgentDefinition(id="anthropic_t.from_env", system_prompt="env-configured")
 
 # Claude on Vertex AI (the test registers the `anthropic-vertex` provider)

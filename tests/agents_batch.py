@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from shared.agents import AgentDefinition
-from shared.models import AssistantMessage, TextPart, Usage, UserMessage
-from shared.providers.base import Delta, Emit, ProviderAdapter, ShouldStop, StepOutput, StepRequest
-from shared.providers.registry import register_provider
-from shared.providers.scripted import ScriptFailure, ScriptStep
-from shared.ratelimit import RateLimit
-from shared.tools import tool
+from stepq.agents import AgentDefinition
+from stepq.models import AssistantMessage, TextPart, Usage, UserMessage
+from stepq.providers.base import Delta, Emit, ProviderAdapter, ShouldStop, StepOutput, StepRequest
+from stepq.providers.registry import register_provider
+from stepq.providers.scripted import ScriptFailure, ScriptStep
+from stepq.ratelimit import RateLimit
+from stepq.tools import tool
 
 limited = AgentDefinition(
     id="bt.limited",

@@ -14,18 +14,16 @@ from typing import Any
 import redis
 from pydantic import BaseModel, Field
 
-from shared.agents import AgentDefinition, Budget, LoopConfig, StopWhen
-from shared.engine.runner import StepRunner
-from shared.models import ToolResult, ToolResultMessage, TurnState
-from shared.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
-from shared.runtime import Runtime
-from shared.store.keys import Keys
-from shared.submit import create_turn
-from shared.tools import ToolContext, tool
+from stepq.agents import AgentDefinition, Budget, LoopConfig, StopWhen
+from stepq.engine.runner import StepRunner
+from stepq.models import ToolResult, ToolResultMessage, TurnState
+from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
+from stepq.runtime import Runtime
+from stepq.store.keys import Keys
+from stepq.submit import create_turn
+from stepq.tools import ToolContext, tool
 
-_redis = redis.Redis.from_url(
-    os.environ.get("AGENTQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), decode_responses=True
-)
+_redis = redis.Redis.from_url(os.environ.get("STEPQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), decode_responses=True)
 
 
 def calls_key(prefix: str, turn_id: str, tool_name: str) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from shared.agents import AgentDefinition
-from shared.providers.scripted import ScriptStep, ScriptToolCall
-from shared.tools import ToolContext, tool
+from stepq.agents import AgentDefinition
+from stepq.providers.scripted import ScriptStep, ScriptToolCall
+from stepq.tools import ToolContext, tool
 
 
 @tool
@@ -24,7 +24,7 @@ def mt_leak(label: str, ctx: ToolContext) -> dict[str, str]:
         label,
         key,
         os.environ.get("GOOGLE_API_KEY", ""),
-        os.environ.get("AGENTQ_APPROVAL_SECRET", ""),
+        os.environ.get("STEPQ_APPROVAL_SECRET", ""),
     )
     try:
         raise RuntimeError(f"upstream refused {os.environ.get('AWS_SECRET_ACCESS_KEY', '')}")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from shared.agents import AgentDefinition, LoopConfig
-from shared.providers.scripted import ScriptStep, ScriptToolCall
-from shared.tools import tool
+from stepq.agents import AgentDefinition, LoopConfig
+from stepq.providers.scripted import ScriptStep, ScriptToolCall
+from stepq.tools import tool
 
 
 class StContact(BaseModel):

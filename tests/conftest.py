@@ -18,17 +18,17 @@ import pytest
 import redis
 from celery.contrib.testing.worker import start_worker
 
-from shared.config import Settings
-from shared.protocol import worker_queues
-from shared.runtime import Runtime, get_runtime
+from stepq.config import Settings
+from stepq.protocol import worker_queues
+from stepq.runtime import Runtime, get_runtime
 
-REDIS_URL = os.environ.get("AGENTQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-AMQP_URL = os.environ.get("AGENTQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+REDIS_URL = os.environ.get("STEPQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+AMQP_URL = os.environ.get("STEPQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 ROOT = Path(__file__).resolve().parent.parent
 # every tests/agents*.py module defines agents and tools for the tests; workers load them all
 TEST_AGENT_MODULES = [
     *sorted(f"tests.{p.stem}" for p in Path(__file__).parent.glob("agents*.py")),
-    "shared.demo_agents",
+    "stepq.demo_agents",
 ]
 
 
@@ -51,7 +51,7 @@ def make_settings(prefix: str, **overrides: object) -> Settings:
 
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that gives a subprocess the same settings."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
     env.update(settings.to_env())
     env["PYTHONPATH"] = str(ROOT)
     return env
@@ -82,7 +82,7 @@ def rt(settings: Settings) -> Runtime:
 @pytest.fixture
 def worker(settings: Settings) -> Iterator[object]:
     """An in-process Celery worker (threads pool) serving this test's queue on real Redis."""
-    from workers.app import create_app
+    from stepq.workers.app import create_app
 
     app = create_app(settings)
     with start_worker(
@@ -93,7 +93,7 @@ def worker(settings: Settings) -> Iterator[object]:
 
 @pytest.fixture
 def client(settings: Settings, rt: Runtime) -> object:
-    from producer.client import Client
+    from stepq.producer.client import Client
 
     return Client(settings)
 
@@ -111,7 +111,7 @@ class WorkerProcess:
     ) -> None:
         self.name = name
         cmd = [
-            sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker",
+            sys.executable, "-m", "celery", "-A", "stepq.workers.celery_app", "worker",
             f"--pool={pool}", f"--concurrency={concurrency}", "--loglevel=WARNING",
             f"--hostname={name}@%h", "-Q", ",".join(worker_queues(settings)), "--without-gossip", "--without-mingle",
         ]  # fmt: skip

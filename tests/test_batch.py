@@ -8,9 +8,9 @@ import subprocess
 import sys
 import time
 
-from shared.batch import BatchItem, batch_key, item_idempotency_key
-from shared.models import TurnStatus
-from shared.submit import create_turn
+from stepq.batch import BatchItem, batch_key, item_idempotency_key
+from stepq.models import TurnStatus
+from stepq.submit import create_turn
 from tests.conftest import ROOT, settings_env
 
 
@@ -25,7 +25,7 @@ def _write_items(path, n, bad_lines=()):
 
 def _batch(settings, *args):
     return subprocess.Popen(
-        [sys.executable, "-m", "producer.batch", *args],
+        [sys.executable, "-m", "stepq.producer.batch", *args],
         env=settings_env(settings),
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -80,7 +80,7 @@ def test_interrupted_batch_resumes_with_each_item_exactly_once(settings, worker,
     assert "failed in this run" in err and "(1 failed)" in err
 
     status = subprocess.run(
-        [sys.executable, "-m", "producer.batch", "status", "resume-test", "--json"],
+        [sys.executable, "-m", "stepq.producer.batch", "status", "resume-test", "--json"],
         env=settings_env(settings), cwd=ROOT, capture_output=True, text=True, check=True,
     )  # fmt: skip
     parsed = json.loads(status.stdout)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.models import EventType, FinishReason, TurnStatus
+from stepq.models import EventType, FinishReason, TurnStatus
 
 
 def test_basic_turn_through_celery(worker, client, prefix):

@@ -1,4 +1,4 @@
-"""The `agentq` CLI as a user runs it: a subprocess against real Redis and a real Celery worker."""
+"""The `stepq` CLI as a user runs it: a subprocess against real Redis and a real Celery worker."""
 
 from __future__ import annotations
 
@@ -12,22 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import Settings
+from stepq.config import Settings
 from tests.conftest import ROOT, settings_env
 
 TIMEOUT = 120
 
 
-def agentq_cmd() -> list[str]:
-    script = Path(sys.executable).with_name("agentq")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "producer.cli"]
+def stepq_cmd() -> list[str]:
+    script = Path(sys.executable).with_name("stepq")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "stepq.producer.cli"]
 
 
-def agentq(
+def stepq(
     env: dict[str, str], *args: str, stdin: str | None = None, check: int | None = None
 ) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
-        [*agentq_cmd(), *args],
+        [*stepq_cmd(), *args],
         env=env,
         cwd=ROOT,
         input=stdin,
@@ -62,7 +62,7 @@ def parked_turn(client, prefix: str) -> tuple[str, dict]:
 
 
 def test_run_json_completes(worker, env):
-    proc = agentq(env, "run", "rt.basic", "hi", "--json", check=0)
+    proc = stepq(env, "run", "rt.basic", "hi", "--json", check=0)
     result = json.loads(proc.stdout)
     assert result["status"] == "completed"
     assert result["finish_reason"] == "stop"
@@ -72,32 +72,32 @@ def test_run_json_completes(worker, env):
 
 
 def test_run_unknown_agent_is_bad_input(env):
-    proc = agentq(env, "run", "nope.missing", "hi", check=2)
+    proc = stepq(env, "run", "nope.missing", "hi", check=2)
     assert "nope.missing" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stdout == ""
 
 
 def test_run_bad_metadata_is_bad_input(env):
-    proc = agentq(env, "run", "rt.basic", "hi", "--metadata", "[1, 2]", check=2)
+    proc = stepq(env, "run", "rt.basic", "hi", "--metadata", "[1, 2]", check=2)
     assert "--metadata must be a JSON object" in proc.stderr
 
 
 def test_run_widening_override_is_bad_input(env):
-    proc = agentq(env, "run", "rt.basic", "hi", "--max-steps", "1000", check=2)
+    proc = stepq(env, "run", "rt.basic", "hi", "--max-steps", "1000", check=2)
     assert "max_steps=1000" in proc.stderr and "only tighten" in proc.stderr
 
 
 def test_run_failed_turn_shows_retries_and_exits_1(worker, env):
-    proc = agentq(env, "run", "rt.always_failing", "hi", check=1)
-    assert proc.stdout.count("↻ step 0 retry") == 4  # AGENTQ_RETRY_MAX_ATTEMPTS=5: four retries, then it fails
+    proc = stepq(env, "run", "rt.always_failing", "hi", check=1)
+    assert proc.stdout.count("↻ step 0 retry") == 4  # STEPQ_RETRY_MAX_ATTEMPTS=5: four retries, then it fails
     assert "503" in proc.stdout and "unavailable" in proc.stdout
     assert "✗ error: provider error after 5 attempts" in proc.stdout
     assert "failed · finish: error" in proc.stdout
 
 
 def test_run_approve_all_then_show_and_events(worker, env):
-    proc = agentq(env, "run", "demo.support", "my grinder broke, refund please", "--approve-all", check=0)
+    proc = stepq(env, "run", "demo.support", "my grinder broke, refund please", "--approve-all", check=0)
     out = proc.stdout
     assert "Let me look that order up." in out  # streamed text
     assert "→ lookup_order" in out
@@ -107,21 +107,21 @@ def test_run_approve_all_then_show_and_events(worker, env):
     assert "completed · finish: stop" in out
     turn_id = turn_id_of(out)
 
-    shown = agentq(env, "show", turn_id, check=0).stdout
+    shown = stepq(env, "show", turn_id, check=0).stdout
     assert "completed" in shown and "demo.support" in shown and "scripted / scripted" in shown
     assert "Done: the refund is on its way." in shown
     assert "provider/model" in shown and "issue_refund" in shown  # the per-step trace table
 
-    as_json = json.loads(agentq(env, "show", turn_id, "--json", check=0).stdout)
+    as_json = json.loads(stepq(env, "show", turn_id, "--json", check=0).stdout)
     assert as_json["status"] == "completed"
     assert [s["tool_calls"] for s in as_json["trace"]["steps"]] == [["lookup_order"], ["issue_refund"], []]
 
-    listed = agentq(env, "events", turn_id, "--no-follow", check=0).stdout
+    listed = stepq(env, "events", turn_id, "--no-follow", check=0).stdout
     kinds = [line.split()[3] for line in listed.splitlines()]
     assert kinds[0] == "turn-start" and kinds[-1] == "turn-finish"
     assert {"tool-call", "tool-result", "approval-request", "approval-decision", "text-delta"} <= set(kinds)
 
-    followed = agentq(env, "events", turn_id, "--json", "--after", "3", check=0).stdout
+    followed = stepq(env, "events", turn_id, "--json", "--after", "3", check=0).stdout
     events = [json.loads(line) for line in followed.splitlines()]
     assert events[0]["seq"] == 4
     assert [e["seq"] for e in events] == list(range(4, 4 + len(events)))
@@ -129,7 +129,7 @@ def test_run_approve_all_then_show_and_events(worker, env):
 
 
 def test_run_deny_all_model_sees_denial(worker, env):
-    proc = agentq(env, "run", "demo.support", "refund please", "--deny-all", "--json", check=0)
+    proc = stepq(env, "run", "demo.support", "refund please", "--deny-all", "--json", check=0)
     result = json.loads(proc.stdout)
     assert result["approvals"] == [
         {
@@ -140,7 +140,7 @@ def test_run_deny_all_model_sees_denial(worker, env):
             "accepted": True,
         }
     ]
-    events = agentq(env, "events", result["turn_id"], "--json", check=0).stdout
+    events = stepq(env, "events", result["turn_id"], "--json", check=0).stdout
     results = [e["data"] for e in map(json.loads, events.splitlines()) if e["type"] == "tool-result"]
     refund = [r for r in results if r["name"] == "issue_refund"]
     assert len(refund) == 1 and refund[0]["is_error"]
@@ -148,14 +148,14 @@ def test_run_deny_all_model_sees_denial(worker, env):
 
 
 def test_run_without_a_terminal_denies_instead_of_hanging(worker, env):
-    proc = agentq(env, "run", "demo.support", "refund please", check=0)
+    proc = stepq(env, "run", "demo.support", "refund please", check=0)
     assert "stdin is not a terminal" in proc.stderr
     assert "denied by reviewer: no reviewer" in proc.stdout
 
 
 def test_run_interactive_answer_from_stdin_pipe_is_not_trusted(worker, env):
     # a pipe is not a terminal: even a "y" on stdin must not approve a write
-    proc = agentq(env, "run", "demo.support", "refund please", stdin="y\n", check=0)
+    proc = stepq(env, "run", "demo.support", "refund please", stdin="y\n", check=0)
     assert "✗ denied by cli" in proc.stdout
 
 
@@ -163,7 +163,7 @@ def test_run_asks_at_the_terminal(worker, env):
     primary, secondary = os.openpty()  # a real terminal on stdin: the CLI asks, we answer
     try:
         proc = subprocess.Popen(
-            [*agentq_cmd(), "run", "demo.support", "refund please"],
+            [*stepq_cmd(), "run", "demo.support", "refund please"],
             env=env,
             cwd=ROOT,
             stdin=secondary,
@@ -184,73 +184,71 @@ def test_run_asks_at_the_terminal(worker, env):
 
 def test_approve_tampered_token_is_refused_then_valid_one_accepted(worker, env, client, prefix):
     turn_id, request = parked_turn(client, prefix)
-    shown = agentq(env, "show", turn_id, check=0).stdout
+    shown = stepq(env, "show", turn_id, check=0).stdout
     assert "awaiting_approval" in shown
-    assert f"agentq approve {request['approval_id']} {request['token']} --yes" in shown
+    assert f"stepq approve {request['approval_id']} {request['token']} --yes" in shown
 
     token = request["token"]
     tampered = token[:-1] + ("0" if token[-1] != "0" else "1")
-    proc = agentq(env, "approve", request["approval_id"], tampered, "--yes", check=1)
+    proc = stepq(env, "approve", request["approval_id"], tampered, "--yes", check=1)
     assert "refused (invalid-token)" in proc.stdout
     assert client.get(turn_id).status == "awaiting_approval"
 
-    proc = agentq(
-        env, "approve", request["approval_id"], token, "--yes", "--reason", "ok", "--reviewer", "ana", check=0
-    )
+    proc = stepq(env, "approve", request["approval_id"], token, "--yes", "--reason", "ok", "--reviewer", "ana", check=0)
     assert "accepted" in proc.stdout
     assert client.wait(turn_id, timeout=60).status == "completed"
 
-    proc = agentq(env, "approve", request["approval_id"], token, "--no", check=1)
+    proc = stepq(env, "approve", request["approval_id"], token, "--no", check=1)
     assert "refused (not-pending)" in proc.stdout
 
 
 def test_cancel_parked_turn(worker, env, client, prefix):
     turn_id, _ = parked_turn(client, prefix)
-    proc = agentq(env, "cancel", turn_id, check=0)
+    proc = stepq(env, "cancel", turn_id, check=0)
     assert f"turn {turn_id} cancelled" in proc.stdout
     assert client.get(turn_id).status == "cancelled"
-    assert "already cancelled" in agentq(env, "cancel", turn_id, check=0).stdout
+    assert "already cancelled" in stepq(env, "cancel", turn_id, check=0).stdout
 
 
 @pytest.mark.parametrize("command", ["show", "events", "cancel"])
 def test_unknown_turn_is_bad_input(env, command):
-    proc = agentq(env, command, "turn_doesnotexist", check=2)
+    proc = stepq(env, command, "turn_doesnotexist", check=2)
     assert "turn_doesnotexist" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_worker_command_line(env, settings):
-    cmd = shlex.split(agentq(env, "worker", "--print-command", check=0).stdout)
-    assert cmd[1:6] == ["-m", "celery", "-A", "workers.celery_app", "worker"]
+    cmd = shlex.split(stepq(env, "worker", "--print-command", check=0).stdout)
+    assert cmd[1:6] == ["-m", "celery", "-A", "stepq.workers.celery_app", "worker"]
     assert "--pool=threads" in cmd and "--concurrency=32" in cmd
     assert cmd[cmd.index("-Q") + 1] == f"{settings.queue},{settings.queue}.batch"
     assert "-B" in cmd and os.path.isdir(os.path.dirname(cmd[cmd.index("--schedule") + 1]))
-    cmd = shlex.split(agentq(env, "worker", "--no-beat", "--queues", "a,b", "--print-command", check=0).stdout)
+    cmd = shlex.split(stepq(env, "worker", "--no-beat", "--queues", "a,b", "--print-command", check=0).stdout)
     assert "-B" not in cmd and cmd[cmd.index("-Q") + 1] == "a,b"
-    cmd = shlex.split(agentq(env, "worker", "--pool", "gevent", "--print-command", check=0).stdout)
+    cmd = shlex.split(stepq(env, "worker", "--pool", "gevent", "--print-command", check=0).stdout)
     assert "--pool=gevent" in cmd
-    assert "invalid choice: 'eventlet'" in agentq(env, "worker", "--pool", "eventlet", check=2).stderr
+    assert "invalid choice: 'eventlet'" in stepq(env, "worker", "--pool", "eventlet", check=2).stderr
 
 
 def test_worker_refuses_embedded_mode():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
-    proc = agentq(env, "worker", check=2)
-    assert "AGENTQ_REDIS_URL" in proc.stderr and "agentq demo" in proc.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    proc = stepq(env, "worker", check=2)
+    assert "STEPQ_REDIS_URL" in proc.stderr and "stepq demo" in proc.stderr
 
 
-def test_agentq_worker_runs_turns(env, tmp_path):
-    """`agentq worker` (exec'd into celery) serves turns submitted by `agentq run`."""
+def test_stepq_worker_runs_turns(env, tmp_path):
+    """`stepq worker` (exec'd into celery) serves turns submitted by `stepq run`."""
     log = tmp_path / "worker.log"
     with log.open("w") as sink:
         worker = subprocess.Popen(
-            [*agentq_cmd(), "worker", "--concurrency=2", "--loglevel=WARNING", "--no-beat"],
+            [*stepq_cmd(), "worker", "--concurrency=2", "--loglevel=WARNING", "--no-beat"],
             env=env,
             cwd=ROOT,
             stdout=sink,
             stderr=subprocess.STDOUT,
         )
     try:
-        proc = agentq(env, "run", "rt.basic", "hi", "--json")
+        proc = stepq(env, "run", "rt.basic", "hi", "--json")
         assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\nworker log:\n{log.read_text()}"
         assert json.loads(proc.stdout)["status"] == "completed"
     finally:
@@ -264,5 +262,5 @@ def test_agentq_worker_runs_turns(env, tmp_path):
 
 def test_readme_documents_every_setting():
     readme = (ROOT / "README.md").read_text()
-    missing = [f"AGENTQ_{name.upper()}" for name in Settings.model_fields if f"`AGENTQ_{name.upper()}`" not in readme]
+    missing = [f"STEPQ_{name.upper()}" for name in Settings.model_fields if f"`STEPQ_{name.upper()}`" not in readme]
     assert not missing, f"README.md's configuration table lacks {missing}"

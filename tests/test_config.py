@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.config import Settings
+from stepq.config import Settings
 
 
 def test_to_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -18,7 +18,7 @@ def test_to_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> No
         lease_ttl_s=2.5,
     )
     for key in list(__import__("os").environ):
-        if key.startswith("AGENTQ_"):
+        if key.startswith("STEPQ_"):
             monkeypatch.delenv(key)
     for key, value in original.to_env().items():
         monkeypatch.setenv(key, value)
@@ -29,8 +29,8 @@ def test_to_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_comma_separated_modules_and_embedded_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("AGENTQ_REDIS_URL", raising=False)
-    monkeypatch.setenv("AGENTQ_AGENT_MODULES", "x.y, z")
+    monkeypatch.delenv("STEPQ_REDIS_URL", raising=False)
+    monkeypatch.setenv("STEPQ_AGENT_MODULES", "x.y, z")
     settings = Settings()
     assert settings.agent_modules == ["x.y", "z"]
     assert settings.embedded and settings.effective_broker_url == "memory://"

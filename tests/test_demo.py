@@ -1,4 +1,4 @@
-"""`agentq demo`: embedded (no services), and against real Redis with a separately running worker."""
+"""`stepq demo`: embedded (no services), and against real Redis with a separately running worker."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import os
 import subprocess
 
 from tests.conftest import ROOT, settings_env
-from tests.test_cli import agentq_cmd
+from tests.test_cli import stepq_cmd
 
 
 def run_demo(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*agentq_cmd(), "demo"],
+        [*stepq_cmd(), "demo"],
         env=env,
         cwd=ROOT,
         stdin=subprocess.DEVNULL,
@@ -40,7 +40,7 @@ def assert_tour(out: str) -> None:
 
 
 def test_demo_embedded():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTQ_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
     env["PYTHONPATH"] = str(ROOT)
     proc = run_demo(env)
     assert proc.returncode == 0, proc.stdout + proc.stderr

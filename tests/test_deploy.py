@@ -26,10 +26,10 @@ import pytest
 import redis
 import yaml
 
-from shared.config import Settings
+from stepq.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-CHART = ROOT / "helm" / "agentq"
+CHART = ROOT / "helm" / "stepq"
 ALL_FEATURES = CHART / "ci" / "all-features-values.yaml"
 COMPOSE = ROOT / "docker" / "compose.yaml"
 PROMETHEUS = ROOT / "docker" / "prometheus.yml"
@@ -44,7 +44,7 @@ CRDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
 }
 RELEASE, NAMESPACE = "rel", "agents"
-FULLNAME = f"{RELEASE}-agentq"
+FULLNAME = f"{RELEASE}-stepq"
 Manifest = dict[str, Any]
 
 
@@ -120,7 +120,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
             "bundled": {"enabled": False},
             "external": {"existingSecret": "my-redis", "brokerUrlKey": "broker-url"},
         },
-        "secrets": {"existingSecret": "agentq-secrets"},
+        "secrets": {"existingSecret": "stepq-secrets"},
         "autoscaling": {"enabled": True, "keda": {"enabled": True, "redis": {"address": "redis.example:6380"}}},
         "networkPolicy": {"enabled": True},
     },
@@ -193,7 +193,7 @@ def test_worker_outlives_its_longest_step_and_runs_unprivileged(values_name: str
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]  # beat schedule, tempfiles: root fs is read-only
 
-    assert "command" not in c  # the image's exec-form ENTRYPOINT (agentq -> execs celery): PID 1 gets SIGTERM
+    assert "command" not in c  # the image's exec-form ENTRYPOINT (stepq -> execs celery): PID 1 gets SIGTERM
     assert c["args"][0] == "worker"
     assert f"--pool={worker_values['pool']}" in c["args"]
     assert f"--concurrency={worker_values['concurrency']}" in c["args"]
@@ -202,7 +202,7 @@ def test_worker_outlives_its_longest_step_and_runs_unprivileged(values_name: str
     (port,) = c["ports"]
     assert port["name"] == "metrics"
     config = one(render(values), "ConfigMap", f"{FULLNAME}-config")
-    assert str(port["containerPort"]) == config["data"]["AGENTQ_METRICS_PORT"]
+    assert str(port["containerPort"]) == config["data"]["STEPQ_METRICS_PORT"]
 
 
 def test_approval_secrets_are_wired_for_rotation() -> None:
@@ -214,8 +214,8 @@ def test_approval_secrets_are_wired_for_rotation() -> None:
     assert data["ANTHROPIC_API_KEY"] == "sk-ant-test"
 
     env = env_of(container(one(docs, "Deployment", f"{FULLNAME}-worker"), "worker"))
-    assert env["AGENTQ_APPROVAL_SECRET"]["valueFrom"]["secretKeyRef"] == {"name": FULLNAME, "key": "approval-secret"}
-    old = env["AGENTQ_APPROVAL_OLD_SECRETS"]["valueFrom"]["secretKeyRef"]
+    assert env["STEPQ_APPROVAL_SECRET"]["valueFrom"]["secretKeyRef"] == {"name": FULLNAME, "key": "approval-secret"}
+    old = env["STEPQ_APPROVAL_OLD_SECRETS"]["valueFrom"]["secretKeyRef"]
     assert old == {"name": FULLNAME, "key": "approval-old-secrets", "optional": True}
     anthropic = env["ANTHROPIC_API_KEY"]["valueFrom"]["secretKeyRef"]
     assert anthropic == {"name": FULLNAME, "key": "ANTHROPIC_API_KEY", "optional": True}
@@ -226,7 +226,7 @@ def test_approval_secrets_are_wired_for_rotation() -> None:
         assert value not in plain
 
     sweeper = container(one(docs, "Deployment", f"{FULLNAME}-sweeper"), "sweeper")
-    assert not {"AGENTQ_APPROVAL_SECRET", "ANTHROPIC_API_KEY"} & set(env_of(sweeper))  # beat never needs them
+    assert not {"STEPQ_APPROVAL_SECRET", "ANTHROPIC_API_KEY"} & set(env_of(sweeper))  # beat never needs them
 
 
 def test_default_approval_secret_is_generated_not_empty() -> None:
@@ -236,19 +236,19 @@ def test_default_approval_secret_is_generated_not_empty() -> None:
 
 
 def test_configmap_is_what_settings_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every AGENTQ_* the chart sets is a real setting and parses: a typo'd or mistyped key fails here."""
+    """Every STEPQ_* the chart sets is a real setting and parses: a typo'd or mistyped key fails here."""
     docs = render(VARIANTS["all-features"])
     data = one(docs, "ConfigMap", f"{FULLNAME}-config")["data"]
-    known = {f"AGENTQ_{name.upper()}" for name in Settings.model_fields} | {"AGENTQ_METRICS_PORT"}
+    known = {f"STEPQ_{name.upper()}" for name in Settings.model_fields} | {"STEPQ_METRICS_PORT"}
     assert set(data) <= known, set(data) - known
     for key, value in data.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("AGENTQ_REDIS_URL", "redis://redis.invalid:6379/0")
+    monkeypatch.setenv("STEPQ_REDIS_URL", "redis://redis.invalid:6379/0")
     settings = Settings()
-    assert settings.key_prefix == "agentq-prod"
+    assert settings.key_prefix == "stepq-prod"
     assert settings.queue == "steps"
     assert settings.visibility_timeout_s == 1200
-    assert settings.agent_modules == ["shared.demo_agents"]
+    assert settings.agent_modules == ["stepq.demo_agents"]
     assert settings.coalesce_window_ms == 20.0
 
 
@@ -301,8 +301,8 @@ def test_bundled_redis_is_persistent_and_never_evicts() -> None:
     assert env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": f"{FULLNAME}-redis", "key": "redis-password"}
     # $(REDIS_PASSWORD) is expanded by the kubelet because REDIS_PASSWORD is defined earlier in the list
     names = [e["name"] for e in container(one(docs, "Deployment", f"{FULLNAME}-worker"), "worker")["env"]]
-    assert names.index("REDIS_PASSWORD") < names.index("AGENTQ_REDIS_URL")
-    assert env["AGENTQ_REDIS_URL"]["value"] == f"redis://:$(REDIS_PASSWORD)@{FULLNAME}-redis:6379/0"
+    assert names.index("REDIS_PASSWORD") < names.index("STEPQ_REDIS_URL")
+    assert env["STEPQ_REDIS_URL"]["value"] == f"redis://:$(REDIS_PASSWORD)@{FULLNAME}-redis:6379/0"
     assert secret_data(one(docs, "Secret", f"{FULLNAME}-redis"))["redis-password"] == "redis-test-password"
 
 
@@ -311,9 +311,9 @@ def test_external_redis_and_existing_secret() -> None:
     assert "StatefulSet" not in kinds(docs)
     assert "Secret" not in kinds(docs)  # everything comes from the operator's Secrets
     env = env_of(container(one(docs, "Deployment", f"{FULLNAME}-worker"), "worker"))
-    assert env["AGENTQ_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "redis-url"}
-    assert env["AGENTQ_BROKER_URL"]["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "broker-url"}
-    assert env["AGENTQ_APPROVAL_SECRET"]["valueFrom"]["secretKeyRef"]["name"] == "agentq-secrets"
+    assert env["STEPQ_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "redis-url"}
+    assert env["STEPQ_BROKER_URL"]["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "broker-url"}
+    assert env["STEPQ_APPROVAL_SECRET"]["valueFrom"]["secretKeyRef"]["name"] == "stepq-secrets"
     scaled = one(docs, "ScaledObject", f"{FULLNAME}-worker")
     assert {t["metadata"]["address"] for t in scaled["spec"]["triggers"] if t["type"] == "redis"} == {
         "redis.example:6380"
@@ -338,7 +338,7 @@ def test_sweeper_runs_beat_once_and_workers_do_not() -> None:
     assert sweeper["spec"]["strategy"]["type"] == "Recreate"
     c = container(sweeper, "sweeper")
     assert c["command"] == ["celery"]
-    assert c["args"][:3] == ["-A", "workers.celery_app", "beat"]
+    assert c["args"][:3] == ["-A", "stepq.workers.celery_app", "beat"]
     worker_args = container(one(docs, "Deployment", f"{FULLNAME}-worker"), "worker")["args"]
     assert "--no-beat" in worker_args and "--beat" not in worker_args
 
@@ -350,19 +350,19 @@ def test_sweeper_runs_beat_once_and_workers_do_not() -> None:
 
 @pytest.mark.parametrize("values_name", ["default", "all-features"])
 def test_worker_args_are_accepted_by_the_cli(values_name: str) -> None:
-    """The chart's args go through `agentq worker --print-command`: a renamed or removed flag fails here."""
+    """The chart's args go through `stepq worker --print-command`: a renamed or removed flag fails here."""
     docs = render(VARIANTS[values_name])
     args = container(one(docs, "Deployment", f"{FULLNAME}-worker"), "worker")["args"]
     queues = next(a.split("=", 1)[1] for a in args if a.startswith("--queues="))
-    out = run_agentq([*args, "--print-command"])
+    out = run_stepq([*args, "--print-command"])
     assert f"-Q {queues}" in out
     assert " -B " not in f" {out} "  # the sweeper Deployment runs beat
 
 
-def run_agentq(args: list[str]) -> str:
-    env = {"AGENTQ_REDIS_URL": "redis://127.0.0.1:6379/0", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+def run_stepq(args: list[str]) -> str:
+    env = {"STEPQ_REDIS_URL": "redis://127.0.0.1:6379/0", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from producer.cli import main; sys.exit(main())", *args],
+        [sys.executable, "-c", "import sys; from stepq.producer.cli import main; sys.exit(main())", *args],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -382,7 +382,7 @@ def test_keda_scales_on_queue_length_and_cpu() -> None:
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (2, 30)
     queues = next(a.split("=", 1)[1] for a in container(worker, "worker")["args"] if a.startswith("--queues="))
     redis_triggers = [t for t in spec["triggers"] if t["type"] == "redis"]
-    assert [t["metadata"]["listName"] for t in redis_triggers] == [f"agentq-prod:{q}" for q in queues.split(",")]
+    assert [t["metadata"]["listName"] for t in redis_triggers] == [f"stepq-prod:{q}" for q in queues.split(",")]
     for t in redis_triggers:
         assert t["metadata"]["listLength"] == "48"
         assert t["metadata"]["address"] == f"{FULLNAME}-redis.{NAMESPACE}.svc:6379"
@@ -408,8 +408,8 @@ def test_cpu_hpa_when_keda_is_off() -> None:
 
 def test_keda_list_name_is_where_the_broker_puts_steps(settings: Settings) -> None:
     """The ScaledObject watches "<prefix>:<queue>": send real messages through our Celery config and find them there."""
-    from shared.protocol import RUN_STEP, queue_for
-    from workers.app import create_app
+    from stepq.protocol import RUN_STEP, queue_for
+    from stepq.workers.app import create_app
 
     values = {
         "config": {"keyPrefix": settings.key_prefix, "queue": settings.queue},
@@ -452,7 +452,7 @@ def test_service_monitor_scrapes_the_worker_metrics_service() -> None:
         ({"worker": {"pool": "processes"}}, "/worker/pool"),
         ({"worker": {"maxStepSeconds": -5}}, "/worker/maxStepSeconds"),
         ({"config": {"metricsPort": 70000}}, "/config/metricsPort"),
-        ({"config": {"extra": {"NOT_AGENTQ": "1"}}}, "NOT_AGENTQ"),
+        ({"config": {"extra": {"NOT_STEPQ": "1"}}}, "NOT_STEPQ"),
         ({"wokrer": {"replicas": 3}}, "wokrer"),
         ({"redis": {"bundled": {"enabled": False}}}, "existingSecret"),
     ],
@@ -524,38 +524,38 @@ def test_compose_services_persistence_and_healthchecks() -> None:
     assert int(worker["stop_grace_period"].rstrip("s")) > 300  # warm shutdown outlasts a 300 s step
     assert worker["env_file"] == [{"path": ".env", "required": False}]  # provider keys and the approval secret
     assert services["sweeper"]["entrypoint"] == ["celery"]
-    assert services["sweeper"]["command"][:3] == ["-A", "workers.celery_app", "beat"]
+    assert services["sweeper"]["command"][:3] == ["-A", "stepq.workers.celery_app", "beat"]
     assert services["prometheus"]["healthcheck"]["test"][0] == "CMD"
 
 
 def test_compose_environment_is_what_settings_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     env = {k: compose_defaults(str(v)) for k, v in compose()["services"]["worker"]["environment"].items()}
-    known = {f"AGENTQ_{name.upper()}" for name in Settings.model_fields} | {"AGENTQ_METRICS_PORT"}
+    known = {f"STEPQ_{name.upper()}" for name in Settings.model_fields} | {"STEPQ_METRICS_PORT"}
     assert set(env) <= known, set(env) - known
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     settings = Settings()
     assert settings.redis_url == "redis://redis:6379/0"  # the compose service name
-    assert settings.agent_modules == ["shared.demo_agents"]
+    assert settings.agent_modules == ["stepq.demo_agents"]
 
 
 def test_compose_worker_command_is_accepted_by_the_cli() -> None:
     command = [compose_defaults(str(a)) for a in compose()["services"]["worker"]["command"]]
-    out = run_agentq([*command, "--print-command"])
-    assert "-Q agentq,agentq.batch" in out and "--concurrency=32" in out
+    out = run_stepq([*command, "--print-command"])
+    assert "-Q stepq,stepq.batch" in out and "--concurrency=32" in out
 
 
 def test_prometheus_scrapes_every_worker_metrics_port() -> None:
     doc = compose()
     worker = doc["services"]["worker"]
-    metrics_port = int(worker["environment"]["AGENTQ_METRICS_PORT"])
+    metrics_port = int(worker["environment"]["STEPQ_METRICS_PORT"])
     assert str(metrics_port) in [str(p) for p in worker["expose"]]
     mounts = doc["services"]["prometheus"]["volumes"]
     assert "./prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
     assert (COMPOSE.parent / "prometheus.yml").is_file()
 
     config = yaml.safe_load(PROMETHEUS.read_text())
-    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "agentq-worker"]
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "stepq-worker"]
     assert job.get("metrics_path", "/metrics") == "/metrics"
     (sd,) = job["dns_sd_configs"]  # one target per replica, found through Docker's DNS
     assert sd["names"] == ["worker"] and sd["type"] == "A"
@@ -585,7 +585,7 @@ def test_dockerfile_has_no_hadolint_findings() -> None:
 def test_hadolint_does_flag_a_bad_dockerfile(tmp_path: Path) -> None:
     """The clean result above means something: the same call flags the usual mistakes."""
     bad = tmp_path / "Dockerfile"
-    bad.write_text("FROM python:latest\nRUN pip install celery\nCMD agentq worker\n")
+    bad.write_text("FROM python:latest\nRUN pip install celery\nCMD stepq worker\n")
     codes = {f["code"] for f in hadolint(bad)}
     assert {"DL3007", "DL3013", "DL3025"} <= codes
 
@@ -625,7 +625,7 @@ def test_dockerfile_shape() -> None:
     runtime = stage("runtime")
     final = {i: a for i, a in runtime}  # last of each instruction in the runtime stage
     assert final["USER"].split(":")[0] not in ("0", "root")
-    assert json.loads(final["ENTRYPOINT"]) == ["agentq"]  # exec form: no shell between the kubelet and celery
+    assert json.loads(final["ENTRYPOINT"]) == ["stepq"]  # exec form: no shell between the kubelet and celery
     assert json.loads(final["CMD"]) == ["worker"]
     assert "COPY --from=builder /opt/venv /opt/venv" in [f"COPY {a}" for i, a in runtime if i == "COPY"]
     assert "9464" in final["EXPOSE"].split()
@@ -664,10 +664,10 @@ def test_healthcheck_passes_on_live_metrics_and_fails_without(metrics_server: in
     assert command[0] == "python"
     assert compose()["services"]["worker"]["healthcheck"]["test"] == ["CMD", *command]  # one check, no drift
     run = [sys.executable, *command[1:]]
-    assert subprocess.run(run, env={"AGENTQ_METRICS_PORT": str(metrics_server)}, timeout=30).returncode == 0
+    assert subprocess.run(run, env={"STEPQ_METRICS_PORT": str(metrics_server)}, timeout=30).returncode == 0
 
     with socket_closed_port() as dead_port:
-        failed = subprocess.run(run, env={"AGENTQ_METRICS_PORT": str(dead_port)}, capture_output=True, timeout=30)
+        failed = subprocess.run(run, env={"STEPQ_METRICS_PORT": str(dead_port)}, capture_output=True, timeout=30)
     assert failed.returncode != 0
 
 
@@ -758,7 +758,7 @@ def test_dockerignore_keeps_only_what_the_build_needs() -> None:
 
 def test_build_context_builds_the_wheel_the_image_installs(tmp_path: Path) -> None:
     """Replay the builder stage's COPYs from the filtered context, then its `pip wheel`: the wheel must hold every
-    package and the `agentq` console script the ENTRYPOINT names."""
+    package and the `stepq` console script the ENTRYPOINT names."""
     context = build_context()
     builder = stage("builder")
     src = tmp_path / "src"
@@ -783,10 +783,11 @@ def test_build_context_builds_the_wheel_the_image_installs(tmp_path: Path) -> No
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    (wheel,) = wheels.glob("agentq-*.whl")
+    (wheel,) = wheels.glob("stepq-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
-    assert {"shared/config.py", "workers/celery_app.py", "producer/cli.py"} <= names
-    assert not [n for n in names if n.startswith(("tests/", "bench/"))]
-    assert re.search(r"^agentq\s*=\s*producer\.cli:main$", entry_points, re.M)
+    assert {"stepq/config.py", "stepq/workers/celery_app.py", "stepq/producer/cli.py", "stepq/py.typed"} <= names
+    top_level = {n.split("/", 1)[0] for n in names if not n.startswith("stepq-")}  # stepq-*.dist-info is metadata
+    assert top_level == {"stepq"}
+    assert re.search(r"^stepq\s*=\s*stepq\.producer\.cli:main$", entry_points, re.M)

@@ -10,8 +10,8 @@ import pytest
 import redis
 from kombu import Connection
 
-from shared.models import EventType, TurnStatus
-from shared.protocol import RUN_STEP
+from stepq.models import EventType, TurnStatus
+from stepq.protocol import RUN_STEP
 from tests.conftest import AMQP_URL, REDIS_URL, WorkerProcess, make_settings
 
 
@@ -31,7 +31,7 @@ def _side_effects(prefix: str, turn_id: str, label: str) -> int:
 
 
 def _kill_mid_stream(settings, prefix):
-    from producer.client import Client
+    from stepq.producer.client import Client
 
     client = Client(settings)
     workers = [WorkerProcess(settings, "w1"), WorkerProcess(settings, "w2")]
@@ -101,7 +101,7 @@ def test_sigkill_mid_stream_recovers_on_other_worker_rabbitmq_broker(prefix):
 
 def test_sigkill_between_tool_calls_reuses_the_stored_result(prefix):
     """Killed after one tool ran and before the step committed: the re-run reuses the stored result."""
-    from producer.client import Client
+    from stepq.producer.client import Client
 
     settings = make_settings(prefix)
     client = Client(settings)
@@ -136,9 +136,9 @@ def test_sigkill_between_tool_calls_reuses_the_stored_result(prefix):
 def test_step_longer_than_visibility_timeout_runs_once(prefix):
     from celery.contrib.testing.worker import start_worker
 
-    from producer.client import Client
-    from shared.metrics import STEP_DELIVERIES
-    from workers.app import create_app
+    from stepq.metrics import STEP_DELIVERIES
+    from stepq.producer.client import Client
+    from stepq.workers.app import create_app
 
     # the broker restores the unacked message after ~1 s while the step still streams for ~3 s
     options = {"visibility_timeout": 1, "unacked_restore_interval": 0.2, "unacked_restore_throttle": 1}
@@ -170,7 +170,7 @@ def test_duplicated_run_step_message_is_a_noop(worker, client, prefix):
     assert len([e for e in events if e.type == EventType.STEP_START and e.step == 0]) == 1
     assert _side_effects(prefix, handle.turn_id, "once") == 1
     # and once the turn is done, a late duplicate changes nothing
-    from shared.engine.runner import StepRunner
+    from stepq.engine.runner import StepRunner
 
     before = client.runtime.events.last_seq(handle.turn_id)
     assert StepRunner(client.runtime).deliver(handle.turn_id, 0).action == "none"

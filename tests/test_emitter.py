@@ -9,9 +9,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from shared.engine.emitter import StepEmitter
-from shared.store.events import EventLog
-from shared.store.keys import Keys
+from stepq.engine.emitter import StepEmitter
+from stepq.store.events import EventLog
+from stepq.store.keys import Keys
 from tests.conftest import eventually
 
 
@@ -46,6 +46,6 @@ def test_settle_after_a_lost_event_only_is_fine(prefix):
 
 
 def _step_finish():
-    from shared.models import EventType
+    from stepq.models import EventType
 
     return EventType.STEP_FINISH, {"usage": {}, "finish_reason": "stop"}

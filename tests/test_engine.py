@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.errors import OverrideError
-from shared.models import (
+from stepq.errors import OverrideError
+from stepq.models import (
     AssistantMessage,
     EventType,
     FinishReason,
@@ -74,7 +74,7 @@ def test_budget_max_tokens(rt, prefix):
 def test_budget_max_wall_clock(rt, prefix):
     """The clock is moved, not waited for: the turn's start is set 100 s into the past between steps."""
     turn_id = start(rt, "eng.budget_clock", prefix)
-    from shared.engine.runner import StepRunner
+    from stepq.engine.runner import StepRunner
 
     decision = StepRunner(rt).deliver(turn_id, 0)
     assert decision.action == "next"
@@ -362,8 +362,8 @@ def test_stored_tool_result_is_reused_not_re_executed(rt, prefix):
 
     The crash left what a real crash leaves: the model's checkpointed answer (saved before any tool
     runs) and the result of the tool that had already run."""
-    from shared.models import AssistantMessage, ToolCall
-    from shared.providers.base import StepOutput
+    from stepq.models import AssistantMessage, ToolCall
+    from stepq.providers.base import StepOutput
 
     turn_id = start(rt, "eng.rerun", prefix)
     answer = AssistantMessage(parts=[ToolCall(id="call_fixed", name="eng_count", args={"label": "once"})])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.models import EventType, FinishReason, TurnStatus
-from shared.runtime import get_runtime
+from stepq.models import EventType, FinishReason, TurnStatus
+from stepq.runtime import get_runtime
 from tests.agents_engine import CHATTY_TEXT, drive, executions, gate_key, start
 from tests.conftest import make_settings
 
@@ -143,7 +143,7 @@ def test_cancel_a_parked_turn(rt, prefix):
 
 
 def drive_from(rt, turn_id: str, step: int):
-    from shared.engine.runner import StepRunner
+    from stepq.engine.runner import StepRunner
 
     assert StepRunner(rt).deliver(turn_id, step).action == "none"
     return rt.turns.load(turn_id)

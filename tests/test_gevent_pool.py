@@ -1,6 +1,6 @@
-"""`agentq worker --pool gevent`: the same turns, approvals and tool timeouts on a gevent worker process.
+"""`stepq worker --pool gevent`: the same turns, approvals and tool timeouts on a gevent worker process.
 
-Celery monkey-patches the worker before anything is imported, so agentq's threads (lease heartbeat,
+Celery monkey-patches the worker before anything is imported, so stepq's threads (lease heartbeat,
 flush timer, tool executor) become greenlets; these tests run real turns through such a worker.
 """
 
@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 
-from producer.client import Client
-from shared.models import EventType, TurnStatus
+from stepq.models import EventType, TurnStatus
+from stepq.producer.client import Client
 from tests.agents_engine import gate_key
 from tests.conftest import WorkerProcess, make_settings
 from tests.test_durability import _side_effects

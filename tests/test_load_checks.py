@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared.agents import AgentDefinition, AgentRegistry
-from shared.errors import DefinitionError
-from shared.tools import tool
+from stepq.agents import AgentDefinition, AgentRegistry
+from stepq.errors import DefinitionError
+from stepq.tools import tool
 
 
 @tool(name="lc bad name!")

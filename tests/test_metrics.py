@@ -1,4 +1,4 @@
-"""/metrics scraped over HTTP from real `agentq worker` processes (threads and prefork) after real turns."""
+"""/metrics scraped over HTTP from real `stepq worker` processes (threads and prefork) after real turns."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from typing import IO
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.config import Settings
-from shared.models import EventType, TurnStatus
-from shared.runtime import Runtime
+from stepq.config import Settings
+from stepq.models import EventType, TurnStatus
+from stepq.runtime import Runtime
 from tests.conftest import ROOT, settings_env
-from tests.test_cli import agentq_cmd
+from tests.test_cli import stepq_cmd
 
 TIMEOUT = 60.0
 
@@ -64,15 +64,15 @@ class LineWatcher:
         return list(self.lines)
 
 
-class AgentqWorker:
-    """`agentq worker` (exec'd into celery) as a subprocess, its stderr watched line by line."""
+class StepqWorker:
+    """`stepq worker` (exec'd into celery) as a subprocess, its stderr watched line by line."""
 
     def __init__(self, settings: Settings, name: str, *args: str, **env: str) -> None:
         self.name = f"{name}@{socket.gethostname()}"
         environ = settings_env(settings)
         environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
         environ.update(env)
-        cmd = [*agentq_cmd(), "worker", "--no-beat", f"--hostname={self.name}", *args]
+        cmd = [*stepq_cmd(), "worker", "--no-beat", f"--hostname={self.name}", *args]
         self.proc = subprocess.Popen(
             cmd, env=environ, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
@@ -109,17 +109,17 @@ def value(metrics: dict[tuple[str, frozenset[tuple[str, str]]], float], name: st
 
 
 @pytest.fixture
-def metrics_worker(request, settings: Settings) -> Iterator[tuple[AgentqWorker, int]]:
+def metrics_worker(request, settings: Settings) -> Iterator[tuple[StepqWorker, int]]:
     pool, concurrency = request.param
     port = free_port()
-    worker = AgentqWorker(
+    worker = StepqWorker(
         settings,
         f"metrics-{pool}",
         f"--pool={pool}",
         f"--concurrency={concurrency}",
         "--loglevel=INFO",
-        AGENTQ_METRICS_PORT=str(port),
-        AGENTQ_METRICS_HOST="127.0.0.1",
+        STEPQ_METRICS_PORT=str(port),
+        STEPQ_METRICS_HOST="127.0.0.1",
     )
     try:
         worker.stderr.wait_for("serving /metrics on")
@@ -139,7 +139,7 @@ def test_metrics_count_retries_approvals_and_tool_errors(metrics_worker, client,
     request = next(e for e in gated.events(idle_timeout=TIMEOUT) if e.type == EventType.APPROVAL_REQUEST)
 
     parked = scrape(port)  # the scrape-time gauges read Redis now
-    assert value(parked, "agentq_pending_approvals") == 1
+    assert value(parked, "stepq_pending_approvals") == 1
     assert client.approve(request.data["approval_id"], request.data["token"], True).wait(TIMEOUT)
     for handle in (retried, failing_tools, gated):
         assert handle.wait(timeout=TIMEOUT).status == TurnStatus.COMPLETED
@@ -150,39 +150,39 @@ def test_metrics_count_retries_approvals_and_tool_errors(metrics_worker, client,
         return value(after, name, **labels) - value(before, name, **labels)
 
     for agent in ("rt.rate_limited", "mt.tool_error", "rt.approver"):
-        assert delta("agentq_turns_total", agent=agent, status="completed") == 1, agent
+        assert delta("stepq_turns_total", agent=agent, status="completed") == 1, agent
     # model steps: rate_limited 1 retry + 1 ok; tool_error 2 ok; approver 1 parked + 1 ok
-    assert delta("agentq_steps_total", agent="rt.rate_limited", provider="scripted", outcome="retry") == 1
-    assert delta("agentq_steps_total", agent="rt.rate_limited", outcome="ok") == 1
-    assert delta("agentq_steps_total", agent="mt.tool_error", outcome="ok") == 2
-    assert delta("agentq_steps_total", agent="rt.approver", outcome="parked") == 1
-    assert delta("agentq_steps_total", agent="rt.approver", outcome="ok") == 1
-    assert delta("agentq_steps_total") == 6
-    assert delta("agentq_step_duration_seconds_count", provider="scripted") == 6
-    assert delta("agentq_time_to_first_chunk_seconds_count", provider="scripted") == 5  # the 429 sent no chunk
-    assert delta("agentq_step_retries_total", provider="scripted", reason="429") == 1
-    assert delta("agentq_tokens_total", provider="scripted", kind="input") > 0
-    assert delta("agentq_tokens_total", provider="scripted", kind="output") > 0
+    assert delta("stepq_steps_total", agent="rt.rate_limited", provider="scripted", outcome="retry") == 1
+    assert delta("stepq_steps_total", agent="rt.rate_limited", outcome="ok") == 1
+    assert delta("stepq_steps_total", agent="mt.tool_error", outcome="ok") == 2
+    assert delta("stepq_steps_total", agent="rt.approver", outcome="parked") == 1
+    assert delta("stepq_steps_total", agent="rt.approver", outcome="ok") == 1
+    assert delta("stepq_steps_total") == 6
+    assert delta("stepq_step_duration_seconds_count", provider="scripted") == 6
+    assert delta("stepq_time_to_first_chunk_seconds_count", provider="scripted") == 5  # the 429 sent no chunk
+    assert delta("stepq_step_retries_total", provider="scripted", reason="429") == 1
+    assert delta("stepq_tokens_total", provider="scripted", kind="input") > 0
+    assert delta("stepq_tokens_total", provider="scripted", kind="output") > 0
 
-    assert delta("agentq_tool_calls_total", agent="mt.tool_error", tool="mt_boom", outcome="error") == 1
-    assert delta("agentq_tool_calls_total", agent="mt.tool_error", tool="mt_boom", outcome="invalid_args") == 1
-    assert delta("agentq_tool_calls_total", agent="mt.tool_error", tool="unknown", outcome="not_found") == 1
-    assert delta("agentq_tool_calls_total", agent="rt.approver", tool="rt_echo", outcome="ok") == 1
-    assert delta("agentq_tool_calls_total", agent="rt.approver", tool="rt_side_effect", outcome="ok") == 1
-    assert not [ls for (n, ls) in after if n == "agentq_tool_calls_total" and ("tool", "mt_invented") in ls]
+    assert delta("stepq_tool_calls_total", agent="mt.tool_error", tool="mt_boom", outcome="error") == 1
+    assert delta("stepq_tool_calls_total", agent="mt.tool_error", tool="mt_boom", outcome="invalid_args") == 1
+    assert delta("stepq_tool_calls_total", agent="mt.tool_error", tool="unknown", outcome="not_found") == 1
+    assert delta("stepq_tool_calls_total", agent="rt.approver", tool="rt_echo", outcome="ok") == 1
+    assert delta("stepq_tool_calls_total", agent="rt.approver", tool="rt_side_effect", outcome="ok") == 1
+    assert not [ls for (n, ls) in after if n == "stepq_tool_calls_total" and ("tool", "mt_invented") in ls]
 
-    assert delta("agentq_step_deliveries_total", action="retry") == 1
-    assert value(after, "agentq_pending_approvals") == 0
-    depth = {dict(ls)["queue"]: v for (n, ls), v in after.items() if n == "agentq_queue_depth"}
+    assert delta("stepq_step_deliveries_total", action="retry") == 1
+    assert value(after, "stepq_pending_approvals") == 0
+    depth = {dict(ls)["queue"]: v for (n, ls), v in after.items() if n == "stepq_queue_depth"}
     assert depth == {rt.settings.queue: 0, f"{rt.settings.queue}.batch": 0}
 
-    from producer.status import collect_status
+    from stepq.producer.status import collect_status
 
     prefork = "--pool=prefork" in worker.proc.args
     [me] = [w for w in collect_status(rt)["workers"] if w["name"] == worker.name]  # its heartbeat
     assert me["pool"] == ("prefork" if prefork else "threads") and me["metrics_port"] == port
 
-    # prefork: `agentq worker` gave celery a multiprocess dir of its own, and the worker removes it on exit
+    # prefork: `stepq worker` gave celery a multiprocess dir of its own, and the worker removes it on exit
     multiproc_dir = _environ(worker.proc.pid).get("PROMETHEUS_MULTIPROC_DIR")
     assert bool(multiproc_dir) == prefork
     worker.stop()

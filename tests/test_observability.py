@@ -1,4 +1,4 @@
-"""Seeing a turn and the fleet: `agentq show --trace`, `agentq status`, structured and redacted logs."""
+"""Seeing a turn and the fleet: `stepq show --trace`, `stepq status`, structured and redacted logs."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import secrets
 
 import pytest
 
-from producer.status import collect_status
-from shared.config import Settings
-from shared.metrics import StateCollector, pending_approval_count
-from shared.models import EventType, TurnStatus
-from shared.runtime import Runtime
+from stepq.config import Settings
+from stepq.metrics import StateCollector, pending_approval_count
+from stepq.models import EventType, TurnStatus
+from stepq.producer.status import collect_status
+from stepq.runtime import Runtime
 from tests.conftest import settings_env
-from tests.test_cli import agentq
-from tests.test_metrics import TIMEOUT, AgentqWorker
+from tests.test_cli import stepq
+from tests.test_metrics import TIMEOUT, StepqWorker
 
 
 @pytest.fixture
@@ -29,13 +29,13 @@ def test_show_trace_prints_one_row_per_step(worker, client, env) -> None:
     assert basic.wait(timeout=TIMEOUT).status == TurnStatus.COMPLETED
     assert retried.wait(timeout=TIMEOUT).status == TurnStatus.COMPLETED
 
-    header, *rows = agentq(env, "show", basic.turn_id, "--trace", check=0).stdout.splitlines()
+    header, *rows = stepq(env, "show", basic.turn_id, "--trace", check=0).stdout.splitlines()
     assert header.split() == ["step", "provider/model", "tool", "calls", "in", "out", "retries", "time", "stop"]
     assert [r.split()[0] for r in rows] == ["0", "1"]
     assert all("scripted/scripted" in r for r in rows)
     assert "rt_echo" in rows[0] and rows[0].split()[-1] == "tool-calls" and rows[1].split()[-1] == "stop"
 
-    [step] = json.loads(agentq(env, "show", retried.turn_id, "--trace", "--json", check=0).stdout)
+    [step] = json.loads(stepq(env, "show", retried.turn_id, "--trace", "--json", check=0).stdout)
     assert step["step"] == 0 and step["retries"] == 1 and step["stop_reason"] == "stop"
     assert step["usage"]["input_tokens"] > 0 and step["provider"] == "scripted"
 
@@ -44,7 +44,7 @@ def test_status_lists_a_parked_turns_pending_approval(worker, client, prefix: st
     handle = client.submit("rt.approver", prompt="go", metadata={"prefix": prefix})
     request = next(e for e in handle.events(idle_timeout=TIMEOUT) if e.type == EventType.APPROVAL_REQUEST)
 
-    status = json.loads(agentq(env, "status", "--json", check=0).stdout)
+    status = json.loads(stepq(env, "status", "--json", check=0).stdout)
     parked = status["awaiting_approval"]
     assert parked["count"] == 1 and parked["pending_approvals"] == 1
     [turn] = parked["turns"]
@@ -55,7 +55,7 @@ def test_status_lists_a_parked_turns_pending_approval(worker, client, prefix: st
     assert approval["expires_at"] == request.data["expires_at"] and approval["expires_in_s"] > 0
     assert status["active_turns"]["count"] == 0  # parked turns hold no worker
 
-    text = agentq(env, "status", check=0).stdout
+    text = stepq(env, "status", check=0).stdout
     assert request.data["approval_id"] in text and "1 pending approvals" in text
 
     assert client.approve(request.data["approval_id"], request.data["token"], False).wait(TIMEOUT)
@@ -77,7 +77,7 @@ def test_status_and_gauge_show_waiting_messages_with_no_worker(client, settings:
     handles = [client.submit("rt.basic", prompt=f"hi {i}") for i in range(3)]
     batch = client.submit("rt.basic", prompt="later", priority="batch")
 
-    status = json.loads(agentq(env, "status", "--json", check=0).stdout)
+    status = json.loads(stepq(env, "status", "--json", check=0).stdout)
     depths = {q["name"]: q["depth"] for q in status["queues"]}
     assert depths == {settings.queue: 3, f"{settings.queue}.batch": 1}
     assert status["workers"] == []
@@ -89,9 +89,9 @@ def test_status_and_gauge_show_waiting_messages_with_no_worker(client, settings:
     gauges = {
         (m.name, tuple(s.labels.values())): s.value for m in StateCollector(settings).collect() for s in m.samples
     }
-    assert gauges[("agentq_queue_depth", (settings.queue,))] == 3
-    assert gauges[("agentq_queue_depth", (f"{settings.queue}.batch",))] == 1
-    assert gauges[("agentq_pending_approvals", ())] == 0
+    assert gauges[("stepq_queue_depth", (settings.queue,))] == 3
+    assert gauges[("stepq_queue_depth", (f"{settings.queue}.batch",))] == 1
+    assert gauges[("stepq_pending_approvals", ())] == 0
 
 
 def test_json_logs_carry_step_context_and_no_secrets(settings: Settings, client, prefix: str) -> None:
@@ -100,14 +100,14 @@ def test_json_logs_carry_step_context_and_no_secrets(settings: Settings, client,
         "GOOGLE_API_KEY": "AIza" + secrets.token_hex(16),
         "AWS_SECRET_ACCESS_KEY": secrets.token_hex(20),
     }
-    worker = AgentqWorker(
+    worker = StepqWorker(
         settings,
         "logs",
         "--pool=threads",
         "--concurrency=2",
         "--loglevel=INFO",
-        AGENTQ_LOG_JSON="true",
-        AGENTQ_METRICS_PORT="0",
+        STEPQ_LOG_JSON="true",
+        STEPQ_METRICS_PORT="0",
         **leaked,
     )
     try:
@@ -126,7 +126,7 @@ def test_json_logs_carry_step_context_and_no_secrets(settings: Settings, client,
     records = [json.loads(line) for line in lines if line.startswith("{")]
     assert all({"ts", "level", "logger", "message"} <= r.keys() for r in records)
 
-    tool_lines = [r for r in records if r["logger"] == "agentq.tools.mt_leak"]
+    tool_lines = [r for r in records if r["logger"] == "stepq.tools.mt_leak"]
     assert [r["message"].split(" with ")[0] for r in tool_lines] == ["calling upstream for a", "upstream call failed"]
     assert all((r["turn_id"], r["step"], r["attempt"]) == (leaky.turn_id, 0, 0) for r in tool_lines)
     assert "x-api-key: ***" in tool_lines[0]["message"] and "Bearer ***" in tool_lines[0]["message"]
@@ -135,5 +135,5 @@ def test_json_logs_carry_step_context_and_no_secrets(settings: Settings, client,
     steps = [(r["step"], r["attempt"]) for r in records if r.get("turn_id") == retried.turn_id]
     assert (0, 0) in steps and (0, 1) in steps  # the retry's log line, then the retried delivery's
     retry_line = next(r for r in records if r.get("turn_id") == retried.turn_id and r["level"] == "WARNING")
-    assert retry_line["logger"] == "agentq.worker" and "retry 1" in retry_line["message"]
-    assert all({"turn_id", "step", "attempt"} <= r.keys() for r in records if r["logger"] == "agentq.worker")
+    assert retry_line["logger"] == "stepq.worker" and "retry 1" in retry_line["message"]
+    assert all({"turn_id", "step", "attempt"} <= r.keys() for r in records if r["logger"] == "stepq.worker")

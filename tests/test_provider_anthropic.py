@@ -1,5 +1,5 @@
 """The `anthropic` adapter: the unmodified SDK against a local fake Messages API, driven through full
-agentq turns (client.submit -> in-process Celery worker on real Redis -> events -> wait)."""
+stepq turns (client.submit -> in-process Celery worker on real Redis -> events -> wait)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from shared.config import Settings
-from shared.errors import DefinitionError, SubmitError
-from shared.models import (
+from stepq.config import Settings
+from stepq.errors import DefinitionError, SubmitError
+from stepq.models import (
     AssistantMessage,
     EventType,
     FinishReason,
@@ -25,12 +25,12 @@ from shared.models import (
     TurnStatus,
     UserMessage,
 )
-from shared.providers import anthropic as anthropic_provider
-from shared.providers import anthropic_vertex
-from shared.providers.anthropic_stream import map_finish_reason
-from shared.providers.anthropic_wire import build_params, check_tools, tool_result_content
-from shared.providers.base import ProviderError, StepRequest, ToolSpec
-from shared.providers.registry import register_provider
+from stepq.providers import anthropic as anthropic_provider
+from stepq.providers import anthropic_vertex
+from stepq.providers.anthropic_stream import map_finish_reason
+from stepq.providers.anthropic_wire import build_params, check_tools, tool_result_content
+from stepq.providers.base import ProviderError, StepRequest, ToolSpec
+from stepq.providers.registry import register_provider
 from tests.conftest import make_settings
 from tests.fakes.anthropic_server import (
     ErrorReply,
@@ -356,7 +356,7 @@ def test_agent_default_provider_and_shorthand_default_model(worker, client, fake
 
 
 def test_environment_provider_and_model(worker, fake, prefix):
-    from producer.client import Client
+    from stepq.producer.client import Client
 
     fake.enqueue(text_reply("env one"), text_reply("env two"))
     explicit = Client(make_settings(prefix, provider="anthropic", model="claude-env"))
@@ -395,7 +395,7 @@ def vertex(fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) 
                 "project_id": "proj-test",
                 "private_key_id": "fake-key-id",
                 "private_key": pem.decode(),
-                "client_email": "agentq-test@proj-test.iam.gserviceaccount.com",
+                "client_email": "stepq-test@proj-test.iam.gserviceaccount.com",
                 "client_id": "1",
                 "token_uri": f"{fake.base_url}/token",
             }

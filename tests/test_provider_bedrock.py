@@ -1,5 +1,5 @@
 """The Bedrock adapter: the unmodified boto3 against a local server speaking AWS event-stream framing,
-driven through full agentq turns (client.submit -> in-process Celery worker -> events -> wait)."""
+driven through full stepq turns (client.submit -> in-process Celery worker -> events -> wait)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any, cast
 import pytest
 from botocore.eventstream import EventStreamBuffer
 
-from shared.config import Settings
-from shared.errors import DefinitionError, SubmitError
-from shared.models import (
+from stepq.config import Settings
+from stepq.errors import DefinitionError, SubmitError
+from stepq.models import (
     AssistantMessage,
     Event,
     EventType,
@@ -27,8 +27,8 @@ from shared.models import (
     TurnStatus,
     UserMessage,
 )
-from shared.providers import bedrock, bedrock_wire
-from shared.providers.base import ProviderError, StepRequest, ToolSpec
+from stepq.providers import bedrock, bedrock_wire
+from stepq.providers.base import ProviderError, StepRequest, ToolSpec
 from tests.agents_bedrock import BEDROCK_MODEL
 from tests.conftest import make_settings
 from tests.fakes.bedrock_server import (
@@ -68,8 +68,8 @@ def _isolate_aws(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing may come from ~/.aws, instance metadata or the caller's AWS environment."""
     for name in _CLEARED:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/agentq-test/aws-config")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/agentq-test/aws-credentials")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/stepq-test/aws-config")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/stepq-test/aws-credentials")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
@@ -82,7 +82,7 @@ def settings(prefix: str) -> Settings:
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeBedrock]:
     server = FakeBedrock()
     _isolate_aws(monkeypatch)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDAGENTQTEST")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDSTEPQTEST")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", server.url)
@@ -342,7 +342,7 @@ def test_connection_refused_is_retryable(monkeypatch: pytest.MonkeyPatch) -> Non
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDAGENTQTEST")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDSTEPQTEST")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     adapter = bedrock.BedrockAdapter(BEDROCK_MODEL, {"connect_timeout_s": 2})
@@ -363,7 +363,7 @@ def test_check_configured_names_the_variables(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("AWS_BEARER_TOKEN_BEDROCK", SECRET)
     bedrock.check_configured()
     monkeypatch.delenv("AWS_BEARER_TOKEN_BEDROCK")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDAGENTQTEST")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDSTEPQTEST")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     bedrock.check_configured()
 

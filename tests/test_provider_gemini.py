@@ -1,5 +1,5 @@
 """The Gemini adapter end to end: the unmodified google-genai SDK against a local fake that speaks the
-real SSE protocol, driven through full agentq turns on an in-process Celery worker and real Redis."""
+real SSE protocol, driven through full stepq turns on an in-process Celery worker and real Redis."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import pytest
 from google.genai import errors as genai_errors
 from pydantic import BaseModel
 
-from shared.errors import DefinitionError, SubmitError
-from shared.models import EventType, FinishReason, TurnStatus
-from shared.providers import gemini
-from shared.providers.base import ToolSpec
-from shared.providers.gemini_errors import classify
-from shared.providers.gemini_schema import check_tools, convert_parameters, wire_name
-from shared.providers.gemini_wire import map_finish_reason
+from stepq.errors import DefinitionError, SubmitError
+from stepq.models import EventType, FinishReason, TurnStatus
+from stepq.providers import gemini
+from stepq.providers.base import ToolSpec
+from stepq.providers.gemini_errors import classify
+from stepq.providers.gemini_schema import check_tools, convert_parameters, wire_name
+from stepq.providers.gemini_wire import map_finish_reason
 from tests.agents_gemini import ODD_TOOL
 from tests.conftest import make_settings
 from tests.fakes import gemini_server as g

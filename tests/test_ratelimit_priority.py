@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from shared.engine.runner import StepRunner
-from shared.heartbeat import live_workers
-from shared.models import EventType, TurnStatus
-from shared.ratelimit import RateLimit
-from shared.submit import create_turn
+from stepq.engine.runner import StepRunner
+from stepq.heartbeat import live_workers
+from stepq.models import EventType, TurnStatus
+from stepq.ratelimit import RateLimit
+from stepq.submit import create_turn
 from tests.conftest import WorkerProcess, eventually
 
 
@@ -72,8 +72,8 @@ def test_429_tightens_the_shared_limit_for_the_fleet(rt):
 def test_chat_turn_starts_before_queued_batch_items(settings, client):
     from celery.contrib.testing.worker import start_worker
 
-    from shared.protocol import worker_queues
-    from workers.app import create_app
+    from stepq.protocol import worker_queues
+    from stepq.workers.app import create_app
 
     batch = [client.submit("bt.batch_item", prompt=f"item {i}") for i in range(12)]
     assert client.get(batch[0].turn_id).priority == "batch"

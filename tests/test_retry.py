@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.models import EventType, TurnStatus
-from shared.retry import backoff_countdown
+from stepq.models import EventType, TurnStatus
+from stepq.retry import backoff_countdown
 
 
 def _events(handle):

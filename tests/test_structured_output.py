@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from shared.models import EventType, TurnStatus, UserMessage
-from shared.providers.base import OUTPUT_TOOL
+from stepq.models import EventType, TurnStatus, UserMessage
+from stepq.providers.base import OUTPUT_TOOL
 from tests.fakes import anthropic_server as anth
 from tests.fakes import bedrock_server as bed
 
@@ -30,11 +30,11 @@ def anthropic_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[anth.FakeAnthrop
 def bedrock_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[bed.FakeBedrock]:
     for name in ("AWS_PROFILE", "AWS_DEFAULT_REGION", "AWS_BEARER_TOKEN_BEDROCK", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/agentq-test/aws-config")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/agentq-test/aws-credentials")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/stepq-test/aws-config")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/stepq-test/aws-credentials")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     server = bed.FakeBedrock()
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDAGENTQTEST")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDSTEPQTEST")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "structured-secret")
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", server.url)

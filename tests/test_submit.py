@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 from celery.signals import task_prerun
 
-from shared.errors import MissingFeaturesError, SubmitError, UnknownAgentError
-from shared.models import EventType, TurnStatus
-from shared.protocol import RUN_STEP
-from shared.submit import create_turn
+from stepq.errors import MissingFeaturesError, SubmitError, UnknownAgentError
+from stepq.models import EventType, TurnStatus
+from stepq.protocol import RUN_STEP
+from stepq.submit import create_turn
 from tests.agents_engine import drive, start, stored_keys
 
 

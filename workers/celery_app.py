@@ -1,5 +1,5 @@
-"""The module-level app for `celery -A workers.celery_app worker` (what `agentq worker` runs)."""
+"""The module-level app for `celery -A stepq.workers.celery_app worker` (what `stepq worker` runs)."""
 
-from workers.app import create_app
+from stepq.workers.app import create_app
 
 app = create_app()

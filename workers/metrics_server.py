@@ -2,7 +2,7 @@
 
 - threads / solo: the process-wide registry is served as is (plus the scrape-time state gauges).
 - prefork: children run the steps, so their metrics live in prometheus_client's multiprocess files
-  under `PROMETHEUS_MULTIPROC_DIR` (which `agentq worker --pool=prefork` sets before exec'ing celery);
+  under `PROMETHEUS_MULTIPROC_DIR` (which `stepq worker --pool=prefork` sets before exec'ing celery);
   the parent serves a `MultiProcessCollector` over them. The server starts once the pool is up
   (`worker_ready`), and a child forked later closes its inherited copy of the listening socket.
 """
@@ -21,10 +21,10 @@ from prometheus_client.core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
-from shared.config import Settings
-from shared.metrics import MULTIPROC_ENV, OWNED_MARKER, StateCollector
+from stepq.config import Settings
+from stepq.metrics import MULTIPROC_ENV, OWNED_MARKER, StateCollector
 
-log = logging.getLogger("agentq.metrics")
+log = logging.getLogger("stepq.metrics")
 
 
 def multiprocess_dir() -> str | None:
@@ -71,7 +71,7 @@ class MetricsServer:
         if process_pool and not multiprocess_dir():
             log.warning(
                 "prefork pool without %s: /metrics shows only the parent process, not the children that run "
-                "steps; start it with `agentq worker --pool=prefork` or set %s to an empty directory",
+                "steps; start it with `stepq worker --pool=prefork` or set %s to an empty directory",
                 MULTIPROC_ENV,
                 MULTIPROC_ENV,
             )
@@ -104,7 +104,7 @@ def child_exited(pid: int) -> None:
 
 
 def remove_owned_dir() -> None:
-    """Delete the multiprocess directory on shutdown if `agentq worker` created it."""
+    """Delete the multiprocess directory on shutdown if `stepq worker` created it."""
     path = multiprocess_dir()
     if path and os.path.exists(os.path.join(path, OWNED_MARKER)):
         shutil.rmtree(path, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""Celery signal handlers of a worker *program* (`celery worker` / `agentq worker`): logs, /metrics, heartbeat.
+"""Celery signal handlers of a worker *program* (`celery worker` / `stepq worker`): logs, /metrics, heartbeat.
 
 `celeryd_init` fires only in a worker program (not in embedded or test workers started in-process), so the
 handlers below act only when it named one of our apps. Connected once per process, strongly referenced.
@@ -15,15 +15,15 @@ from typing import Any
 
 from celery import signals
 
-from shared.config import Settings
-from shared.heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat
-from shared.logging import install_on_logger
-from shared.metrics import PROCESS_POOLS
-from shared.protocol import worker_queues
-from shared.store.connection import get_redis
-from workers.metrics_server import MetricsServer, child_exited, remove_owned_dir
+from stepq.config import Settings
+from stepq.heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat
+from stepq.logging import install_on_logger
+from stepq.metrics import PROCESS_POOLS
+from stepq.protocol import worker_queues
+from stepq.store.connection import get_redis
+from stepq.workers.metrics_server import MetricsServer, child_exited, remove_owned_dir
 
-log = logging.getLogger("agentq.worker")
+log = logging.getLogger("stepq.worker")
 
 
 @dataclass
@@ -37,7 +37,7 @@ _program: _Program | None = None
 
 
 def _settings_of(conf: Any) -> Settings | None:
-    value = getattr(conf, "agentq_settings", None)
+    value = getattr(conf, "stepq_settings", None)
     return value if isinstance(value, Settings) else None
 
 

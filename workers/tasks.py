@@ -12,19 +12,19 @@ from typing import Any
 
 from celery import Celery, Task
 
-from shared.config import Settings
-from shared.decisions import decide_approval, sweep
-from shared.engine.runner import Decision, StepRunner
-from shared.logging import log_context
-from shared.metrics import STEP_DELIVERIES
-from shared.protocol import APPROVE, RUN_STEP, SWEEP, queue_for
-from shared.runtime import Runtime, get_runtime
+from stepq.config import Settings
+from stepq.decisions import decide_approval, sweep
+from stepq.engine.runner import Decision, StepRunner
+from stepq.logging import log_context
+from stepq.metrics import STEP_DELIVERIES
+from stepq.protocol import APPROVE, RUN_STEP, SWEEP, queue_for
+from stepq.runtime import Runtime, get_runtime
 
-log = logging.getLogger("agentq.worker")
+log = logging.getLogger("stepq.worker")
 
 
 def _settings(task: Task) -> Settings:
-    settings: Settings = task.app.conf.agentq_settings
+    settings: Settings = task.app.conf.stepq_settings
     return settings
 
 

@@ -19,15 +19,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from shared.agents import AgentDefinition
-from shared.approvals import canonical_args_hash
-from shared.metrics import record_tool_call
-from shared.models import ToolCall, ToolResult, TurnState
-from shared.store.tool_results import ToolResultStore
-from shared.tools import ToolArgumentError, ToolContext, ToolDefinition
+from stepq.agents import AgentDefinition
+from stepq.approvals import canonical_args_hash
+from stepq.metrics import record_tool_call
+from stepq.models import ToolCall, ToolResult, TurnState
+from stepq.store.tool_results import ToolResultStore
+from stepq.tools import ToolArgumentError, ToolContext, ToolDefinition
 
-log = logging.getLogger("agentq.tools")
-_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="agentq-tool")
+log = logging.getLogger("stepq.tools")
+_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="stepq-tool")
 
 
 class ResultSink(Protocol):
@@ -143,7 +143,7 @@ class StepDispatcher:
         return self._store(result)
 
     def _store(self, result: ToolResult) -> ToolResult:
-        """Store a freshly produced result and count it in agentq_tool_calls_total. (Only this delivery,
+        """Store a freshly produced result and count it in stepq_tool_calls_total. (Only this delivery,
         holding the turn's lease, runs the step's tools, so no other result can be stored first.)"""
         record_tool_call(self.agent.id, result, known=result.name in self.visible)
         self.sink.store(result)

@@ -24,11 +24,11 @@ from typing import Any
 
 from redis.commands.core import Script
 
-from shared.models import EventType
-from shared.providers.base import Delta
-from shared.store.events import EventLog, PendingPublish
+from stepq.models import EventType
+from stepq.providers.base import Delta
+from stepq.store.events import EventLog, PendingPublish
 
-_log = logging.getLogger("agentq.emitter")
+_log = logging.getLogger("stepq.emitter")
 
 WriteArgs = list[Any] | Callable[[], list[Any]]
 
@@ -49,7 +49,7 @@ class _FlushTimer:
             sooner = not self._heap or when < self._heap[0][0]
             heapq.heappush(self._heap, (when, next(self._counter), emitter))
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="agentq-flush", daemon=True)
+                self._thread = threading.Thread(target=self._run, name="stepq-flush", daemon=True)
                 self._thread.start()
             if sooner:  # otherwise the thread already wakes up in time: no wake-up per buffered delta
                 self._cond.notify()

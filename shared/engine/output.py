@@ -9,7 +9,7 @@ from typing import Any
 import jsonschema
 from pydantic import BaseModel, ValidationError
 
-from shared.agents import AgentDefinition
+from stepq.agents import AgentDefinition
 
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 

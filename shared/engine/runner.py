@@ -15,15 +15,15 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from shared.agents import AgentDefinition
-from shared.approvals import ApprovalClaim
-from shared.batch import record_finish
-from shared.engine import structured
-from shared.engine.dispatch import PreparedCall, StepDispatcher
-from shared.engine.emitter import StepEmitter
-from shared.engine.output import OutputInvalid, parse_object, repair_note
-from shared.logging import bind as bind_log_context
-from shared.metrics import (
+from stepq.agents import AgentDefinition
+from stepq.approvals import ApprovalClaim
+from stepq.batch import record_finish
+from stepq.engine import structured
+from stepq.engine.dispatch import PreparedCall, StepDispatcher
+from stepq.engine.emitter import StepEmitter
+from stepq.engine.output import OutputInvalid, parse_object, repair_note
+from stepq.logging import bind as bind_log_context
+from stepq.metrics import (
     RATE_LIMIT_WAITS,
     TURNS,
     FirstChunkProbe,
@@ -32,7 +32,7 @@ from shared.metrics import (
     track_pending,
     untrack_pending,
 )
-from shared.models import (
+from stepq.models import (
     EventType,
     FinishReason,
     ParkedStep,
@@ -47,15 +47,15 @@ from shared.models import (
     TurnStatus,
     UserMessage,
 )
-from shared.providers.base import OUTPUT_TOOL, Delta, ProviderAdapter, ProviderError, StepOutput, StepRequest, ToolSpec
-from shared.providers.registry import create_adapter
-from shared.ratelimit import RateLimit, estimate_tokens
-from shared.retry import retry_countdown
-from shared.runtime import Runtime
-from shared.store.approvals import ApprovalRecord
-from shared.store.leases import StepLease
-from shared.store.tool_results import ToolResultStore
-from shared.store.turns import PreparedWrite, StepStart
+from stepq.providers.base import OUTPUT_TOOL, Delta, ProviderAdapter, ProviderError, StepOutput, StepRequest, ToolSpec
+from stepq.providers.registry import create_adapter
+from stepq.ratelimit import RateLimit, estimate_tokens
+from stepq.retry import retry_countdown
+from stepq.runtime import Runtime
+from stepq.store.approvals import ApprovalRecord
+from stepq.store.leases import StepLease
+from stepq.store.tool_results import ToolResultStore
+from stepq.store.turns import PreparedWrite, StepStart
 
 
 def worker_id() -> str:
@@ -300,7 +300,7 @@ class StepRunner:
                 )
         self._defer_step_start(state, emitter, specs)
         used: int | None = None
-        probe = FirstChunkProbe(emitter.emit)  # times the first content delta (agentq_time_to_first_chunk_seconds)
+        probe = FirstChunkProbe(emitter.emit)  # times the first content delta (stepq_time_to_first_chunk_seconds)
         try:
             output = adapter.stream_step(request, probe, lambda: lease.should_stop)
             used = output.usage.total_tokens
@@ -582,7 +582,7 @@ class StepRunner:
         state.status = TurnStatus.AWAITING_APPROVAL
         if not self._commit(state):
             return _none("commit lost to a concurrent writer")
-        track_pending(rt, pending)  # agentq_pending_approvals counts this index
+        track_pending(rt, pending)  # stepq_pending_approvals counts this index
         for req in requests:
             emitter.publish(EventType.APPROVAL_REQUEST, req)
         return _none("parked for approval")

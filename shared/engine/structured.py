@@ -1,11 +1,11 @@
 """Native structured output for object-mode agents.
 
-The engine offers the output schema to the model as one extra tool, `agentq_output`,
+The engine offers the output schema to the model as one extra tool, `stepq_output`,
 and forces it on the step reserved for the answer (the last allowed step, a repair
 step, or any step when the agent has no tools of its own). Providers with a forced
 tool choice (Anthropic, Bedrock) need nothing more; Gemini turns a forced
-`agentq_output` into its response schema + JSON output instead. A call to
-`agentq_output` becomes the step's final answer as JSON text, validated like any answer.
+`stepq_output` into its response schema + JSON output instead. A call to
+`stepq_output` becomes the step's final answer as JSON text, validated like any answer.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shared.agents import AgentDefinition
-from shared.models import AssistantMessage, FinishReason, TextPart, TurnState, UserMessage
-from shared.providers.base import OUTPUT_TOOL, StepOutput, ToolSpec
+from stepq.agents import AgentDefinition
+from stepq.models import AssistantMessage, FinishReason, TextPart, TurnState, UserMessage
+from stepq.providers.base import OUTPUT_TOOL, StepOutput, ToolSpec
 
 _WRAPPED = "value"
 DESCRIPTION = (
@@ -45,7 +45,7 @@ def must_answer_now(agent: AgentDefinition, state: TurnState, has_tools: bool) -
 
 
 def as_answer(agent: AgentDefinition, output: StepOutput) -> StepOutput | None:
-    """If the model called `agentq_output`, the step's answer as JSON text; else None."""
+    """If the model called `stepq_output`, the step's answer as JSON text; else None."""
     call = next((c for c in output.message.tool_calls if c.name == OUTPUT_TOOL), None)
     if call is None:
         return None

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, cast
 import anthropic
 import httpx2
 
-from shared.errors import SubmitError
-from shared.providers.anthropic_stream import AUTH_HINT, CREDENTIAL_VARS, StreamAccumulator, classify_error
-from shared.providers.anthropic_wire import build_params
-from shared.providers.anthropic_wire import check_tools as _check_tools
-from shared.providers.base import (
+from stepq.errors import SubmitError
+from stepq.providers.anthropic_stream import AUTH_HINT, CREDENTIAL_VARS, StreamAccumulator, classify_error
+from stepq.providers.anthropic_wire import build_params
+from stepq.providers.anthropic_wire import check_tools as _check_tools
+from stepq.providers.base import (
     Emit,
     ProviderAdapter,
     ProviderError,
@@ -39,7 +39,7 @@ from shared.providers.base import (
 )
 
 if TYPE_CHECKING:
-    from shared.agents import AgentDefinition
+    from stepq.agents import AgentDefinition
 
 DEFAULT_STALL_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0

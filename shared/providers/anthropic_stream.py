@@ -17,9 +17,9 @@ from typing import Any
 import anthropic
 import httpx2
 
-from shared.models import AssistantMessage, FinishReason, ReasoningPart, TextPart, ToolCall, Usage
-from shared.providers.base import OUTPUT_TOOL, Delta, Emit, ProviderError, StepOutput
-from shared.providers.errors import classify_status, parse_retry_after
+from stepq.models import AssistantMessage, FinishReason, ReasoningPart, TextPart, ToolCall, Usage
+from stepq.providers.base import OUTPUT_TOOL, Delta, Emit, ProviderError, StepOutput
+from stepq.providers.errors import classify_status, parse_retry_after
 
 PROVIDER = "anthropic"
 CREDENTIAL_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 from anthropic import AnthropicVertex
 
-from shared.errors import SubmitError
-from shared.providers.anthropic import AnthropicAdapter
-from shared.providers.anthropic_stream import scrub
-from shared.providers.base import ProviderAdapter, ProviderError, ToolSpec
+from stepq.errors import SubmitError
+from stepq.providers.anthropic import AnthropicAdapter
+from stepq.providers.anthropic_stream import scrub
+from stepq.providers.base import ProviderAdapter, ProviderError, ToolSpec
 
 if TYPE_CHECKING:
-    from shared.agents import AgentDefinition
+    from stepq.agents import AgentDefinition
 
 REQUIRED_VARS = ("CLOUD_ML_REGION", "ANTHROPIC_VERTEX_PROJECT_ID")
 ADC_HINT = (
@@ -42,7 +42,7 @@ def check_configured() -> None:
 
 
 def check_tools(specs: list[ToolSpec]) -> None:
-    from shared.providers.anthropic_wire import check_tools as _check
+    from stepq.providers.anthropic_wire import check_tools as _check
 
     _check(specs)
 

@@ -12,8 +12,8 @@ import json
 import re
 from typing import Any
 
-from shared.errors import DefinitionError
-from shared.models import (
+from stepq.errors import DefinitionError
+from stepq.models import (
     AssistantMessage,
     ReasoningPart,
     SystemMessage,
@@ -23,7 +23,7 @@ from shared.models import (
     ToolResultMessage,
     UserMessage,
 )
-from shared.providers.base import ProviderError, StepRequest, ToolSpec
+from stepq.providers.base import ProviderError, StepRequest, ToolSpec
 
 PROVIDER = "anthropic"
 DEFAULT_MAX_TOKENS = 8192  # digest §12: used when the agent sets no max_output_tokens

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from shared.models import AssistantMessage, FinishReason, Message, Usage
+from stepq.models import AssistantMessage, FinishReason, Message, Usage
 
 
 class ToolSpec(BaseModel):
@@ -46,7 +46,7 @@ class StepRequest(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-OUTPUT_TOOL = "agentq_output"  # the tool an object-mode step answers through (see shared/engine/structured.py)
+OUTPUT_TOOL = "stepq_output"  # the tool an object-mode step answers through (see shared/engine/structured.py)
 
 
 @dataclass(frozen=True)

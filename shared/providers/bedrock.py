@@ -21,9 +21,9 @@ import botocore.exceptions
 import urllib3.exceptions
 from botocore.eventstream import ParserError
 
-from shared.errors import DefinitionError, SubmitError
-from shared.providers import bedrock_wire
-from shared.providers.base import (
+from stepq.errors import DefinitionError, SubmitError
+from stepq.providers import bedrock_wire
+from stepq.providers.base import (
     Delta,
     Emit,
     ProviderAdapter,
@@ -33,10 +33,10 @@ from shared.providers.base import (
     StepRequest,
     ToolSpec,
 )
-from shared.providers.errors import classify_status, parse_retry_after
+from stepq.providers.errors import classify_status, parse_retry_after
 
 if TYPE_CHECKING:
-    from shared.agents import AgentDefinition
+    from stepq.agents import AgentDefinition
 
 AUTH_HINT = (
     "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (plus AWS_SESSION_TOKEN for temporary credentials), "

@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.errors import DefinitionError
-from shared.models import (
+from stepq.errors import DefinitionError
+from stepq.models import (
     AssistantMessage,
     AssistantPart,
     FinishReason,
@@ -30,7 +30,7 @@ from shared.models import (
     Usage,
     UserMessage,
 )
-from shared.providers.base import OUTPUT_TOOL, StepRequest, ToolSpec
+from stepq.providers.base import OUTPUT_TOOL, StepRequest, ToolSpec
 
 PROVIDER = "bedrock"
 # Bedrock's ToolSpecification.name (botocore service model: pattern [a-zA-Z0-9_-]+, length 1..64)

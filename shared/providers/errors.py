@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from shared.providers.base import ProviderError
+from stepq.providers.base import ProviderError
 
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
 FATAL_HINTS = {

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 from google import genai
 from google.genai import types
 
-from shared.errors import DefinitionError, SubmitError
-from shared.providers import gemini_schema
-from shared.providers.base import (
+from stepq.errors import DefinitionError, SubmitError
+from stepq.providers import gemini_schema
+from stepq.providers.base import (
     OUTPUT_TOOL,
     Emit,
     ProviderAdapter,
@@ -37,11 +37,11 @@ from shared.providers.base import (
     StepRequest,
     ToolSpec,
 )
-from shared.providers.gemini_errors import classify
-from shared.providers.gemini_wire import PROVIDER, StreamParser, map_finish_reason, to_contents
+from stepq.providers.gemini_errors import classify
+from stepq.providers.gemini_wire import PROVIDER, StreamParser, map_finish_reason, to_contents
 
 if TYPE_CHECKING:
-    from shared.agents import AgentDefinition
+    from stepq.agents import AgentDefinition
 
 DEFAULT_TOOL_MAX_RETRIES = 2  # digest §12: the failure-strike breaker is on for Gemini
 MALFORMED_FINISH = "MALFORMED_FUNCTION_CALL"
@@ -220,7 +220,7 @@ class _Pump:
         self.items: queue.Queue[tuple[str, Any]] = queue.Queue()
         self.abandoned = threading.Event()
         self._args = (model, contents, config)
-        self._thread = threading.Thread(target=self._run, name="agentq-gemini-stream", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="stepq-gemini-stream", daemon=True)
 
     def start(self) -> _Pump:
         self._thread.start()

@@ -15,8 +15,8 @@ from typing import Any
 
 from google.genai import errors as genai_errors
 
-from shared.providers.base import ProviderError
-from shared.providers.errors import RETRYABLE_STATUSES, classify_status, parse_retry_after
+from stepq.providers.base import ProviderError
+from stepq.providers.errors import RETRYABLE_STATUSES, classify_status, parse_retry_after
 
 KEY_VARS = ("GOOGLE_API_KEY", "GEMINI_API_KEY")
 RETRYABLE_RPC = frozenset({"RESOURCE_EXHAUSTED", "UNAVAILABLE", "INTERNAL", "DEADLINE_EXCEEDED", "ABORTED"})

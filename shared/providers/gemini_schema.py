@@ -19,8 +19,8 @@ import json
 import re
 from typing import Any
 
-from shared.errors import DefinitionError
-from shared.providers.base import ToolSpec
+from stepq.errors import DefinitionError
+from stepq.providers.base import ToolSpec
 
 MAX_NAME = 64
 _VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")

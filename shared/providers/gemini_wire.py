@@ -17,7 +17,7 @@ from typing import Any
 
 from google.genai import types
 
-from shared.models import (
+from stepq.models import (
     AssistantMessage,
     FinishReason,
     Message,
@@ -30,8 +30,8 @@ from shared.models import (
     Usage,
     UserMessage,
 )
-from shared.providers.base import Delta
-from shared.providers.gemini_schema import wire_name
+from stepq.providers.base import Delta
+from stepq.providers.gemini_schema import wire_name
 
 PROVIDER = "gemini"
 

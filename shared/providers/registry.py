@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from shared.errors import SubmitError
-from shared.providers.base import ProviderAdapter, ToolSpec
-from shared.providers.scripted import ScriptedAdapter
+from stepq.errors import SubmitError
+from stepq.providers.base import ProviderAdapter, ToolSpec
+from stepq.providers.scripted import ScriptedAdapter
 
 if TYPE_CHECKING:
-    from shared.agents import AgentDefinition
+    from stepq.agents import AgentDefinition
 
 AdapterFactory = Callable[["AgentDefinition", str], ProviderAdapter]
 ConfigCheck = Callable[[], None]  # raises SubmitError naming the variable to set
@@ -26,10 +26,10 @@ _FACTORIES: dict[str, AdapterFactory] = {"scripted": _scripted}
 _CHECKS: dict[str, ConfigCheck] = {}
 # Official-SDK adapters, imported on first use: "name" -> "module:factory[:check]"
 _LAZY: dict[str, str] = {
-    "anthropic": "shared.providers.anthropic:create_adapter:check_configured",
-    "anthropic-vertex": "shared.providers.anthropic_vertex:create_adapter:check_configured",
-    "gemini": "shared.providers.gemini:create_adapter:check_configured",
-    "bedrock": "shared.providers.bedrock:create_adapter:check_configured",
+    "anthropic": "stepq.providers.anthropic:create_adapter:check_configured",
+    "anthropic-vertex": "stepq.providers.anthropic_vertex:create_adapter:check_configured",
+    "gemini": "stepq.providers.gemini:create_adapter:check_configured",
+    "bedrock": "stepq.providers.bedrock:create_adapter:check_configured",
 }
 
 
@@ -116,11 +116,11 @@ def resolve_model(
         if agent.script:
             chosen_provider = "scripted"
         else:
-            raise SubmitError(f"no provider for agent {agent.id}: set default_provider on the agent or AGENTQ_PROVIDER")
+            raise SubmitError(f"no provider for agent {agent.id}: set default_provider on the agent or STEPQ_PROVIDER")
     if chosen_provider not in _FACTORIES and chosen_provider not in _LAZY:
         raise SubmitError(f"unknown provider {chosen_provider!r}; known: {', '.join(known_providers())}")
     check_configured(chosen_provider)
     chosen_model = model or default_model or env_m or ("scripted" if chosen_provider == "scripted" else None)
     if chosen_model is None:
-        raise SubmitError(f"no model for agent {agent.id} on {chosen_provider}: set default_model or AGENTQ_MODEL")
+        raise SubmitError(f"no model for agent {agent.id} on {chosen_provider}: set default_model or STEPQ_MODEL")
     return chosen_provider, chosen_model

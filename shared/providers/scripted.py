@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.models import (
+from stepq.models import (
     AssistantMessage,
     FinishReason,
     Message,
@@ -25,7 +25,7 @@ from shared.models import (
     ToolCall,
     Usage,
 )
-from shared.providers.base import (
+from stepq.providers.base import (
     OUTPUT_TOOL,
     Delta,
     Emit,
@@ -96,7 +96,7 @@ _FINISH_MAP = {
 
 def _transcript_chars(messages: list[Message]) -> int:
     """A stand-in transcript size for the usage estimate: deterministic, and O(1) so that the free
-    offline model costs nothing per step (benchmarks measure agentq, not this estimate)."""
+    offline model costs nothing per step (benchmarks measure stepq, not this estimate)."""
     return 100 * len(messages)
 
 

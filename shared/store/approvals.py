@@ -8,7 +8,7 @@ from typing import Any
 import redis
 from pydantic import BaseModel
 
-from shared.store.keys import Keys
+from stepq.store.keys import Keys
 
 # KEYS: approval. ARGV: now, decision, reviewer, reason
 _DECIDE = """

@@ -1,4 +1,4 @@
-"""Redis clients: a real server from `AGENTQ_REDIS_URL`, or one in-process fakeredis for the embedded mode."""
+"""Redis clients: a real server from `STEPQ_REDIS_URL`, or one in-process fakeredis for the embedded mode."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import threading
 import fakeredis
 import redis
 
-from shared.config import Settings
+from stepq.config import Settings
 
 _lock = threading.Lock()
 _clients: dict[str, redis.Redis] = {}
 _fake_server: fakeredis.FakeServer | None = None
 # redis-py 8 caps a pool at 100 connections and raises MaxConnectionsError past it. A worker holds up to one per
 # step thread (plus pub/sub followers), so `--concurrency` above ~100 failed steps. Redis's own default maxclients;
-# `?max_connections=N` in AGENTQ_REDIS_URL overrides it.
+# `?max_connections=N` in STEPQ_REDIS_URL overrides it.
 MAX_CONNECTIONS = 10_000
 
 

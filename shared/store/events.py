@@ -20,8 +20,8 @@ from typing import Any, cast
 import redis
 from redis.commands.core import Script
 
-from shared.models import CONTENT_EVENTS, Event, EventType
-from shared.store.keys import Keys
+from stepq.models import CONTENT_EVENTS, Event, EventType
+from stepq.store.keys import Keys
 
 # KEYS: seq, events, channel, emitted. ARGV: maxlen, then per event: body, content flag, step.
 # Several events of one turn go in one call (a step's flush); returns the last seq.

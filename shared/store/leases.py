@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from shared.store.keys import Keys
+from stepq.store.keys import Keys
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -67,7 +67,7 @@ class LeaseManager:
         with self._lock:
             self._held[token] = lease
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="agentq-leases", daemon=True)
+                self._thread = threading.Thread(target=self._run, name="stepq-leases", daemon=True)
                 self._thread.start()
         return lease
 

@@ -7,8 +7,8 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
-from shared.models import ToolResult
-from shared.store.keys import Keys
+from stepq.models import ToolResult
+from stepq.store.keys import Keys
 
 _PUT = "return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])"
 

@@ -23,9 +23,9 @@ import redis
 from pydantic import TypeAdapter
 from redis.commands.core import Script
 
-from shared.models import Message, StepTrace, TurnState, TurnStatus
-from shared.providers.base import StepOutput
-from shared.store.keys import Keys
+from stepq.models import Message, StepTrace, TurnState, TurnStatus
+from stepq.providers.base import StepOutput
+from stepq.store.keys import Keys
 
 _CREATE = """
 if KEYS[1] ~= '' then

@@ -1,9 +1,9 @@
 {{/* Names and labels. */}}
-{{- define "agentq.name" -}}
+{{- define "stepq.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{- define "agentq.fullname" -}}
+{{- define "stepq.fullname" -}}
 {{- if .Values.fullnameOverride -}}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
@@ -16,65 +16,65 @@
 {{- end -}}
 {{- end -}}
 
-{{- define "agentq.chart" -}}
+{{- define "stepq.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{- define "agentq.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "agentq.name" . }}
+{{- define "stepq.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "stepq.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
-{{- define "agentq.labels" -}}
-helm.sh/chart: {{ include "agentq.chart" . }}
-{{ include "agentq.selectorLabels" . }}
+{{- define "stepq.labels" -}}
+helm.sh/chart: {{ include "stepq.chart" . }}
+{{ include "stepq.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/* Component selector labels: (dict "ctx" $ "component" "worker") */}}
-{{- define "agentq.componentSelector" -}}
-{{ include "agentq.selectorLabels" .ctx }}
+{{- define "stepq.componentSelector" -}}
+{{ include "stepq.selectorLabels" .ctx }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
-{{- define "agentq.componentLabels" -}}
-{{ include "agentq.labels" .ctx }}
+{{- define "stepq.componentLabels" -}}
+{{ include "stepq.labels" .ctx }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* The label that lets a pod reach the bundled Redis through the NetworkPolicy. */}}
-{{- define "agentq.redisClientLabel" -}}
-{{ include "agentq.fullname" . }}-redis-client
+{{- define "stepq.redisClientLabel" -}}
+{{ include "stepq.fullname" . }}-redis-client
 {{- end -}}
 
-{{- define "agentq.serviceAccountName" -}}
+{{- define "stepq.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
-{{- default (include "agentq.fullname" .) .Values.serviceAccount.name -}}
+{{- default (include "stepq.fullname" .) .Values.serviceAccount.name -}}
 {{- else -}}
 {{- default "default" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
 
-{{- define "agentq.image" -}}
+{{- define "stepq.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
 {{/* Secrets and Redis. */}}
-{{- define "agentq.secretName" -}}
-{{- default (include "agentq.fullname" .) .Values.secrets.existingSecret -}}
+{{- define "stepq.secretName" -}}
+{{- default (include "stepq.fullname" .) .Values.secrets.existingSecret -}}
 {{- end -}}
 
-{{- define "agentq.redisHost" -}}
-{{ include "agentq.fullname" . }}-redis
+{{- define "stepq.redisHost" -}}
+{{ include "stepq.fullname" . }}-redis
 {{- end -}}
 
-{{- define "agentq.redisSecretName" -}}
-{{- default (printf "%s-redis" (include "agentq.fullname" .)) .Values.redis.bundled.auth.existingSecret -}}
+{{- define "stepq.redisSecretName" -}}
+{{- default (printf "%s-redis" (include "stepq.fullname" .)) .Values.redis.bundled.auth.existingSecret -}}
 {{- end -}}
 
 {{/* The worker's queues, interactive first: a list. */}}
-{{- define "agentq.queues" -}}
+{{- define "stepq.queues" -}}
 {{- if .Values.worker.queues -}}
 {{- toJson .Values.worker.queues -}}
 {{- else -}}
@@ -84,7 +84,7 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* A value kept across upgrades: the existing Secret's key if the release already has it, else random.
      (dict "ctx" $ "secret" NAME "key" KEY) */}}
-{{- define "agentq.persistentRandom" -}}
+{{- define "stepq.persistentRandom" -}}
 {{- $existing := lookup "v1" "Secret" .ctx.Release.Namespace .secret -}}
 {{- if and $existing $existing.data (hasKey $existing.data .key) -}}
 {{- index $existing.data .key | b64dec -}}
@@ -93,29 +93,29 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* The Redis connection, for every agentq container (workers and sweeper). */}}
-{{- define "agentq.redisEnv" -}}
+{{/* The Redis connection, for every stepq container (workers and sweeper). */}}
+{{- define "stepq.redisEnv" -}}
 {{- if .Values.redis.bundled.enabled }}
 {{- if .Values.redis.bundled.auth.enabled }}
 - name: REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ include "agentq.redisSecretName" . }}
+      name: {{ include "stepq.redisSecretName" . }}
       key: redis-password
-- name: AGENTQ_REDIS_URL
-  value: "redis://:$(REDIS_PASSWORD)@{{ include "agentq.redisHost" . }}:6379/0"
+- name: STEPQ_REDIS_URL
+  value: "redis://:$(REDIS_PASSWORD)@{{ include "stepq.redisHost" . }}:6379/0"
 {{- else }}
-- name: AGENTQ_REDIS_URL
-  value: "redis://{{ include "agentq.redisHost" . }}:6379/0"
+- name: STEPQ_REDIS_URL
+  value: "redis://{{ include "stepq.redisHost" . }}:6379/0"
 {{- end }}
 {{- else }}
-- name: AGENTQ_REDIS_URL
+- name: STEPQ_REDIS_URL
   valueFrom:
     secretKeyRef:
       name: {{ required "redis.external.existingSecret is required when redis.bundled.enabled is false" .Values.redis.external.existingSecret }}
       key: {{ .Values.redis.external.urlKey }}
 {{- if .Values.redis.external.brokerUrlKey }}
-- name: AGENTQ_BROKER_URL
+- name: STEPQ_BROKER_URL
   valueFrom:
     secretKeyRef:
       name: {{ .Values.redis.external.existingSecret }}
@@ -125,30 +125,30 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* The approval HMAC secret (current + old ones) and provider credentials: workers only. */}}
-{{- define "agentq.workerSecretEnv" -}}
-- name: AGENTQ_APPROVAL_SECRET
+{{- define "stepq.workerSecretEnv" -}}
+- name: STEPQ_APPROVAL_SECRET
   valueFrom:
     secretKeyRef:
-      name: {{ include "agentq.secretName" . }}
+      name: {{ include "stepq.secretName" . }}
       key: approval-secret
-- name: AGENTQ_APPROVAL_OLD_SECRETS
+- name: STEPQ_APPROVAL_OLD_SECRETS
   valueFrom:
     secretKeyRef:
-      name: {{ include "agentq.secretName" . }}
+      name: {{ include "stepq.secretName" . }}
       key: approval-old-secrets
       optional: true
 {{- range .Values.secrets.providerEnv }}
 - name: {{ . }}
   valueFrom:
     secretKeyRef:
-      name: {{ include "agentq.secretName" $ }}
+      name: {{ include "stepq.secretName" $ }}
       key: {{ . }}
       optional: true
 {{- end }}
 {{- end -}}
 
 {{/* Roll pods when their configuration changes. */}}
-{{- define "agentq.checksums" -}}
+{{- define "stepq.checksums" -}}
 checksum/config: {{ include (print $.Template.BasePath "/configmap.yaml") . | sha256sum }}
 {{- if not .Values.secrets.existingSecret }}
 checksum/secret: {{ .Values.secrets | toJson | sha256sum }}
@@ -156,7 +156,7 @@ checksum/secret: {{ .Values.secrets | toJson | sha256sum }}
 {{- end -}}
 
 {{/* HPA behavior: scale out fast on a backlog, in slowly (each removed worker drains its steps first). */}}
-{{- define "agentq.scaleBehavior" -}}
+{{- define "stepq.scaleBehavior" -}}
 scaleUp:
   stabilizationWindowSeconds: 0
   policies:
