@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 
 from stepq.approvals import ApprovalClaim, canonical_args_hash
-from stepq.errors import ApprovalError
+from stepq.errors import ApprovalError, ApprovalRefusal
 from stepq.metrics import untrack_pending
 from stepq.models import EventType, TurnStatus
 from stepq.runtime import Runtime
@@ -15,7 +15,7 @@ from stepq.runtime import Runtime
 @dataclass(frozen=True)
 class ApprovalOutcome:
     accepted: bool
-    code: str
+    code: str  # accepted: the decision ("approved" / "denied"); refused: an ApprovalRefusal
     message: str
     resume: tuple[str, int, str] | None = None  # (turn_id, step, priority) to enqueue once fully decided
 
@@ -48,7 +48,7 @@ def _decide(
 ) -> ApprovalOutcome:
     record = rt.approvals.get(approval_id) if isinstance(approval_id, str) and approval_id else None
     if record is None:
-        raise ApprovalError("unknown", f"unknown approval id {approval_id!r}")
+        raise ApprovalError(ApprovalRefusal.UNKNOWN, f"unknown approval id {approval_id!r}")
     claim = ApprovalClaim(
         record.approval_id,
         record.turn_id,
@@ -58,24 +58,27 @@ def _decide(
         record.expires_at,
     )
     if not isinstance(token, str) or not rt.signer.verify(claim, token):
-        raise ApprovalError("invalid-token", f"approval {approval_id}: the token is not valid for this approval")
+        raise ApprovalError(
+            ApprovalRefusal.INVALID_TOKEN, f"approval {approval_id}: the token is not valid for this approval"
+        )
     if args is not None and canonical_args_hash(dict(args)) != record.args_hash:
-        raise ApprovalError("changed-args", f"approval {approval_id}: the arguments differ from the ones requested")
+        raise ApprovalError(
+            ApprovalRefusal.CHANGED_ARGS, f"approval {approval_id}: the arguments differ from the ones requested"
+        )
     now = time.time()
-    verdict = rt.approvals.decide(approval_id, approved, reviewer[:200], reason[:2000], now)
-    if verdict in ("ok", "expired"):
+    refusal, status = rt.approvals.decide(approval_id, approved, reviewer[:200], reason[:2000], now)
+    if refusal in (None, ApprovalRefusal.EXPIRED):
         untrack_pending(rt, approval_id)  # no longer waiting for a person (stepq_pending_approvals)
-    if verdict == "expired":
+    if refusal == ApprovalRefusal.EXPIRED:
         _publish_decision(rt, record.turn_id, record.step, approval_id, record.tool_call_id, "expired", "", "")
         return ApprovalOutcome(
             False,
-            "expired",
+            ApprovalRefusal.EXPIRED,
             f"approval {approval_id} expired; it resolves as a denial",
             resume=_resume_target(rt, record.turn_id, record.step),
         )
-    if verdict != "ok":
-        status = verdict.partition(":")[2] or verdict
-        raise ApprovalError("not-pending", f"approval {approval_id} is already {status}")
+    if refusal is not None:
+        raise ApprovalError(refusal, f"approval {approval_id} is already {status}")
     decision = "approved" if approved else "denied"
     _publish_decision(rt, record.turn_id, record.step, approval_id, record.tool_call_id, decision, reviewer, reason)
     return ApprovalOutcome(

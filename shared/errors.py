@@ -1,10 +1,48 @@
-"""Errors a caller can act on. Messages name the problem and never carry secrets."""
+"""Errors a caller can act on. Messages name the problem and what to do, and never carry secrets.
+
+Every error stepq raises on purpose derives from `StepqError`, so `except StepqError` catches
+them all. The tree (a second base in brackets keeps older `except ValueError` code working):
+
+    StepqError
+    ├── ConfigurationError          a STEPQ_* setting or the installed extras cannot work
+    │   └── MissingExtraError        a feature's optional dependencies are not installed
+    ├── DefinitionError             an agent or tool definition is invalid (at load, not at call)
+    ├── SubmitError [ValueError]    a submit was refused; nothing was stored
+    │   ├── UnknownAgentError
+    │   ├── MissingFeaturesError
+    │   └── OverrideError           a caller override tried to widen the agent's loop
+    ├── TurnNotFoundError [LookupError]
+    ├── NoWorkerError [TimeoutError] embedded mode: no worker in this process serves the turn
+    ├── ApprovalError               a decision was refused; `.code` is an `ApprovalRefusal`
+    ├── ToolArgumentError [ValueError]   the model's tool arguments do not match the schema
+    ├── InvalidOutputError [ValueError]  an object-mode answer does not match the output schema
+    └── ProviderError               a classified model-provider failure (`.retryable`, `.status`,
+                                    `.retry_after_s`, `.code`)
+
+Inside a turn, `ToolArgumentError`, `InvalidOutputError` and `ProviderError` are handled by the
+worker (a tool error the model reads, a repair step, a retry or a failed turn); a caller sees them
+when calling the same functions directly, and as the text of `TurnResult.error`.
+"""
 
 from __future__ import annotations
+
+from enum import StrEnum
 
 
 class StepqError(Exception):
     """Base of every error stepq raises on purpose."""
+
+
+class ConfigurationError(StepqError):
+    """A setting (or the installed set of extras) cannot work; raised at start, before any turn runs."""
+
+
+class MissingExtraError(ConfigurationError):
+    """A feature needs an optional dependency group: the message names the `pip install` to run."""
+
+    def __init__(self, feature: str, extra: str) -> None:
+        super().__init__(f"{feature} needs the {extra} extra: pip install 'stepq[{extra}]'")
+        self.extra = extra
 
 
 class DefinitionError(StepqError):
@@ -16,11 +54,11 @@ class SubmitError(StepqError, ValueError):
 
 
 class UnknownAgentError(SubmitError):
-    pass
+    """No loaded agent module defines this agent id."""
 
 
 class MissingFeaturesError(SubmitError):
-    pass
+    """The agent's `required_features` are not all among the caller's features."""
 
 
 class OverrideError(SubmitError):
@@ -28,12 +66,66 @@ class OverrideError(SubmitError):
 
 
 class TurnNotFoundError(StepqError, LookupError):
-    pass
+    """No such turn: never created, or expired after its TTL."""
+
+
+class NoWorkerError(StepqError, TimeoutError):
+    """Embedded mode: the turn is not finished and no worker runs in this process to finish it."""
+
+
+class ApprovalRefusal(StrEnum):
+    """Why an approval decision was refused (the `code` of ApprovalError, the CLI's and the API's reply).
+
+    The values are wire strings: they travel in the approve task's reply. Add members here;
+    never parse a refusal out of a message.
+    """
+
+    UNKNOWN = "unknown"  # no such approval id (never created, or expired after retention)
+    INVALID_TOKEN = "invalid-token"  # the token does not verify for this approval
+    CHANGED_ARGS = "changed-args"  # the decision names arguments other than the requested ones
+    NOT_PENDING = "not-pending"  # already approved, denied or expired
+    EXPIRED = "expired"  # it expired before this decision; it resolves as a denial
 
 
 class ApprovalError(StepqError):
-    """An approval decision was refused (unknown id, bad token, not pending, expired, changed args)."""
+    """An approval decision was refused; `code` says why."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: ApprovalRefusal | str, message: str) -> None:
         super().__init__(message)
+        self.code = ApprovalRefusal(code)
+
+
+class ToolArgumentError(StepqError, ValueError):
+    """The model's arguments do not match the tool's schema (the model reads it as a tool error)."""
+
+
+class InvalidOutputError(StepqError, ValueError):
+    """An object-mode answer is not valid JSON or does not match the agent's output schema."""
+
+
+class ProviderError(StepqError):
+    """A classified provider failure. `retryable` decides whether the engine may retry before content."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+        self.status = status
+        self.retry_after_s = retry_after_s
         self.code = code
+
+    def describe(self) -> str:
+        bits = [self.message]
+        if self.status is not None:
+            bits.append(f"status={self.status}")
+        if self.code:
+            bits.append(f"code={self.code}")
+        return " ".join(bits)

@@ -16,7 +16,7 @@ from typing import Any, get_type_hints
 import jsonschema
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from stepq.errors import DefinitionError
+from stepq.errors import DefinitionError, ToolArgumentError
 
 ApprovalPredicate = Callable[[dict[str, Any]], bool]
 
@@ -30,10 +30,6 @@ class ToolContext:
     idempotency_key: str
     metadata: Mapping[str, Any]
     logger: logging.Logger
-
-
-class ToolArgumentError(ValueError):
-    """The model's arguments do not match the tool's schema."""
 
 
 @dataclass

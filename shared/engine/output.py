@@ -10,16 +10,13 @@ import jsonschema
 from pydantic import BaseModel, ValidationError
 
 from stepq.agents import AgentDefinition
+from stepq.errors import InvalidOutputError
 
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)
 
 
-class OutputInvalid(ValueError):
-    """The answer is not valid JSON for the schema; the message lists each problem."""
-
-
 def parse_object(agent: AgentDefinition, text: str) -> Any:
-    """Return the validated object (JSON-ready) or raise OutputInvalid naming what is wrong."""
+    """Return the validated object (JSON-ready) or raise InvalidOutputError naming what is wrong."""
     body = text.strip()
     fenced = _FENCE.match(body)
     if fenced:
@@ -27,18 +24,18 @@ def parse_object(agent: AgentDefinition, text: str) -> Any:
     try:
         value = json.loads(body)
     except json.JSONDecodeError as exc:
-        raise OutputInvalid(f"the answer is not valid JSON ({exc.msg} at position {exc.pos})") from None
+        raise InvalidOutputError(f"the answer is not valid JSON ({exc.msg} at position {exc.pos})") from None
     schema = agent.output
     if isinstance(schema, type) and issubclass(schema, BaseModel):
         try:
             return schema.model_validate(value).model_dump(mode="json")
         except ValidationError as exc:
             problems = [f"{'.'.join(map(str, e['loc'])) or '(root)'}: {e['msg']}" for e in exc.errors()]
-            raise OutputInvalid("; ".join(problems)) from None
+            raise InvalidOutputError("; ".join(problems)) from None
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
     if errors:
-        raise OutputInvalid(
+        raise InvalidOutputError(
             "; ".join(f"{'.'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}" for e in errors)
         )
     return value

@@ -21,7 +21,8 @@ from stepq.batch import record_finish
 from stepq.engine import structured
 from stepq.engine.dispatch import PreparedCall, StepDispatcher
 from stepq.engine.emitter import StepEmitter
-from stepq.engine.output import OutputInvalid, parse_object, repair_note
+from stepq.engine.output import parse_object, repair_note
+from stepq.errors import InvalidOutputError
 from stepq.logging import bind as bind_log_context
 from stepq.metrics import (
     RATE_LIMIT_WAITS,
@@ -390,7 +391,7 @@ class StepRunner:
         if agent.execution_mode == "object":
             try:
                 state.object = parse_object(agent, text)
-            except OutputInvalid as exc:
+            except InvalidOutputError as exc:
                 if state.repairs_used < agent.output_repairs and self._steps_left(state):
                     state.repairs_used += 1
                     state.messages.append(output.message)

@@ -1,4 +1,4 @@
-"""The provider-neutral adapter contract (after seed 001's AgenticLoopAdapter).
+"""The provider-neutral adapter contract.
 
 An adapter turns a canonical `StepRequest` into one streamed model call, calls
 `emit` for every content delta, and returns the assistant message with usage and
@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from stepq.errors import ProviderError as ProviderError  # adapters raise it; defined with the other errors
 from stepq.models import AssistantMessage, FinishReason, Message, Usage
 
 
@@ -62,34 +63,6 @@ class StepOutput(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     raw_finish_reason: str | None = None
     finish_reason: FinishReason = FinishReason.STOP
-
-
-class ProviderError(Exception):
-    """A classified provider failure. `retryable` decides whether the engine may retry before content."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        retryable: bool,
-        status: int | None = None,
-        retry_after_s: float | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.retryable = retryable
-        self.status = status
-        self.retry_after_s = retry_after_s
-        self.code = code
-
-    def describe(self) -> str:
-        bits = [self.message]
-        if self.status is not None:
-            bits.append(f"status={self.status}")
-        if self.code:
-            bits.append(f"code={self.code}")
-        return " ".join(bits)
 
 
 Emit = Callable[[Delta], None]

@@ -8,19 +8,20 @@ from typing import Any
 import redis
 from pydantic import BaseModel
 
+from stepq.errors import ApprovalRefusal
 from stepq.store.keys import Keys
 
-# KEYS: approval. ARGV: now, decision, reviewer, reason
+# KEYS: approval. ARGV: now, decision, reviewer, reason. Returns {refusal code or '', the approval's status}.
 _DECIDE = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 'unknown' end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown', ''} end
 local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'pending' then return 'not-pending:' .. status end
+if status ~= 'pending' then return {'not-pending', status} end
 if tonumber(ARGV[1]) >= tonumber(redis.call('HGET', KEYS[1], 'expires_at')) then
   redis.call('HSET', KEYS[1], 'status', 'expired', 'decided_at', ARGV[1])
-  return 'expired'
+  return {'expired', 'expired'}
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'reviewer', ARGV[3], 'reason', ARGV[4], 'decided_at', ARGV[1])
-return 'ok'
+return {'', ARGV[2]}
 """
 
 
@@ -64,13 +65,16 @@ class ApprovalStore:
     def get_many(self, approval_ids: list[str]) -> dict[str, ApprovalRecord]:
         return {aid: rec for aid in approval_ids if (rec := self.get(aid)) is not None}
 
-    def decide(self, approval_id: str, approved: bool, reviewer: str, reason: str, now: float) -> str:
-        """'ok' when this call's decision was recorded; otherwise why not (atomic, first wins)."""
-        result: str = self._decide(
+    def decide(
+        self, approval_id: str, approved: bool, reviewer: str, reason: str, now: float
+    ) -> tuple[ApprovalRefusal | None, str]:
+        """(None, new status) when this call's decision was recorded; otherwise (why not, the approval's
+        status). Atomic: the first decision wins."""
+        refusal, status = self._decide(
             keys=[self.keys.approval(approval_id)],
             args=[f"{now:.6f}", "approved" if approved else "denied", reviewer, reason],
         )
-        return result
+        return (ApprovalRefusal(refusal) if refusal else None), str(status)
 
     def expire(self, approval_id: str, now: float) -> None:
         """Resolve a pending approval past its expiry as expired (a denial)."""
