@@ -24,6 +24,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from stepq.config import Settings
+from stepq.models import ToolResultStatus
 from stepq.protocol import celery_config, worker_queues
 
 if TYPE_CHECKING:
@@ -163,21 +164,18 @@ def record_retry(provider: str, model: str, exc: ProviderError) -> None:
 
 
 def tool_outcome(result: ToolResult) -> str:
-    """Classify a stored tool result (see engine/dispatch.py for the shapes)."""
+    """The `outcome` label of a tool call, from its result's status."""
     if not result.is_error:
         return "ok"
-    output = result.output if isinstance(result.output, dict) else {}
-    status = output.get("status")
-    error = str(output.get("error", ""))
-    if status == "denied":
-        return "denied"
-    if status == "invalid_arguments":
-        return "invalid_args"
-    if error.startswith(("Tool not found", "TOOL_NOT_FOUND")):
-        return "not_found"
-    if error.startswith("TOOL_PERMANENTLY_FAILED"):
-        return "blocked"
-    return "error"
+    return _TOOL_OUTCOMES.get(result.status, "error")
+
+
+_TOOL_OUTCOMES = {
+    ToolResultStatus.DENIED: "denied",
+    ToolResultStatus.INVALID_ARGUMENTS: "invalid_args",
+    ToolResultStatus.NOT_FOUND: "not_found",
+    ToolResultStatus.PERMANENTLY_FAILED: "blocked",
+}
 
 
 def record_tool_call(agent: str, result: ToolResult, known: bool) -> None:

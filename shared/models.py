@@ -64,11 +64,23 @@ class AssistantMessage(BaseModel):
         return [p for p in self.parts if isinstance(p, ToolCall)]
 
 
+class ToolResultStatus(StrEnum):
+    """How a tool call ended: what metrics and callers branch on (never the error text)."""
+
+    OK = "ok"
+    FAILED = "failed"  # the tool raised or timed out
+    INVALID_ARGUMENTS = "invalid_arguments"  # the model's arguments did not match the schema; not run
+    NOT_FOUND = "not_found"  # the model called a tool it was not shown
+    PERMANENTLY_FAILED = "permanently_failed"  # the failure breaker blocks the tool for this turn; not run
+    DENIED = "denied"  # approval-gated and denied, expired, or approved for other arguments; not run
+
+
 class ToolResult(BaseModel):
     tool_call_id: str
     name: str
-    output: Any = None
+    output: Any = None  # what the model reads
     is_error: bool = False
+    status: ToolResultStatus = ToolResultStatus.OK
 
 
 class ToolResultMessage(BaseModel):

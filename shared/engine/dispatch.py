@@ -21,10 +21,11 @@ from typing import Any, Protocol
 
 from stepq.agents import AgentDefinition
 from stepq.approvals import canonical_args_hash
+from stepq.errors import ToolArgumentError
 from stepq.metrics import record_tool_call
-from stepq.models import ToolCall, ToolResult, TurnState
+from stepq.models import ToolCall, ToolResult, ToolResultStatus, TurnState
 from stepq.store.tool_results import ToolResultStore
-from stepq.tools import ToolArgumentError, ToolContext, ToolDefinition
+from stepq.tools import ToolContext, ToolDefinition
 
 log = logging.getLogger("stepq.tools")
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="stepq-tool")
@@ -76,8 +77,8 @@ class StepDispatcher:
         self.visible = {t.name: t for t in agent.visible_tools()}
 
     def prepare(self, call: ToolCall) -> PreparedCall:
-        def fail(output: dict[str, Any]) -> PreparedCall:
-            result = ToolResult(tool_call_id=call.id, name=call.name, output=output, is_error=True)
+        def fail(output: dict[str, Any], status: ToolResultStatus) -> PreparedCall:
+            result = ToolResult(tool_call_id=call.id, name=call.name, output=output, is_error=True, status=status)
             return PreparedCall(call, None, None, result)
 
         blocked = self._breaker_block(call)
@@ -89,20 +90,22 @@ class StepDispatcher:
                 return fail(
                     {
                         "error": f'TOOL_NOT_FOUND: "{call.name}" does not exist.',
-                        "status": "permanently_failed",
+                        "status": ToolResultStatus.PERMANENTLY_FAILED.value,
                         "do_not_retry": True,
-                    }
+                    },
+                    ToolResultStatus.NOT_FOUND,
                 )
-            return fail({"error": f"Tool not found: {call.name}"})
+            return fail({"error": f"Tool not found: {call.name}"}, ToolResultStatus.NOT_FOUND)
         try:
             args = definition.validate(call.args)
         except ToolArgumentError as exc:
-            return fail({"error": f"Invalid arguments for {call.name}: {exc}", "status": "invalid_arguments"})
+            status = ToolResultStatus.INVALID_ARGUMENTS
+            return fail({"error": f"Invalid arguments for {call.name}: {exc}", "status": status.value}, status)
         needs = self.agent.call_needs_approval(definition, args)
         return PreparedCall(call, definition, args, None, needs_approval=needs)
 
     def _breaker_block(self, call: ToolCall) -> ToolResult | None:
-        """The TOOL_PERMANENTLY_FAILED result once a tool has used up its strikes (digest §3.4), else None."""
+        """The TOOL_PERMANENTLY_FAILED result once a tool has used up its strikes (`tool_failure_breaker`), else None."""
         strikes = self.state.failed_tools.get(call.name)
         if self.breaker is None or not strikes or strikes[0] < self.breaker:
             return None
@@ -111,9 +114,10 @@ class StepDispatcher:
             tool_call_id=call.id,
             name=call.name,
             is_error=True,
+            status=ToolResultStatus.PERMANENTLY_FAILED,
             output={
                 "error": f'TOOL_PERMANENTLY_FAILED: "{call.name}" has failed {count} times. Last error: {last}.',
-                "status": "permanently_failed",
+                "status": ToolResultStatus.PERMANENTLY_FAILED.value,
                 "do_not_retry": True,
             },
         )
@@ -170,8 +174,13 @@ class StepDispatcher:
         if self.breaker is not None:
             count, _ = self.state.failed_tools.get(call.name, (0, ""))
             self.state.failed_tools[call.name] = (count + 1, message)
+        failed = ToolResultStatus.FAILED
         return ToolResult(
-            tool_call_id=call.id, name=call.name, output={"error": message, "status": "failed"}, is_error=True
+            tool_call_id=call.id,
+            name=call.name,
+            output={"error": message, "status": failed.value},
+            is_error=True,
+            status=failed,
         )
 
     def _truncate(self, output: Any) -> Any:

@@ -44,6 +44,7 @@ from stepq.models import (
     ToolCall,
     ToolResult,
     ToolResultMessage,
+    ToolResultStatus,
     TurnState,
     TurnStatus,
     UserMessage,
@@ -379,6 +380,7 @@ class StepRunner:
                 "name": result.name,
                 "output": result.output,
                 "is_error": result.is_error,
+                "status": result.status.value,
             },
         )
 
@@ -645,8 +647,13 @@ class StepRunner:
 
 def _refusal(call: ToolCall, error: str, **extra: object) -> ToolResult:
     """The result of a gated call that was not run (expired, denied, or approved for other arguments)."""
+    denied = ToolResultStatus.DENIED
     return ToolResult(
-        tool_call_id=call.id, name=call.name, is_error=True, output={"error": error, "status": "denied", **extra}
+        tool_call_id=call.id,
+        name=call.name,
+        is_error=True,
+        output={"error": error, "status": denied.value, **extra},
+        status=denied,
     )
 
 
