@@ -67,6 +67,22 @@ class Settings(BaseSettings):
     max_messages: int = 500
     max_tool_result_chars: int = 20_000
 
+    # HTTP gateway (`stepq serve`); with no API keys and no JWT settings it starts only with --insecure-dev
+    api_keys: list[dict[str, Any]] = Field(default_factory=list)  # JSON: [{sha256, tenant, subject, scopes}]
+    api_keys_file: str | None = None  # the same JSON list in a file (a mounted secret)
+    jwt_secret: SecretStr | None = None  # HS256
+    jwt_jwks_file: str | None = None  # RS256: a JWKS document on disk
+    jwt_audience: str | None = None
+    jwt_issuer: str | None = None
+    jwt_tenant_claim: str = "tenant"
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(default=8000, ge=0, le=65535)
+    gateway_cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    gateway_max_body_bytes: int = Field(default=1_000_000, ge=1)
+    gateway_rate_limit_rpm: int = Field(default=600, ge=0)  # per credential; 0 turns it off
+    gateway_keepalive_s: float = Field(default=15.0, gt=0, le=15.0)
+    gateway_redis_pool: int = Field(default=16, ge=2)  # async connections besides the one pub/sub connection
+
     @field_validator("agent_modules", mode="before")
     @classmethod
     def _split_modules(cls, value: object) -> object:
@@ -74,7 +90,7 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("approval_old_secrets", mode="before")
+    @field_validator("approval_old_secrets", "gateway_cors_origins", mode="before")
     @classmethod
     def _split_secrets(cls, value: object) -> object:
         if isinstance(value, str):
@@ -90,9 +106,11 @@ class Settings(BaseSettings):
             key = f"STEPQ_{name.upper()}"
             if name == "approval_secret":
                 env[key] = self.approval_secret.get_secret_value() if self.approval_secret else ""
+            elif name == "jwt_secret":
+                env[key] = self.jwt_secret.get_secret_value() if self.jwt_secret else ""
             elif name == "approval_old_secrets":
                 env[key] = ",".join(s.get_secret_value() for s in self.approval_old_secrets)
-            elif name == "agent_modules":
+            elif name in ("agent_modules", "gateway_cors_origins"):
                 env[key] = ",".join(value)
             elif isinstance(value, dict | list):
                 env[key] = json.dumps(value)

@@ -1,0 +1,100 @@
+"""One JSON error shape for every failure: `{"error": {"code": ..., "message": ...}}`.
+
+Validation errors, unknown routes, wrong methods and unexpected exceptions all answer in it; an
+unexpected exception is logged server-side and answers a 500 with no traceback in the body.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from stepq.errors import ApprovalError, StepqError, SubmitError, TurnNotFoundError
+
+log = logging.getLogger("stepq.gateway")
+
+_HTTP_CODES = {
+    400: "bad-request",
+    401: "unauthenticated",
+    403: "forbidden",
+    404: "not-found",
+    405: "method-not-allowed",
+    409: "conflict",
+    413: "too-large",
+    415: "unsupported-media-type",
+    422: "invalid-request",
+    429: "rate-limited",
+    503: "unavailable",
+}
+
+
+class GatewayError(Exception):
+    """An error answered as JSON with this status and code. `headers` go on the response (WWW-Authenticate…)."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+def from_stepq(exc: StepqError) -> GatewayError:
+    """The HTTP answer for an error the library raised on purpose."""
+    if isinstance(exc, TurnNotFoundError):
+        return GatewayError(404, "not-found", str(exc))
+    if isinstance(exc, SubmitError):
+        return GatewayError(400, _code_of(exc), str(exc))
+    if isinstance(exc, ApprovalError):
+        return GatewayError(409, exc.code.value, str(exc))
+    return GatewayError(400, _code_of(exc), str(exc))
+
+
+def _code_of(exc: Exception) -> str:
+    """`UnknownAgentError` -> `unknown-agent`: a stable code a caller can switch on."""
+    name = type(exc).__name__.removesuffix("Error") or "error"
+    return "".join(f"-{c.lower()}" if c.isupper() else c for c in name).lstrip("-")
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
+    loc = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+    return f"{first.get('msg', 'invalid request')}" + (f" at {loc}" if loc else "")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GatewayError)
+    async def _gateway(_: Request, exc: GatewayError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(StepqError)
+    async def _stepq(_: Request, exc: StepqError) -> JSONResponse:
+        err = from_stepq(exc)
+        return error_response(err.status, err.code, err.message)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(422, "invalid-request", _validation_message(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "error")
+        message = str(exc.detail) if exc.detail else code
+        if exc.status_code == 404 and message == "Not Found":
+            message = "no such route; see /docs for the API"
+        elif exc.status_code == 405:
+            message = "method not allowed on this route; see /docs for the API"
+        return error_response(exc.status_code, code, message, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(500, "internal", "internal error; the gateway's log has the details")
