@@ -327,8 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--concurrency must be at least 1")
     from contextlib import nullcontext
 
+    from stepq.embedded import local_worker
     from stepq.producer.cli import UsageError, load_settings
-    from stepq.producer.local import local_worker
 
     try:
         settings = load_settings()

@@ -24,12 +24,12 @@ import redis
 from pydantic import ValidationError
 
 from stepq.config import Settings
+from stepq.embedded import local_worker, with_demo_agents
 from stepq.errors import ApprovalError, StepqError, SubmitError, TurnNotFoundError
 from stepq.logging import configure_logging
 from stepq.metrics import prepare_multiprocess_dir
 from stepq.models import Event, EventType, TurnResult, TurnStatus
 from stepq.producer.client import Client
-from stepq.producer.local import local_worker, with_demo_agents
 from stepq.producer.render import LiveView, Style, compact, event_summary, result_lines, state_lines, trace_table
 from stepq.producer.status import collect_status, status_lines
 from stepq.protocol import worker_queues

@@ -1,12 +1,15 @@
 """The producer API: submit turns, follow their events, wait for results, approve, cancel.
 
-The producer never imports worker code: it validates and stores a turn through
-`shared`, then sends `run_step` by name through its own Celery app.
+The producer never imports worker code: it validates and stores a turn through the
+library, then sends `run_step` by name through its own Celery app. In embedded mode
+(STEPQ_REDIS_URL unset) nothing outside this process can run a turn, so the first
+message a `Client` sends starts an in-process worker through `stepq.embedded`.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,8 +18,9 @@ from typing import Any
 
 from celery import Celery
 
+from stepq import embedded
 from stepq.config import Settings, get_settings
-from stepq.errors import ApprovalError, TurnNotFoundError
+from stepq.errors import ApprovalError, NoWorkerError, TurnNotFoundError
 from stepq.models import Event, EventType, TurnResult, TurnState
 from stepq.protocol import APPROVE, RUN_STEP, celery_config, queue_for
 from stepq.runtime import Runtime, get_runtime
@@ -66,10 +70,35 @@ _FINISH_MARK = f'"type":"{EventType.TURN_FINISH.value}"'
 
 
 class Client:
+    """Submit turns and follow them; one per process is enough (it is thread-safe and holds no turn state).
+
+    `settings` default to the `STEPQ_*` environment. Without STEPQ_REDIS_URL the client is
+    *embedded*: it loads the bundled demo agents (plus STEPQ_AGENT_MODULES) and starts an
+    in-process worker on its first submit, stopped by `close()`, at the end of a `with Client()`
+    block, or at interpreter exit. With STEPQ_REDIS_URL, `stepq worker` processes run the turns.
+    """
+
     def __init__(self, settings: Settings | None = None) -> None:
-        self.settings = settings or get_settings()
+        settings = settings or get_settings()
+        self.settings = embedded.with_demo_agents(settings) if settings.embedded else settings
         self.runtime: Runtime = get_runtime(self.settings)
         self._celery: Celery | None = None
+        self._worker_lock = threading.Lock()
+        self._holds_worker = False
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Embedded mode: stop the in-process worker this client started (once no one else uses it).
+        Turns still running stop with it; with real Redis, close does nothing a worker would notice."""
+        with self._worker_lock:
+            if self._holds_worker:
+                self._holds_worker = False
+                embedded.release(self.settings)
 
     @property
     def celery(self) -> Celery:
@@ -79,8 +108,38 @@ class Client:
             self._celery = app
         return self._celery
 
+    def _ensure_worker(self) -> None:
+        """Embedded mode: a message sent now needs a worker in this process to receive it."""
+        if not self.settings.embedded:
+            return
+        with self._worker_lock:
+            if not self._holds_worker:
+                embedded.acquire(self.settings)
+                self._holds_worker = True
+
     def _send_step(self, turn_id: str, step: int, priority: str) -> None:
+        self._ensure_worker()
         self.celery.send_task(RUN_STEP, args=[turn_id, step], queue=queue_for(self.settings, priority))
+
+    def _check_served(self, turn_id: str, unserved_since: list[float]) -> None:
+        """Embedded mode: raise NoWorkerError once no worker has existed here for NO_WORKER_AFTER_S.
+
+        Only a worker in this process can run an embedded turn, so waiting longer would hang forever.
+        `unserved_since` holds the first moment no worker was seen (empty while one runs).
+        """
+        if not self.settings.embedded or embedded.worker_running(self.settings):
+            unserved_since.clear()
+            return
+        now = time.monotonic()
+        if not unserved_since:
+            unserved_since.append(now)
+        elif now - unserved_since[0] >= embedded.NO_WORKER_AFTER_S:
+            raise NoWorkerError(
+                f"no worker has picked up turn {turn_id} after {embedded.NO_WORKER_AFTER_S:.0f} s: in embedded mode "
+                "(STEPQ_REDIS_URL unset) only a worker inside this process runs turns, and none is running (was "
+                "the Client that submitted it closed?); submit with an open Client, or set STEPQ_REDIS_URL and "
+                "start `stepq worker`"
+            )
 
     # ------------------------------------------------------------------ turns
 
@@ -161,9 +220,14 @@ class Client:
         """Every event after `after`, once each, in order, live until the turn finishes."""
         self.get(turn_id)
 
-        def finished() -> bool:
+        unserved_since: list[float] = []
+
+        def finished() -> bool:  # asked on every quiet second of the follow
             state = self.runtime.turns.load(turn_id)
-            return state is None or state.status.terminal
+            if state is None or state.status.terminal:
+                return True
+            self._check_served(turn_id, unserved_since)
+            return False
 
         return self.runtime.events.follow(turn_id, after=after, idle_timeout=idle_timeout, is_finished=finished)
 
@@ -172,11 +236,13 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         pubsub = self.runtime.redis.pubsub(ignore_subscribe_messages=True)
         pubsub.subscribe(self.runtime.keys.channel(turn_id))
+        unserved_since: list[float] = []
         try:
             state = self.get(turn_id)
             while True:
                 if state.status.terminal:
                     return state.result()
+                self._check_served(turn_id, unserved_since)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TimeoutError(f"turn {turn_id} still {state.status.value} after {timeout}s")
@@ -209,6 +275,7 @@ class Client:
     ) -> ApprovalReceipt:
         """Send a decision to the `approve` task; the worker verifies the token and decides once."""
         request_id = uuid.uuid4().hex
+        self._ensure_worker()
         self.celery.send_task(
             APPROVE,
             kwargs={

@@ -15,9 +15,9 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TextIO
 
 from stepq.config import Settings
+from stepq.embedded import local_worker, with_demo_agents
 from stepq.models import Event, EventType, TurnResult, TurnStatus, UserMessage
 from stepq.producer.client import Client
-from stepq.producer.local import local_worker, with_demo_agents
 from stepq.producer.render import LiveView, compact, pretty, result_lines, token_hint
 
 NO_WORKER_S = 15.0

@@ -1,10 +1,97 @@
-"""stepq's library: definitions, engine, providers and the Redis store. No Celery imports here."""
+"""stepq: durable LLM agent loops on Celery workers with Redis, one loop step per task.
+
+The names below are the public API: what an application, an agent module or a test writes code
+against. Everything else (`stepq.engine`, `stepq.store`, `stepq.providers`, `stepq.workers`, the
+CLI's modules...) is internal and may change without notice.
+"""
 
 if __name__ != "stepq":  # the folder's own name would load every module a second time
     raise ImportError(f"import stepq, not {__name__}: this folder is installed as the package stepq")
 
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
 
 from stepq.agents import AgentDefinition, Budget, LoopConfig, StopWhen
+from stepq.config import Settings
+from stepq.errors import (
+    ApprovalError,
+    ApprovalRefusal,
+    ConfigurationError,
+    DefinitionError,
+    InvalidOutputError,
+    MissingExtraError,
+    MissingFeaturesError,
+    NoWorkerError,
+    OverrideError,
+    ProviderError,
+    StepqError,
+    SubmitError,
+    ToolArgumentError,
+    TurnNotFoundError,
+    UnknownAgentError,
+)
+from stepq.models import (
+    Event,
+    EventType,
+    FinishReason,
+    StepTrace,
+    ToolResultStatus,
+    TurnResult,
+    TurnState,
+    TurnStatus,
+    Usage,
+)
+from stepq.producer.client import ApprovalReceipt, Client, TurnHandle
+from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
+from stepq.ratelimit import RateLimit
+from stepq.submit import LoopOverrides
 from stepq.tools import ToolContext, ToolDefinition, tool
 
-__all__ = ["AgentDefinition", "Budget", "LoopConfig", "StopWhen", "ToolContext", "ToolDefinition", "tool"]
+try:
+    __version__ = _version("stepq")
+except _PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "AgentDefinition",
+    "ApprovalError",
+    "ApprovalReceipt",
+    "ApprovalRefusal",
+    "Budget",
+    "Client",
+    "ConfigurationError",
+    "DefinitionError",
+    "Event",
+    "EventType",
+    "FinishReason",
+    "InvalidOutputError",
+    "LoopConfig",
+    "LoopOverrides",
+    "MissingExtraError",
+    "MissingFeaturesError",
+    "NoWorkerError",
+    "OverrideError",
+    "ProviderError",
+    "RateLimit",
+    "ScriptFailure",
+    "ScriptStep",
+    "ScriptToolCall",
+    "Settings",
+    "StepTrace",
+    "StepqError",
+    "StopWhen",
+    "SubmitError",
+    "ToolArgumentError",
+    "ToolContext",
+    "ToolDefinition",
+    "ToolResultStatus",
+    "TurnHandle",
+    "TurnNotFoundError",
+    "TurnResult",
+    "TurnState",
+    "TurnStatus",
+    "UnknownAgentError",
+    "Usage",
+    "__version__",
+    "tool",
+]
