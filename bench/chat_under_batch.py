@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from bench._common import DEFAULT_REDIS_URL, cleanup, now, percentile, table, unique_prefix
 from bench.agents_batch import CHAT_TEXT
 from bench.batch_throughput import batch_bench_settings, deadline, worker_process
-from stepq.batch import batch_key
 from stepq.config import Settings
 from stepq.models import EventType, TurnStatus
 from stepq.producer.client import Client
 from stepq.protocol import queue_for
+from stepq.store.keys import Keys
 
 CHAT_AGENT = "benchb.chat"
 BATCH_AGENT = "benchb.batch_item"
@@ -46,8 +46,8 @@ class Chat:
 
 
 def batch_queue_key(settings: Settings) -> str:
-    """The Redis list behind the batch queue (kombu's Redis transport puts `global_keyprefix` in front)."""
-    return f"{settings.key_prefix}:{queue_for(settings, 'batch')}"
+    """The Redis list behind the batch queue (messages are sent without a priority, so only the first list)."""
+    return Keys.broker_queue_lists(Keys(settings.key_prefix).broker_prefix, queue_for(settings, "batch"))[0]
 
 
 def batch_depth(client: Client) -> int:
@@ -55,7 +55,7 @@ def batch_depth(client: Client) -> int:
 
 
 def batch_finished(client: Client, batch_id: str) -> int:
-    raw = client.runtime.redis.hmget(batch_key(client.runtime.keys, batch_id), ["done", "failed"])
+    raw = client.runtime.redis.hmget(client.runtime.keys.batch(batch_id), ["done", "failed"])
     return sum(int(v or 0) for v in raw)
 
 

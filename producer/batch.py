@@ -19,10 +19,8 @@ from typing import IO, Any, cast
 from stepq.batch import (
     BatchItem,
     Prices,
-    batch_key,
     check_batch_id,
     derive_batch_id,
-    done_stream,
     item_idempotency_key,
     parse_item,
     result_line,
@@ -131,7 +129,7 @@ class BatchRunner:
 
     def run(self, items: list[ItemLine], skip: dict[str, str]) -> Progress:
         progress = Progress(total=len(items))
-        record = batch_key(self.rt.keys, self.batch_id)
+        record = self.rt.keys.batch(self.batch_id)
         self.rt.redis.hset(record, mapping={"agent": self.agent, "total": len(items)})
         self.rt.redis.expire(record, self.client.settings.event_ttl_s)
         queue = []
@@ -173,7 +171,7 @@ class BatchRunner:
             self.in_flight[handle.turn_id] = item.key
 
     def _collect(self, cursor: str, progress: Progress) -> str:
-        stream = done_stream(self.rt.keys, self.batch_id)
+        stream = self.rt.keys.batch_done(self.batch_id)
         replies = cast(
             list[tuple[str, list[tuple[str, dict[str, str]]]]] | None,
             self.rt.redis.xread({stream: cursor}, count=500, block=500),
@@ -284,7 +282,7 @@ def run_batch_command(
 def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
     """Counters for a batch running anywhere."""
     rt = client.runtime
-    raw = rt.redis.hgetall(batch_key(rt.keys, batch_id))
+    raw = rt.redis.hgetall(rt.keys.batch(batch_id))
     if not raw:
         raise LookupError(f"no batch {batch_id!r} (unknown, or expired)")
     status: dict[str, Any] = {"batch_id": batch_id, "agent": raw.get("agent")}

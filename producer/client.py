@@ -190,11 +190,11 @@ class Client:
         Items are `{"key": ..., "prompt"|"messages"|"input": ...}`. Submitting the same batch again
         returns the existing turns instead of creating (and paying for) new ones.
         """
-        from stepq.batch import BatchItem, batch_key, check_batch_id, derive_batch_id, item_idempotency_key
+        from stepq.batch import BatchItem, check_batch_id, derive_batch_id, item_idempotency_key
 
         parsed = [BatchItem.model_validate(item) for item in items]
         batch_id = check_batch_id(key) if key else derive_batch_id(agent, json.dumps([i.key for i in parsed]))
-        record = batch_key(self.runtime.keys, batch_id)
+        record = self.runtime.keys.batch(batch_id)
         self.runtime.redis.hset(record, mapping={"agent": agent, "total": len(parsed)})
         handles = []
         for item in parsed:
@@ -266,14 +266,22 @@ class Client:
     def approve(
         self,
         approval_id: str,
-        token: str,
         approved: bool,
         *,
         reason: str = "",
         reviewer: str = "",
         args: dict[str, Any] | None = None,
+        token: str | None = None,
     ) -> ApprovalReceipt:
-        """Send a decision to the `approve` task; the worker verifies the token and decides once."""
+        """Send a decision to the `approve` task; the worker verifies the token and decides once.
+
+        The signed token stays server-side: approval-request events do not carry it. By default it is
+        read from the pending approval's record (an operator's Client may decide any approval); pass
+        `token` only to present one you hold yourself.
+        """
+        if token is None:
+            record = self.runtime.approvals.get(approval_id) if isinstance(approval_id, str) and approval_id else None
+            token = record.token if record is not None else ""  # unknown: the task answers `unknown`
         request_id = uuid.uuid4().hex
         self._ensure_worker()
         self.celery.send_task(

@@ -14,8 +14,8 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stepq.errors import DefinitionError
-from stepq.models import LoopLimits
-from stepq.providers.base import ToolSpec
+from stepq.models import LoopLimits, ToolSpec
+from stepq.providers.base import OUTPUT_TOOL
 from stepq.providers.registry import check_tool_schemas, split_shorthand
 from stepq.providers.scripted import ScriptStep
 from stepq.ratelimit import RateLimit
@@ -24,6 +24,14 @@ from stepq.tools import ToolDefinition, all_tools
 MutationPolicy = Literal["read-only", "confirm-required", "destructive-confirm-required"]
 ExecutionMode = Literal["chat", "object"]
 _AGENT_ID = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
+
+# An object-mode agent answers through one extra tool, `OUTPUT_TOOL`. Tool inputs must be objects,
+# so any other output schema rides wrapped as {OUTPUT_WRAPPER: ...}.
+OUTPUT_WRAPPER = "value"
+OUTPUT_TOOL_DESCRIPTION = (
+    "Return your final answer by calling this tool exactly once, with arguments that match its schema. "
+    "Call it only when you are done using other tools."
+)
 
 
 class StopWhen(BaseModel):
@@ -129,6 +137,15 @@ class AgentDefinition(BaseModel):
         schema: dict[str, Any] = self.output.model_json_schema()
         return schema
 
+    def output_tool(self) -> ToolSpec:
+        """The tool an object-mode step answers through, declared to the model beside the agent's own."""
+        schema = dict(self.output_schema() or {})
+        if schema.get("type") == "object":
+            schema.pop("title", None)
+        else:
+            schema = {"type": "object", "properties": {OUTPUT_WRAPPER: schema}, "required": [OUTPUT_WRAPPER]}
+        return ToolSpec(name=OUTPUT_TOOL, description=OUTPUT_TOOL_DESCRIPTION, input_schema=schema)
+
     def visible_tools(self) -> list[ToolDefinition]:
         """The tools the model is shown: the whitelist, minus writes unless writes are unlocked."""
         registry = all_tools()
@@ -173,9 +190,7 @@ class AgentRegistry:
                 for t in agent.visible_tools()
             ]
             if agent.execution_mode == "object":
-                from stepq.engine.structured import output_tool
-
-                specs.append(output_tool(agent))
+                specs.append(agent.output_tool())
             check_tool_schemas(provider, specs)
         self._agents[agent.id] = agent
 

@@ -77,25 +77,17 @@ def item_idempotency_key(batch_id: str, item_key: str) -> str:
     return f"batch:{batch_id}:{hashlib.sha256(item_key.encode()).hexdigest()[:32]}"
 
 
-def batch_key(keys: Keys, batch_id: str) -> str:
-    return f"{keys.prefix}:batch:{batch_id}"
-
-
-def done_stream(keys: Keys, batch_id: str) -> str:
-    return f"{batch_key(keys, batch_id)}:done"
-
-
 def record_finish(pipe: Any, keys: Keys, state: TurnState, ttl_s: int) -> None:
     """Queue the batch bookkeeping for a finished batch turn onto a pipeline (no-op for other turns)."""
     batch_id = state.metadata.get("batch_id")
     if not isinstance(batch_id, str):
         return
-    key = batch_key(keys, batch_id)
+    key = keys.batch(batch_id)
     pipe.hincrby(key, "failed" if state.status != TurnStatus.COMPLETED else "done", 1)
     pipe.hincrby(key, "input_tokens", state.usage.input_tokens)
     pipe.hincrby(key, "output_tokens", state.usage.output_tokens)
     pipe.expire(key, ttl_s)
-    stream = done_stream(keys, batch_id)
+    stream = keys.batch_done(batch_id)
     pipe.xadd(
         stream, {"turn_id": state.turn_id, "key": str(state.metadata.get("item_key", "")), "status": state.status}
     )

@@ -5,7 +5,7 @@ timeout, it answers only through Celery's remote control (off or filtered in som
 cannot say which key prefix a worker serves. A heartbeat is one pipelined write per worker every
 `HEARTBEAT_INTERVAL_S` under the worker's own prefix, and reading it is instant and broker-independent.
 
-Layout: ZSET `<prefix>:workers` (name -> last beat) and HASH `<prefix>:workers:info` (name -> JSON).
+Layout: a ZSET of name -> last beat and a HASH of name -> JSON (`Keys.workers`, `Keys.workers_info`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Any
 
 import redis
 
+from stepq.store.keys import Keys
+
 HEARTBEAT_INTERVAL_S = 10.0
 LIVE_WITHIN_S = 3 * HEARTBEAT_INTERVAL_S  # a worker missing three beats is presumed gone
 FORGET_AFTER_S = 3600.0  # entries of workers killed without a goodbye are pruned after this
@@ -26,43 +28,38 @@ FORGET_AFTER_S = 3600.0  # entries of workers killed without a goodbye are prune
 log = logging.getLogger("stepq.heartbeat")
 
 
-def workers_key(prefix: str) -> str:
-    return f"{prefix}:workers"
-
-
-def info_key(prefix: str) -> str:
-    return f"{prefix}:workers:info"
-
-
 def beat(client: redis.Redis, prefix: str, name: str, info: dict[str, Any], now: float | None = None) -> None:
     now = time.time() if now is None else now
-    stale: list[Any] = client.zrangebyscore(workers_key(prefix), "-inf", now - FORGET_AFTER_S)
+    keys = Keys(prefix)
+    stale: list[Any] = client.zrangebyscore(keys.workers, "-inf", now - FORGET_AFTER_S)
     pipe = client.pipeline(transaction=False)
-    pipe.zadd(workers_key(prefix), {name: now})
-    pipe.hset(info_key(prefix), name, json.dumps({**info, "beat_at": round(now, 3)}))
+    pipe.zadd(keys.workers, {name: now})
+    pipe.hset(keys.workers_info, name, json.dumps({**info, "beat_at": round(now, 3)}))
     if stale:
-        pipe.zrem(workers_key(prefix), *stale)
-        pipe.hdel(info_key(prefix), *stale)
+        pipe.zrem(keys.workers, *stale)
+        pipe.hdel(keys.workers_info, *stale)
     pipe.execute()
 
 
 def forget(client: redis.Redis, prefix: str, name: str) -> None:
+    keys = Keys(prefix)
     pipe = client.pipeline(transaction=False)
-    pipe.zrem(workers_key(prefix), name)
-    pipe.hdel(info_key(prefix), name)
+    pipe.zrem(keys.workers, name)
+    pipe.hdel(keys.workers_info, name)
     pipe.execute()
 
 
 def live_workers(client: redis.Redis, prefix: str, now: float | None = None) -> list[dict[str, Any]]:
     """Workers that beat within LIVE_WITHIN_S, each with its info and `seconds_ago`."""
     now = time.time() if now is None else now
+    keys = Keys(prefix)
     entries: list[tuple[Any, float]] = client.zrangebyscore(  # type: ignore[assignment]
-        workers_key(prefix), now - LIVE_WITHIN_S, "+inf", withscores=True
+        keys.workers, now - LIVE_WITHIN_S, "+inf", withscores=True
     )
     if not entries:
         return []
     names = [n.decode() if isinstance(n, bytes) else str(n) for n, _ in entries]
-    infos = client.hmget(info_key(prefix), names)
+    infos = client.hmget(keys.workers_info, names)
     found = []
     for (name, (_, score)), raw in zip(zip(names, entries, strict=True), infos, strict=True):
         info = json.loads(raw) if raw else {}

@@ -26,10 +26,11 @@ from prometheus_client.registry import Collector
 from stepq.config import Settings
 from stepq.models import ToolResultStatus
 from stepq.protocol import celery_config, worker_queues
+from stepq.store.keys import Keys
 
 if TYPE_CHECKING:
-    from stepq.models import PendingApproval, StepTrace, ToolResult, TurnState
-    from stepq.providers.base import Delta, ProviderError
+    from stepq.models import Delta, PendingApproval, StepTrace, ToolResult, TurnState
+    from stepq.providers.base import ProviderError
     from stepq.runtime import Runtime
 
 STEP_DELIVERIES = Counter(
@@ -185,26 +186,21 @@ def record_tool_call(agent: str, result: ToolResult, known: bool) -> None:
 # --------------------------------------------------------------------------- pending approvals index
 
 
-def pending_approvals_key(prefix: str) -> str:
-    """ZSET approval id -> expiry of approvals a person may still decide (parked turns only)."""
-    return f"{prefix}:approvals-pending"
-
-
 def track_pending(rt: Runtime, approvals: list[PendingApproval]) -> None:
     """Index a parked step's approvals (after its park committed: a lost commit leaves no orphans)."""
     if approvals:
-        rt.redis.zadd(pending_approvals_key(rt.keys.prefix), {a.approval_id: a.expires_at for a in approvals})
+        rt.redis.zadd(rt.keys.approvals_pending, {a.approval_id: a.expires_at for a in approvals})
 
 
 def untrack_pending(rt: Runtime, *approval_ids: str) -> None:
     if approval_ids:
-        rt.redis.zrem(pending_approvals_key(rt.keys.prefix), *approval_ids)
+        rt.redis.zrem(rt.keys.approvals_pending, *approval_ids)
 
 
 def pending_approval_count(client: redis.Redis, prefix: str, now: float | None = None) -> int:
     """Undecided, unexpired approvals. Expired entries are pruned here: nobody can decide them any more."""
     now = time.time() if now is None else now
-    key = pending_approvals_key(prefix)
+    key = Keys(prefix).approvals_pending
     pipe = client.pipeline(transaction=False)
     pipe.zremrangebyscore(key, "-inf", now)
     pipe.zcard(key)
@@ -215,8 +211,6 @@ def pending_approval_count(client: redis.Redis, prefix: str, now: float | None =
 
 SCRAPE_SOCKET_TIMEOUT_S = 2.0
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-_KOMBU_PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: queue, queue\x06\x163, …\x166, …\x169
-_KOMBU_PRIORITY_STEPS = (3, 6, 9)
 
 
 class QueueDepths:
@@ -242,15 +236,13 @@ class QueueDepths:
                 self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s
             )
         keyprefix = celery_config(self.settings)["broker_transport_options"].get("global_keyprefix", "")
+        lists = [Keys.broker_queue_lists(keyprefix, queue) for queue in queues]
         pipe = self._redis.pipeline(transaction=False)
-        for queue in queues:
-            base = f"{keyprefix}{queue}"
-            pipe.llen(base)
-            for pri in _KOMBU_PRIORITY_STEPS:
-                pipe.llen(f"{base}{_KOMBU_PRIORITY_SEP}{pri}")
-        counts = pipe.execute()
-        per = 1 + len(_KOMBU_PRIORITY_STEPS)
-        return {q: int(sum(counts[i * per : (i + 1) * per])) for i, q in enumerate(queues)}
+        for names in lists:
+            for name in names:
+                pipe.llen(name)
+        counts = iter(pipe.execute())
+        return {q: int(sum(next(counts) for _ in names)) for q, names in zip(queues, lists, strict=True)}
 
     def _kombu_depths(self, queues: list[str]) -> dict[str, int]:
         """AMQP and others: a passive queue_declare reports message_count (a missing queue is skipped)."""

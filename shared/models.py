@@ -7,6 +7,8 @@ crosses process boundaries. Adapters translate these to and from wire formats.
 from __future__ import annotations
 
 import time
+import uuid
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -147,6 +149,34 @@ class FinishReason(StrEnum):
     AWAITING_APPROVAL = "awaiting-approval"
 
 
+# --------------------------------------------------------------------------- one model call
+
+
+class ToolSpec(BaseModel):
+    """A tool as declared to the model: name, description, JSON schema of its input."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A streamed piece: answer text, reasoning, or a fragment of the structured answer's JSON."""
+
+    kind: Literal["text", "reasoning", "object"]
+    text: str
+
+
+class StepOutput(BaseModel):
+    """What one model call produced; also the checkpoint a step keeps until it commits."""
+
+    message: AssistantMessage
+    usage: Usage = Field(default_factory=Usage)
+    raw_finish_reason: str | None = None
+    finish_reason: FinishReason = FinishReason.STOP
+
+
 class EventType(StrEnum):
     TURN_START = "turn-start"
     STEP_START = "step-start"
@@ -259,6 +289,7 @@ class TurnState(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     priority: str = "interactive"
     idempotency_key: str | None = None
+    thread_id: str | None = None  # set for a turn of a thread: its finish folds into the thread
     created_at: float = Field(default_factory=time.time)
     started_at: float | None = None
     updated_at: float = Field(default_factory=time.time)
@@ -288,3 +319,8 @@ class TurnState(BaseModel):
             error=self.error,
             trace=self.trace,
         )
+
+
+def new_turn_id() -> str:
+    """A fresh turn id: random, so ids never collide across producers and never reveal a count."""
+    return f"turn_{uuid.uuid4().hex}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from stepq.config import Settings
+from stepq.store.keys import Keys
 
 RUN_STEP = "stepq.run_step"
 APPROVE = "stepq.approve"
@@ -31,7 +32,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     if url.startswith(("redis://", "rediss://", "unix://")):
         transport = {
             "visibility_timeout": settings.visibility_timeout_s,
-            "global_keyprefix": f"{settings.key_prefix}:",
+            "global_keyprefix": Keys(settings.key_prefix).broker_prefix,
             "queue_order_strategy": "priority",  # drain the interactive queue before the batch queue
         }
     elif url.startswith("memory://"):

@@ -9,10 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from stepq.agents import AgentDefinition, Budget, StopWhen
-from stepq.batch import batch_key
-from stepq.engine.runner import new_turn_id
 from stepq.errors import MissingFeaturesError, OverrideError, SubmitError, UnknownAgentError
-from stepq.models import EventType, LoopLimits, Message, SystemMessage, TurnState, UserMessage
+from stepq.models import EventType, LoopLimits, Message, SystemMessage, TurnState, UserMessage, new_turn_id
 from stepq.providers.registry import resolve_model
 from stepq.runtime import Runtime
 
@@ -168,7 +166,7 @@ def create_turn(
     except PydanticSerializationError as exc:
         raise SubmitError(f"metadata is not JSON-serializable: {exc}") from None
     batch_id = state.metadata.get("batch_id")
-    counter = batch_key(rt.keys, batch_id) if isinstance(batch_id, str) else None
+    counter = rt.keys.batch(batch_id) if isinstance(batch_id, str) else None
     existing = rt.turns.create(state, idempotency_key, counter)
     if existing:
         found = rt.turns.load(existing)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from stepq.agents import AgentDefinition
-from stepq.models import AssistantMessage, TextPart, Usage, UserMessage
-from stepq.providers.base import Delta, Emit, ProviderAdapter, ShouldStop, StepOutput, StepRequest
+from stepq.models import AssistantMessage, Delta, StepOutput, TextPart, Usage, UserMessage
+from stepq.providers.base import Emit, ProviderAdapter, ShouldStop, StepRequest
 from stepq.providers.registry import register_provider
 from stepq.providers.scripted import ScriptFailure, ScriptStep
 from stepq.ratelimit import RateLimit

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from stepq.batch import BatchItem, batch_key, item_idempotency_key
+from stepq.batch import BatchItem, item_idempotency_key
 from stepq.models import TurnStatus
 from stepq.submit import create_turn
 from tests.conftest import ROOT, settings_env
@@ -74,7 +74,7 @@ def test_interrupted_batch_resumes_with_each_item_exactly_once(settings, worker,
     assert by_key["item-42"]["object"] == {"name": "Contact 42", "email": "c42@example.com"}
     assert by_key["item-499"]["status"] == "completed" and client.get(orphan.turn_id).status == TurnStatus.COMPLETED
     assert all(r["usage"]["input_tokens"] > 0 for r in ok)
-    record = client.runtime.redis.hgetall(batch_key(client.runtime.keys, "resume-test"))
+    record = client.runtime.redis.hgetall(client.runtime.keys.batch("resume-test"))
     assert int(record["created"]) == 499  # no item was submitted (and paid for) twice
     assert int(record["done"]) == 499
     assert "failed in this run" in err and "(1 failed)" in err

@@ -362,8 +362,7 @@ def test_stored_tool_result_is_reused_not_re_executed(rt, prefix):
 
     The crash left what a real crash leaves: the model's checkpointed answer (saved before any tool
     runs) and the result of the tool that had already run."""
-    from stepq.models import AssistantMessage, ToolCall
-    from stepq.providers.base import StepOutput
+    from stepq.models import AssistantMessage, StepOutput, ToolCall
 
     turn_id = start(rt, "eng.rerun", prefix)
     answer = AssistantMessage(parts=[ToolCall(id="call_fixed", name="eng_count", args={"label": "once"})])

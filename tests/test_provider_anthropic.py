@@ -22,6 +22,7 @@ from stepq.models import (
     ToolCall,
     ToolResult,
     ToolResultMessage,
+    ToolSpec,
     TurnStatus,
     UserMessage,
 )
@@ -29,7 +30,7 @@ from stepq.providers import anthropic as anthropic_provider
 from stepq.providers import anthropic_vertex
 from stepq.providers.anthropic_stream import map_finish_reason
 from stepq.providers.anthropic_wire import build_params, check_tools, tool_result_content
-from stepq.providers.base import ProviderError, StepRequest, ToolSpec
+from stepq.providers.base import ProviderError, StepRequest
 from stepq.providers.registry import register_provider
 from tests.conftest import make_settings
 from tests.fakes.anthropic_server import (

@@ -23,12 +23,13 @@ from stepq.models import (
     ToolCall,
     ToolResult,
     ToolResultMessage,
+    ToolSpec,
     TurnResult,
     TurnStatus,
     UserMessage,
 )
 from stepq.providers import bedrock, bedrock_wire
-from stepq.providers.base import ProviderError, StepRequest, ToolSpec
+from stepq.providers.base import ProviderError, StepRequest
 from tests.agents_bedrock import BEDROCK_MODEL
 from tests.conftest import make_settings
 from tests.fakes.bedrock_server import (

@@ -13,9 +13,8 @@ from google.genai import errors as genai_errors
 from pydantic import BaseModel
 
 from stepq.errors import DefinitionError, SubmitError
-from stepq.models import EventType, FinishReason, TurnStatus
+from stepq.models import EventType, FinishReason, ToolSpec, TurnStatus
 from stepq.providers import gemini
-from stepq.providers.base import ToolSpec
 from stepq.providers.gemini_errors import classify
 from stepq.providers.gemini_schema import check_tools, convert_parameters, wire_name
 from stepq.providers.gemini_wire import map_finish_reason

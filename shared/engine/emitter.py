@@ -24,8 +24,7 @@ from typing import Any
 
 from redis.commands.core import Script
 
-from stepq.models import EventType
-from stepq.providers.base import Delta
+from stepq.models import Delta, EventType
 from stepq.store.events import EventLog, PendingPublish
 
 _log = logging.getLogger("stepq.emitter")

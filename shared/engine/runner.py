@@ -34,22 +34,25 @@ from stepq.metrics import (
     untrack_pending,
 )
 from stepq.models import (
+    Delta,
     EventType,
     FinishReason,
     ParkedStep,
     PendingApproval,
     ReasoningPart,
+    StepOutput,
     StepTrace,
     TextPart,
     ToolCall,
     ToolResult,
     ToolResultMessage,
     ToolResultStatus,
+    ToolSpec,
     TurnState,
     TurnStatus,
     UserMessage,
 )
-from stepq.providers.base import OUTPUT_TOOL, Delta, ProviderAdapter, ProviderError, StepOutput, StepRequest, ToolSpec
+from stepq.providers.base import OUTPUT_TOOL, ProviderAdapter, ProviderError, StepRequest
 from stepq.providers.registry import create_adapter
 from stepq.ratelimit import RateLimit, estimate_tokens
 from stepq.retry import retry_countdown
@@ -300,7 +303,7 @@ class StepRunner:
                 return Decision(
                     "reschedule", step=state.step, countdown=grant.wait_s, reason=f"rate limit ({grant.reason})"
                 )
-        self._defer_step_start(state, emitter, specs)
+        self._defer_step_start(state, emitter, specs, granted_at=grant.at if grant is not None else None)
         used: int | None = None
         probe = FirstChunkProbe(emitter.emit)  # times the first content delta (stepq_time_to_first_chunk_seconds)
         try:
@@ -340,7 +343,11 @@ class StepRunner:
 
     @staticmethod
     def _defer_step_start(
-        state: TurnState, emitter: StepEmitter, specs: list[ToolSpec], replayed: bool = False
+        state: TurnState,
+        emitter: StepEmitter,
+        specs: list[ToolSpec],
+        replayed: bool = False,
+        granted_at: float | None = None,
     ) -> None:
         data: dict[str, Any] = {
             "attempt": state.attempt,
@@ -351,6 +358,8 @@ class StepRunner:
         }
         if replayed:
             data["replayed"] = True
+        if granted_at is not None:  # the rate limiter's grant (Redis clock): the time this call counts from
+            data["rate_limit_granted_at"] = granted_at
         emitter.defer(EventType.STEP_START, data)  # goes out with the first delta, or within the flush window
 
     def _rate_limit(self, state: TurnState, agent: AgentDefinition) -> tuple[str, RateLimit]:
@@ -553,6 +562,7 @@ class StepRunner:
                     args=p.args,
                     args_hash=p.args_hash,
                     expires_at=expires_at,
+                    token=rt.signer.sign(claim),  # kept server-side: the approve paths read it from here
                 )
             )
             pending.append(
@@ -570,7 +580,6 @@ class StepRunner:
                     "tool": p.call.name,
                     "args": p.args,
                     "expires_at": expires_at,
-                    "token": rt.signer.sign(claim),
                 }
             )
         state.parked = ParkedStep(
@@ -674,7 +683,3 @@ class _EmitterResultSink:
 
 def emitter_text(emitter: StepEmitter) -> str:
     return "".join(emitter.text_parts)
-
-
-def new_turn_id() -> str:
-    return f"turn_{uuid.uuid4().hex}"

@@ -13,28 +13,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from stepq.agents import AgentDefinition
-from stepq.models import AssistantMessage, FinishReason, TextPart, TurnState, UserMessage
-from stepq.providers.base import OUTPUT_TOOL, StepOutput, ToolSpec
-
-_WRAPPED = "value"
-DESCRIPTION = (
-    "Return your final answer by calling this tool exactly once, with arguments that match its schema. "
-    "Call it only when you are done using other tools."
-)
+from stepq.agents import OUTPUT_WRAPPER, AgentDefinition
+from stepq.models import AssistantMessage, FinishReason, StepOutput, TextPart, ToolSpec, TurnState, UserMessage
+from stepq.providers.base import OUTPUT_TOOL
 
 
 def output_tool(agent: AgentDefinition) -> ToolSpec:
-    return ToolSpec(name=OUTPUT_TOOL, description=DESCRIPTION, input_schema=tool_schema(agent))
-
-
-def tool_schema(agent: AgentDefinition) -> dict[str, Any]:
-    """Tool inputs must be objects: any other output schema is wrapped in {"value": ...}."""
-    schema = dict(agent.output_schema() or {})
-    if schema.get("type") == "object":
-        schema.pop("title", None)
-        return schema
-    return {"type": "object", "properties": {_WRAPPED: schema}, "required": [_WRAPPED]}
+    """The answer tool (its shape belongs to the definition: agent loading checks it per provider)."""
+    return agent.output_tool()
 
 
 def must_answer_now(agent: AgentDefinition, state: TurnState, has_tools: bool) -> bool:
@@ -50,8 +36,8 @@ def as_answer(agent: AgentDefinition, output: StepOutput) -> StepOutput | None:
     if call is None:
         return None
     args: Any = call.args
-    if (agent.output_schema() or {}).get("type") != "object" and set(args) == {_WRAPPED}:
-        args = args[_WRAPPED]
+    if (agent.output_schema() or {}).get("type") != "object" and set(args) == {OUTPUT_WRAPPER}:
+        args = args[OUTPUT_WRAPPER]
     text = json.dumps(args, ensure_ascii=False)
     return output.model_copy(
         update={"message": AssistantMessage(parts=[TextPart(text=text)]), "finish_reason": FinishReason.STOP}

@@ -25,18 +25,11 @@ import anthropic
 import httpx2
 
 from stepq.errors import SubmitError
+from stepq.models import StepOutput, ToolSpec
 from stepq.providers.anthropic_stream import AUTH_HINT, CREDENTIAL_VARS, StreamAccumulator, classify_error
 from stepq.providers.anthropic_wire import build_params
 from stepq.providers.anthropic_wire import check_tools as _check_tools
-from stepq.providers.base import (
-    Emit,
-    ProviderAdapter,
-    ProviderError,
-    ShouldStop,
-    StepOutput,
-    StepRequest,
-    ToolSpec,
-)
+from stepq.providers.base import Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
 
 if TYPE_CHECKING:
     from stepq.agents import AgentDefinition

@@ -17,8 +17,8 @@ from typing import Any
 import anthropic
 import httpx2
 
-from stepq.models import AssistantMessage, FinishReason, ReasoningPart, TextPart, ToolCall, Usage
-from stepq.providers.base import OUTPUT_TOOL, Delta, Emit, ProviderError, StepOutput
+from stepq.models import AssistantMessage, Delta, FinishReason, ReasoningPart, StepOutput, TextPart, ToolCall, Usage
+from stepq.providers.base import OUTPUT_TOOL, Emit, ProviderError
 from stepq.providers.errors import classify_status, parse_retry_after
 
 PROVIDER = "anthropic"

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING
 from anthropic import AnthropicVertex
 
 from stepq.errors import SubmitError
+from stepq.models import ToolSpec
 from stepq.providers.anthropic import AnthropicAdapter
 from stepq.providers.anthropic_stream import scrub
-from stepq.providers.base import ProviderAdapter, ProviderError, ToolSpec
+from stepq.providers.base import ProviderAdapter, ProviderError
 
 if TYPE_CHECKING:
     from stepq.agents import AgentDefinition

@@ -21,9 +21,10 @@ from stepq.models import (
     ToolCall,
     ToolResult,
     ToolResultMessage,
+    ToolSpec,
     UserMessage,
 )
-from stepq.providers.base import ProviderError, StepRequest, ToolSpec
+from stepq.providers.base import ProviderError, StepRequest
 
 PROVIDER = "anthropic"
 DEFAULT_MAX_TOKENS = 8192  # digest §12: used when the agent sets no max_output_tokens

@@ -11,22 +11,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from stepq.errors import ProviderError as ProviderError  # adapters raise it; defined with the other errors
-from stepq.models import AssistantMessage, FinishReason, Message, Usage
-
-
-class ToolSpec(BaseModel):
-    """A tool as declared to the model: name, description, JSON schema of its input."""
-
-    name: str
-    description: str
-    input_schema: dict[str, Any]
-
+from stepq.models import Delta, Message, StepOutput, ToolSpec
 
 ToolChoice = Literal["auto", "none", "required"] | str  # a bare tool name forces that tool
 
@@ -48,21 +38,6 @@ class StepRequest(BaseModel):
 
 
 OUTPUT_TOOL = "stepq_output"  # the tool an object-mode step answers through (see shared/engine/structured.py)
-
-
-@dataclass(frozen=True)
-class Delta:
-    """A streamed piece: answer text, reasoning, or a fragment of the structured answer's JSON."""
-
-    kind: Literal["text", "reasoning", "object"]
-    text: str
-
-
-class StepOutput(BaseModel):
-    message: AssistantMessage
-    usage: Usage = Field(default_factory=Usage)
-    raw_finish_reason: str | None = None
-    finish_reason: FinishReason = FinishReason.STOP
 
 
 Emit = Callable[[Delta], None]

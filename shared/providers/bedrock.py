@@ -22,17 +22,9 @@ import urllib3.exceptions
 from botocore.eventstream import ParserError
 
 from stepq.errors import DefinitionError, SubmitError
+from stepq.models import Delta, StepOutput, ToolSpec
 from stepq.providers import bedrock_wire
-from stepq.providers.base import (
-    Delta,
-    Emit,
-    ProviderAdapter,
-    ProviderError,
-    ShouldStop,
-    StepOutput,
-    StepRequest,
-    ToolSpec,
-)
+from stepq.providers.base import Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
 from stepq.providers.errors import classify_status, parse_retry_after
 
 if TYPE_CHECKING:

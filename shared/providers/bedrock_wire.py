@@ -27,10 +27,11 @@ from stepq.models import (
     ToolCall,
     ToolResult,
     ToolResultMessage,
+    ToolSpec,
     Usage,
     UserMessage,
 )
-from stepq.providers.base import OUTPUT_TOOL, StepRequest, ToolSpec
+from stepq.providers.base import OUTPUT_TOOL, StepRequest
 
 PROVIDER = "bedrock"
 # Bedrock's ToolSpecification.name (botocore service model: pattern [a-zA-Z0-9_-]+, length 1..64)

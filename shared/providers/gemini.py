@@ -26,17 +26,9 @@ from google import genai
 from google.genai import types
 
 from stepq.errors import DefinitionError, SubmitError
+from stepq.models import StepOutput, ToolSpec
 from stepq.providers import gemini_schema
-from stepq.providers.base import (
-    OUTPUT_TOOL,
-    Emit,
-    ProviderAdapter,
-    ProviderError,
-    ShouldStop,
-    StepOutput,
-    StepRequest,
-    ToolSpec,
-)
+from stepq.providers.base import OUTPUT_TOOL, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
 from stepq.providers.gemini_errors import classify
 from stepq.providers.gemini_wire import PROVIDER, StreamParser, map_finish_reason, to_contents
 

@@ -20,7 +20,7 @@ import re
 from typing import Any
 
 from stepq.errors import DefinitionError
-from stepq.providers.base import ToolSpec
+from stepq.models import ToolSpec
 
 MAX_NAME = 64
 _VALID_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")

@@ -19,6 +19,7 @@ from google.genai import types
 
 from stepq.models import (
     AssistantMessage,
+    Delta,
     FinishReason,
     Message,
     ReasoningPart,
@@ -30,7 +31,6 @@ from stepq.models import (
     Usage,
     UserMessage,
 )
-from stepq.providers.base import Delta
 from stepq.providers.gemini_schema import wire_name
 
 PROVIDER = "gemini"

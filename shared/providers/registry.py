@@ -6,7 +6,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from stepq.errors import SubmitError
-from stepq.providers.base import ProviderAdapter, ToolSpec
+from stepq.models import ToolSpec
+from stepq.providers.base import ProviderAdapter
 from stepq.providers.scripted import ScriptedAdapter
 
 if TYPE_CHECKING:

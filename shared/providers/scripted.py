@@ -18,23 +18,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from stepq.models import (
     AssistantMessage,
+    Delta,
     FinishReason,
     Message,
     ReasoningPart,
+    StepOutput,
     TextPart,
     ToolCall,
     Usage,
 )
-from stepq.providers.base import (
-    OUTPUT_TOOL,
-    Delta,
-    Emit,
-    ProviderAdapter,
-    ProviderError,
-    ShouldStop,
-    StepOutput,
-    StepRequest,
-)
+from stepq.providers.base import OUTPUT_TOOL, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
 
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
 

@@ -1,8 +1,29 @@
-"""Key names. Per-turn keys share a `{turn_id}` hash tag so a turn's keys live in one cluster slot."""
+"""Every Redis key stepq reads or writes is named here, and nowhere else.
+
+Per-turn keys share a `{turn_id}` hash tag so a turn's keys live in one cluster slot;
+a rate-limit scope's keys share a `{scope}` tag so its one Lua script may touch them all.
+Celery's own broker keys are named by kombu; the ones stepq reads are spelled here too.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
+
+# kombu's Redis transport keeps a queue with priorities as lists `queue`, `queue\x06\x163`, `…6`, `…9`
+_KOMBU_PRIORITY_SEP = "\x06\x16"
+_KOMBU_PRIORITY_STEPS = (3, 6, 9)
+
+
+class RateLimitKeys(NamedTuple):
+    """One provider/model scope's limiter state (the order is the Lua script's KEYS order)."""
+
+    requests: str  # ZSET of request holders in the sliding window
+    tokens: str  # ZSET of "<tokens>:<holder>" charges in the window
+    token_sum: str  # running sum of `tokens`
+    holders: str  # ZSET of concurrency holders scored by expiry
+    penalty: str  # the fleet-wide factor after a 429
+    paused_until: str  # the provider's retry-after, as a timestamp
 
 
 @dataclass(frozen=True)
@@ -100,3 +121,71 @@ class Keys:
     @property
     def generated_secret(self) -> str:
         return f"{self.prefix}:approval-secret"
+
+    # ----------------------------------------------------------------- fleet-wide
+
+    @property
+    def workers(self) -> str:
+        """ZSET of worker name -> time of its last heartbeat."""
+        return f"{self.prefix}:workers"
+
+    @property
+    def workers_info(self) -> str:
+        """HASH of worker name -> JSON of what it said about itself in its last heartbeat."""
+        return f"{self.prefix}:workers:info"
+
+    @property
+    def approvals_pending(self) -> str:
+        """ZSET of approval id -> expiry, for the pending-approvals gauge."""
+        return f"{self.prefix}:approvals-pending"
+
+    def rate_limit(self, scope: str) -> RateLimitKeys:
+        base = f"{self.prefix}:rl:{{{scope}}}"
+        return RateLimitKeys(
+            f"{base}:req", f"{base}:tok", f"{base}:toksum", f"{base}:hold", f"{base}:penalty", f"{base}:paused"
+        )
+
+    # ----------------------------------------------------------------- threads
+
+    def thread(self, thread_id: str) -> str:
+        """HASH of a thread: agent, tenant, metadata, the turn it runs now and the one that ran before."""
+        return f"{self.prefix}:thread:{{{thread_id}}}"
+
+    def thread_messages(self, thread_id: str) -> str:
+        """The thread's transcript: a list of message JSON, replaced from each turn that finishes."""
+        return f"{self.thread(thread_id)}:messages"
+
+    def thread_turns(self, thread_id: str) -> str:
+        """Every turn of the thread, oldest first."""
+        return f"{self.thread(thread_id)}:turns"
+
+    def thread_queue(self, thread_id: str) -> str:
+        """Turns waiting for the running one to finish (double-texting `enqueue` / `interrupt`)."""
+        return f"{self.thread(thread_id)}:queue"
+
+    def thread_input(self, turn_id: str) -> str:
+        """A waiting thread turn's own new messages, until the thread's transcript is put in front of them."""
+        return f"{self.turn(turn_id)}:thread-input"
+
+    # ----------------------------------------------------------------- batches
+
+    def batch(self, batch_id: str) -> str:
+        """HASH of a batch's agent, total and finished/failed/token counters."""
+        return f"{self.prefix}:batch:{batch_id}"
+
+    def batch_done(self, batch_id: str) -> str:
+        """STREAM of the batch's finished turns, which a runner anywhere follows."""
+        return f"{self.batch(batch_id)}:done"
+
+    # ----------------------------------------------------------------- the broker (Celery on Redis)
+
+    @property
+    def broker_prefix(self) -> str:
+        """Celery's `global_keyprefix`: the broker's keys live under the same prefix as stepq's."""
+        return f"{self.prefix}:"
+
+    @staticmethod
+    def broker_queue_lists(global_keyprefix: str, queue: str) -> list[str]:
+        """The Redis lists holding one Celery queue's messages, one per priority step."""
+        base = f"{global_keyprefix}{queue}"
+        return [base, *(f"{base}{_KOMBU_PRIORITY_SEP}{pri}" for pri in _KOMBU_PRIORITY_STEPS)]

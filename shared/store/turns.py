@@ -23,8 +23,7 @@ import redis
 from pydantic import TypeAdapter
 from redis.commands.core import Script
 
-from stepq.models import Message, StepTrace, TurnState, TurnStatus
-from stepq.providers.base import StepOutput
+from stepq.models import Message, StepOutput, StepTrace, TurnState, TurnStatus
 from stepq.store.keys import Keys
 
 _CREATE = """
