@@ -1,0 +1,202 @@
+"""Turns: submit, read, stream events (SSE), cancel. Every turn belongs to the submitter's tenant."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from stepq.errors import SubmitError
+from stepq.models import TurnState
+from stepq.producer.gateway import sse
+from stepq.producer.gateway.auth import Principal, require
+from stepq.producer.gateway.errors import GatewayError
+from stepq.producer.gateway.service import Gateway
+from stepq.producer.gateway.streams import follow
+
+router = APIRouter(prefix="/v1/turns", tags=["turns"])
+
+
+def gateway(request: Request) -> Gateway:
+    return request.app.state.gateway  # type: ignore[no-any-return]
+
+
+class SubmitBody(BaseModel):
+    """A turn to run: exactly one of `prompt` or `messages` (validated exactly as `Client.submit` does)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    agent: str
+    prompt: str | None = None
+    messages: list[Any] | None = None
+    idempotency_key: str | None = None
+    metadata: dict[str, Any] | None = None
+    loop: dict[str, Any] | None = Field(default=None, description="overrides that may only tighten the agent's loop")
+
+
+class Submitted(BaseModel):
+    turn_id: str
+    status: str
+    created: bool
+    events_url: str
+
+
+def tenant_scoped_key(tenant: str, key: str | None) -> str | None:
+    """Idempotency keys are per tenant: two tenants using the same key get two turns, and neither learns
+    of the other's. (Checked for length first, so the caller sees the library's own message.)"""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not 0 < len(key) <= 200:
+        raise SubmitError("idempotency_key must be a string of 1 to 200 characters")
+    return "gw-" + hashlib.sha256(f"{tenant}\x1f{key}".encode()).hexdigest()
+
+
+@router.post("", status_code=201, response_model=Submitted, responses={200: {"model": Submitted}})
+async def submit(
+    body: SubmitBody,
+    gw: Annotated[Gateway, Depends(gateway)],
+    principal: Annotated[Principal, Depends(require("submit"))],
+    idempotency_header: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> JSONResponse:
+    """Validate, store and enqueue a turn. A repeated idempotency key answers 200 with the same turn."""
+    if idempotency_header is not None and body.idempotency_key not in (None, idempotency_header):
+        raise GatewayError(400, "bad-request", "the Idempotency-Key header and body.idempotency_key differ")
+    key = tenant_scoped_key(principal.tenant, idempotency_header or body.idempotency_key)
+    metadata = dict(body.metadata or {})
+    if metadata.get("tenant", principal.tenant) != principal.tenant:
+        raise GatewayError(400, "bad-request", "metadata.tenant is set from your credential; leave it out")
+    metadata["tenant"] = principal.tenant
+    handle = await gw.run_sync(
+        lambda: gw.client.submit(
+            body.agent,
+            prompt=body.prompt,
+            messages=body.messages,
+            idempotency_key=key,
+            metadata=metadata,
+            loop=body.loop,
+        )
+    )
+    state = await gw.run_sync(handle.get)
+    answer = Submitted(
+        turn_id=handle.turn_id,
+        status=state.status.value,
+        created=handle.created,
+        events_url=f"/v1/turns/{handle.turn_id}/events",
+    )
+    return JSONResponse(answer.model_dump(), status_code=201 if handle.created else 200)
+
+
+def describe(state: TurnState) -> dict[str, Any]:
+    """What a caller may see of a turn: no approval tokens, no secrets, no internal bookkeeping."""
+    out: dict[str, Any] = {
+        "turn_id": state.turn_id,
+        "agent": state.agent,
+        "status": state.status.value,
+        "step": state.step,
+        "provider": state.provider,
+        "model": state.model,
+        "metadata": state.metadata,
+        "usage": state.usage.model_dump(),
+        "created_at": state.created_at,
+        "updated_at": state.updated_at,
+        "finished_at": state.finished_at,
+    }
+    if state.parked is not None and not state.status.terminal:
+        out["pending_approvals"] = [
+            {
+                "approval_id": a.approval_id,
+                "tool_call_id": a.tool_call_id,
+                "tool": a.tool_name,
+                "expires_at": a.expires_at,
+            }
+            for a in state.parked.approvals
+        ]
+    if state.status.terminal:
+        out["result"] = {
+            "text": state.text,
+            "object": state.object,
+            "finish_reason": state.finish_reason.value if state.finish_reason else None,
+            "error": state.error,
+        }
+    return out
+
+
+@router.get("/{turn_id}")
+async def get_turn(
+    turn_id: str,
+    gw: Annotated[Gateway, Depends(gateway)],
+    principal: Annotated[Principal, Depends(require("read"))],
+) -> dict[str, Any]:
+    """The turn's state and usage, and its result once it has finished."""
+    return describe(await gw.owned_turn(turn_id, principal))
+
+
+def parse_cursor(raw: str | None, source: str) -> int | None:
+    if raw is None:
+        return None
+    value = raw.strip()
+    if not value.isdigit():
+        raise GatewayError(
+            400, "invalid-cursor", f"{source} must be a non-negative integer event seq (got {raw[:40]!r})"
+        )
+    return int(value)
+
+
+@router.get(
+    "/{turn_id}/events",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "id: <seq>, event: <type>, data: <json>"}},
+)
+async def events(
+    turn_id: str,
+    gw: Annotated[Gateway, Depends(gateway)],
+    principal: Annotated[Principal, Depends(require("read"))],
+    after: Annotated[str | None, Query(description="resume after this seq (the Last-Event-ID header wins)")] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> StreamingResponse:
+    """Server-sent events: every event after the cursor, once each, in order; ends after `turn-finish`."""
+    cursor = parse_cursor(last_event_id, "Last-Event-ID")
+    if cursor is None:
+        cursor = parse_cursor(after, "after")
+    cursor = cursor or 0
+    await gw.check_owner(turn_id, principal)
+    last = await gw.reader.last_seq(turn_id)
+    if cursor > last:
+        raise GatewayError(
+            400, "invalid-cursor", f"cursor {cursor} is past the end of turn {turn_id}'s events (last seq {last})"
+        )
+    return StreamingResponse(
+        _stream(gw, turn_id, cursor),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _stream(gw: Gateway, turn_id: str, cursor: int) -> AsyncIterator[bytes]:
+    metrics = gw.metrics
+    metrics.open_streams.inc()
+    started = time.monotonic()
+    try:
+        yield sse.comment(f"turn {turn_id}")  # headers and a first byte now: proxies and clients see a live stream
+        async for event in follow(gw.hub, gw.reader, turn_id, cursor, gw.settings.gateway_keepalive_s):
+            yield sse.KEEPALIVE if event is None else sse.encode(event)
+    finally:
+        metrics.open_streams.dec()
+        metrics.stream_duration.observe(time.monotonic() - started)
+
+
+@router.post("/{turn_id}/cancel", status_code=202)
+async def cancel(
+    turn_id: str,
+    gw: Annotated[Gateway, Depends(gateway)],
+    principal: Annotated[Principal, Depends(require("submit"))],
+) -> dict[str, Any]:
+    """Ask the turn to stop: a running step stops between deltas; a queued or parked turn ends at once."""
+    state = await gw.owned_turn(turn_id, principal)
+    await gw.run_sync(gw.client.cancel, turn_id)
+    return {"turn_id": turn_id, "status": state.status.value, "cancel_requested": not state.status.terminal}

@@ -1,0 +1,107 @@
+"""What every route shares: the producer `Client` (validation, storage, enqueueing — run in a worker
+thread, since it is the library's sync code), the async Redis pool and the stream hub.
+
+Every Redis connection the gateway opens carries the client name `stepq-gateway`, so an operator
+can count them (`CLIENT LIST`) and see that they do not grow with the number of open streams.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import anyio
+import redis.asyncio as aioredis
+from fastapi import FastAPI
+
+from stepq.config import Settings
+from stepq.errors import ConfigurationError
+from stepq.models import TurnState
+from stepq.producer.client import Client
+from stepq.producer.gateway.auth import Principal
+from stepq.producer.gateway.errors import GatewayError
+from stepq.producer.gateway.metrics import GatewayMetrics
+from stepq.producer.gateway.streams import EventReader, StreamHub
+from stepq.runtime import Runtime
+
+CLIENT_NAME = "stepq-gateway"
+T = TypeVar("T")
+
+
+def named_redis_url(url: str, name: str = CLIENT_NAME) -> str:
+    """The same URL with `client_name` set, so every connection made from it is named in CLIENT LIST."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "client_name"] + [("client_name", name)]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def gateway_settings(settings: Settings) -> Settings:
+    """The gateway's settings: its Redis connections named; the broker URL left exactly as configured."""
+    if not settings.redis_url:
+        raise ConfigurationError(
+            "stepq serve needs Redis: set STEPQ_REDIS_URL (e.g. redis://127.0.0.1:6379/0) and run `stepq worker`"
+        )
+    return settings.model_copy(
+        update={"redis_url": named_redis_url(settings.redis_url), "broker_url": settings.effective_broker_url}
+    )
+
+
+class Gateway:
+    def __init__(self, settings: Settings, hub_factory: Callable[[aioredis.Redis], StreamHub] | None = None) -> None:
+        self.settings = gateway_settings(settings)
+        self.client = Client(self.settings)
+        self.metrics = GatewayMetrics()
+        url = self.settings.redis_url
+        assert url is not None
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, decode_responses=True, max_connections=self.settings.gateway_redis_pool, timeout=30
+        )
+        self.redis = aioredis.Redis(connection_pool=pool)
+        # the one pub/sub connection: a pool of its own, so it never competes with the commands
+        self._pubsub_redis = aioredis.Redis.from_url(url, decode_responses=True, max_connections=1)
+        self.hub = (hub_factory or StreamHub)(self._pubsub_redis)
+        self.reader = EventReader(self.redis, self.runtime.keys)
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.client.runtime
+
+    @asynccontextmanager
+    async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
+        await self.hub.start()
+        try:
+            yield
+        finally:
+            await self.hub.close()
+            await self._pubsub_redis.aclose()
+            await self.redis.aclose()
+
+    async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """The library's sync code (submit, load, cancel) in a worker thread, off the event loop."""
+        return await anyio.to_thread.run_sync(lambda: fn(*args))
+
+    async def turn_tenant(self, turn_id: str) -> str | None:
+        """The tenant a turn belongs to, or None when there is no such turn (one GET, no history)."""
+        raw = await self.redis.get(self.runtime.keys.turn(turn_id))
+        if not raw:
+            return None
+        tenant = json.loads(raw).get("metadata", {}).get("tenant")
+        return tenant if isinstance(tenant, str) else ""
+
+    async def check_owner(self, turn_id: str, principal: Principal) -> None:
+        """404 unless the turn exists and belongs to the caller's tenant (the same answer for both)."""
+        if await self.turn_tenant(turn_id) != principal.tenant:
+            raise not_found_turn(turn_id)
+
+    async def owned_turn(self, turn_id: str, principal: Principal) -> TurnState:
+        state = await self.run_sync(self.runtime.turns.load, turn_id)
+        if state is None or state.metadata.get("tenant") != principal.tenant:
+            raise not_found_turn(turn_id)
+        return state
+
+
+def not_found_turn(turn_id: str) -> GatewayError:
+    return GatewayError(404, "not-found", f"no turn {turn_id!r} (unknown, expired after its TTL, or not yours)")

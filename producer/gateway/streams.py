@@ -1,0 +1,249 @@
+"""Following many turns' events over a fixed number of Redis connections.
+
+`StreamHub` holds ONE pub/sub connection for the whole process and multiplexes it over every open
+stream: a channel is subscribed once however many clients follow it, and each message is parsed
+once and handed to every listener of its channel. `follow()` is the per-stream algorithm the
+library's `EventLog.follow` uses, made async: subscribe (and wait for Redis to confirm), replay
+the log after the cursor, then follow live messages, dropping seqs already sent and re-reading
+the log on a gap, an overflow or a reconnect. A quiet stream re-checks the log and the turn's
+status at every keep-alive tick, so a turn whose finish event was lost still ends its stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from stepq.models import EventType, TurnStatus
+from stepq.store.keys import Keys
+
+log = logging.getLogger("stepq.gateway")
+
+FINISH = EventType.TURN_FINISH.value
+_PAGE = 1000
+_MAX_BUFFERED = 2000  # a listener this far behind drops its buffer and re-reads the log instead
+
+
+@dataclass(frozen=True, slots=True)
+class RawEvent:
+    """An event as stored: its JSON text (sent to clients verbatim) plus the two fields routing needs."""
+
+    seq: int
+    type: str
+    payload: str
+
+    @classmethod
+    def parse(cls, payload: str) -> RawEvent:
+        head = json.loads(payload)
+        if "\n" in payload:  # never from our writer; an SSE data line must not contain one
+            payload = json.dumps(head, separators=(",", ":"))
+        return cls(int(head["seq"]), str(head["type"]), payload)
+
+
+@dataclass(eq=False)
+class Listener:
+    """One open stream's inbox on a channel."""
+
+    buffer: deque[RawEvent] = field(default_factory=deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    resync: bool = False  # messages may have been missed: re-read the log
+
+    def push(self, event: RawEvent) -> None:
+        if len(self.buffer) >= _MAX_BUFFERED:
+            self.buffer.clear()
+            self.resync = True
+        else:
+            self.buffer.append(event)
+        self.wake.set()
+
+    def lost(self) -> None:
+        self.resync = True
+        self.wake.set()
+
+
+class StreamHub:
+    """One pub/sub connection shared by every stream of this process."""
+
+    def __init__(self, pubsub_client: aioredis.Redis) -> None:
+        self._client = pubsub_client
+        self._pubsub = pubsub_client.pubsub()
+        self._listeners: dict[str, set[Listener]] = {}
+        self._confirmed: dict[str, asyncio.Future[None]] = {}
+        self._send = asyncio.Lock()  # SUBSCRIBE/UNSUBSCRIBE writes; only the reader task reads
+        self._active = asyncio.Event()
+        self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def subscribed_channels(self) -> int:
+        return len(self._listeners)
+
+    async def start(self) -> None:
+        self._reader = asyncio.create_task(self._read_forever(), name="stepq-stream-hub")
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        with contextlib.suppress(RedisError, RuntimeError):
+            await self._pubsub.aclose()
+
+    @contextlib.asynccontextmanager
+    async def listen(self, channel: str) -> AsyncIterator[Listener]:
+        """A listener on `channel`, yielded once Redis has confirmed the subscription."""
+        listener = Listener()
+        listeners = self._listeners.setdefault(channel, set())
+        listeners.add(listener)
+        try:
+            confirmed = self._confirmed.get(channel)
+            if confirmed is None:
+                confirmed = self._confirmed[channel] = asyncio.get_running_loop().create_future()
+                async with self._send:
+                    await self._pubsub.subscribe(channel)
+                self._active.set()
+            await asyncio.shield(confirmed)
+            yield listener
+        finally:
+            listeners.discard(listener)
+            if not listeners and self._listeners.get(channel) is listeners:
+                del self._listeners[channel]
+                self._confirmed.pop(channel, None)
+                # shielded: a client hanging up (cancelling this stream) must not leave the channel subscribed
+                with contextlib.suppress(RedisError, RuntimeError, ConnectionError, asyncio.CancelledError):
+                    await asyncio.shield(self._unsubscribe(channel))
+
+    async def _unsubscribe(self, channel: str) -> None:
+        async with self._send:
+            if channel not in self._listeners:  # nobody subscribed it again while we waited for the lock
+                await self._pubsub.unsubscribe(channel)
+
+    async def _read_forever(self) -> None:
+        backoff = 0.1
+        while True:
+            if not self._pubsub.subscribed:
+                self._active.clear()
+                await self._active.wait()
+                continue
+            try:
+                message = await self._pubsub.get_message(timeout=1.0)
+                backoff = 0.1
+            except (RedisError, ConnectionError, OSError) as exc:
+                log.warning("stream hub lost its Redis pub/sub connection (%s); reconnecting", exc)
+                for listeners in list(self._listeners.values()):
+                    for listener in listeners:
+                        listener.lost()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            if message is not None:
+                self._dispatch(message)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        channel = message["channel"]
+        kind = message["type"]
+        if kind == "subscribe":
+            future = self._confirmed.get(channel)
+            if future is not None and not future.done():
+                future.set_result(None)
+            for listener in self._listeners.get(channel, ()):
+                listener.lost()  # a re-subscription after a reconnect: anything may have been missed
+            return
+        if kind != "message":
+            return
+        listeners = self._listeners.get(channel)
+        if not listeners:
+            return
+        try:
+            event = RawEvent.parse(message["data"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("dropped a malformed message on %s", channel)
+            return
+        for listener in listeners:
+            listener.push(event)
+
+
+class EventReader:
+    """Reads a turn's event log and status over the shared async pool."""
+
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+
+    async def read(self, turn_id: str, after: int, until: int | None = None) -> list[RawEvent]:
+        """Every logged event with seq in (after, until], oldest first (all pages)."""
+        found: list[RawEvent] = []
+        cursor = after
+        end = f"{until}-0" if until is not None else "+"
+        while True:
+            entries = await self.client.xrange(self.keys.events(turn_id), f"{cursor + 1}-0", end, count=_PAGE)
+            found += [RawEvent.parse(fields["e"]) for _, fields in entries]
+            if len(entries) < _PAGE:
+                return found
+            cursor = found[-1].seq
+
+    async def last_seq(self, turn_id: str) -> int:
+        value = await self.client.get(self.keys.seq(turn_id))
+        return int(value) if value else 0
+
+    async def finished(self, turn_id: str) -> bool:
+        """True when the turn ended (or expired): a quiet stream with nothing left to read may close."""
+        raw = await self.client.get(self.keys.turn(turn_id))
+        if not raw:
+            return True
+        return TurnStatus(json.loads(raw)["status"]).terminal
+
+
+async def follow(
+    hub: StreamHub,
+    reader: EventReader,
+    turn_id: str,
+    after: int,
+    keepalive_s: float,
+    on_event: Callable[[RawEvent], None] | None = None,
+) -> AsyncIterator[RawEvent | None]:
+    """Every event after `after`, once each, in seq order, until `turn-finish`; None is a keep-alive tick."""
+    cursor = after
+    async with hub.listen(reader.keys.channel(turn_id)) as listener:
+        pending = await reader.read(turn_id, cursor)
+        while True:
+            for event in pending:
+                if event.seq <= cursor:
+                    continue
+                if event.seq > cursor + 1:  # a gap: what was published before it is in the log
+                    for missed in await reader.read(turn_id, cursor, event.seq - 1):
+                        if missed.seq > cursor:
+                            cursor = missed.seq
+                            yield missed
+                            if missed.type == FINISH:
+                                return
+                    if event.seq <= cursor:
+                        continue
+                cursor = event.seq
+                yield event
+                if event.type == FINISH:
+                    return
+            woke = True
+            if not listener.buffer and not listener.resync:
+                try:
+                    await asyncio.wait_for(listener.wake.wait(), keepalive_s)
+                except TimeoutError:
+                    woke = False
+            listener.wake.clear()
+            pending = list(listener.buffer)
+            listener.buffer.clear()
+            if listener.resync or not woke:
+                listener.resync = False
+                pending = await reader.read(turn_id, cursor) + pending
+            if not woke:
+                if not pending and await reader.finished(turn_id):
+                    return  # ended without a turn-finish event (its writer died after the commit)
+                yield None
