@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from types import ModuleType
 from typing import TYPE_CHECKING
 
-from stepq.errors import SubmitError
+from stepq.errors import MissingExtraError, SubmitError
 from stepq.models import ToolSpec
 from stepq.providers.base import ProviderAdapter
 from stepq.providers.scripted import ScriptedAdapter
@@ -32,6 +34,13 @@ _LAZY: dict[str, str] = {
     "gemini": "stepq.providers.gemini:create_adapter:check_configured",
     "bedrock": "stepq.providers.bedrock:create_adapter:check_configured",
 }
+# The pip extra that installs each adapter's SDK, and the SDK's top-level modules (how a missing extra shows).
+_EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "anthropic": ("anthropic", ("anthropic", "httpx2")),
+    "anthropic-vertex": ("anthropic", ("anthropic", "httpx2", "google")),
+    "gemini": ("gemini", ("google",)),
+    "bedrock": ("bedrock", ("boto3", "botocore", "urllib3")),
+}
 
 
 def register_provider(name: str, factory: AdapterFactory, check: ConfigCheck | None = None) -> None:
@@ -40,31 +49,32 @@ def register_provider(name: str, factory: AdapterFactory, check: ConfigCheck | N
         _CHECKS[name] = check
 
 
+def _import_adapter(provider: str) -> ModuleType:
+    """The adapter module of a lazy provider; a missing SDK is a MissingExtraError naming the extra."""
+    try:
+        return importlib.import_module(_LAZY[provider].split(":", 1)[0])
+    except ImportError as exc:
+        extra, sdk_modules = _EXTRAS[provider]
+        if (exc.name or "").split(".")[0] in sdk_modules:
+            raise MissingExtraError(f"provider {provider!r}", extra) from None
+        raise
+
+
 def _load_lazy(name: str) -> None:
     spec = _LAZY.get(name)
     if spec is None or name in _FACTORIES:
         return
-    import importlib
-
-    module_name, factory_name, *check = spec.split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise SubmitError(f"provider {name!r} is not available: {exc}") from exc
+    _, factory_name, *check = spec.split(":")
+    module = _import_adapter(name)
     register_provider(name, getattr(module, factory_name), getattr(module, check[0]) if check else None)
 
 
 def check_tool_schemas(provider: str, specs: list[ToolSpec]) -> None:
-    """Refuse, at agent load time, tool schemas this provider cannot take (the adapter module's `check_tools`)."""
-    spec = _LAZY.get(provider)
-    if spec is None:
+    """Refuse, at agent load time, tool schemas this provider cannot take (the adapter module's `check_tools`),
+    and a provider whose SDK is not installed (MissingExtraError: `pip install 'stepq[<extra>]'`)."""
+    if provider not in _LAZY:
         return
-    import importlib
-
-    try:
-        module = importlib.import_module(spec.split(":", 1)[0])
-    except ImportError:
-        return  # reported when the provider is first used
+    module = _import_adapter(provider)
     check = getattr(module, "check_tools", None)
     if check is not None:
         check(specs)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
-import fakeredis
 import redis
 
 from stepq.config import Settings
+from stepq.errors import MissingExtraError
+
+if TYPE_CHECKING:
+    import fakeredis
 
 _lock = threading.Lock()
 _clients: dict[str, redis.Redis] = {}
@@ -35,6 +39,10 @@ def _make_client(settings: Settings) -> redis.Redis:
         return redis.Redis.from_url(
             settings.redis_url, decode_responses=True, health_check_interval=30, max_connections=MAX_CONNECTIONS
         )
+    try:
+        import fakeredis
+    except ImportError:  # a lean install for real Redis only
+        raise MissingExtraError("embedded mode (STEPQ_REDIS_URL unset)", "embedded") from None
     if _fake_server is None:
         _fake_server = fakeredis.FakeServer()
     return fakeredis.FakeRedis(server=_fake_server, decode_responses=True)

@@ -1,0 +1,112 @@
+"""Lean installs: a feature whose extra is not installed fails at start, in one line naming the extra.
+
+Each test runs a fresh interpreter in which the extra's SDK cannot be imported: a `sitecustomize`
+on PYTHONPATH puts None in `sys.modules` for it, which is exactly what Python reports for a
+package that is not installed (an ImportError naming the module).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+TIMEOUT = 120
+
+AGENT_MODULE = '''
+from stepq import AgentDefinition, tool
+
+
+@tool
+def lean_lookup(key: str) -> str:
+    """Look a key up."""
+    return key
+
+
+researcher = AgentDefinition(
+    id="lean_agents.researcher",
+    allowed_tools=["lean_lookup"],
+    default_provider="{provider}",
+    default_model="some-model",
+)
+'''
+
+
+def blocked_env(tmp_path: Path, blocked: list[str], provider: str = "gemini") -> dict[str, str]:
+    """An environment whose interpreters cannot import `blocked`, with an agent module on the path."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in blocked)
+    )
+    (tmp_path / "lean_agents.py").write_text(AGENT_MODULE.format(provider=provider))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    return env
+
+
+def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL
+    )
+
+
+def stepq_cmd() -> list[str]:
+    script = Path(sys.executable).with_name("stepq")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "stepq.producer.cli"]
+
+
+@pytest.mark.parametrize(
+    ("provider", "blocked", "extra"),
+    [("gemini", ["google"], "gemini"), ("anthropic", ["anthropic"], "anthropic"), ("bedrock", ["boto3"], "bedrock")],
+)
+def test_provider_without_its_extra_fails_at_agent_load(tmp_path: Path, provider: str, blocked: list[str], extra: str):
+    env = blocked_env(tmp_path, blocked, provider)
+    script = textwrap.dedent(
+        """
+        from stepq import MissingExtraError
+        from stepq.agents import registry
+        try:
+            registry().load_modules(["lean_agents"])
+        except MissingExtraError as exc:
+            print(f"{type(exc).__name__}|{exc.extra}|{exc}")
+        else:
+            print("loaded")
+        """
+    )
+    proc = run(env, sys.executable, "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == (
+        f"MissingExtraError|{extra}|provider '{provider}' needs the {extra} extra: pip install 'stepq[{extra}]'"
+    )
+
+
+def test_cli_names_the_missing_provider_extra_in_one_line(tmp_path: Path):
+    env = blocked_env(tmp_path, ["google"])
+    env["STEPQ_AGENT_MODULES"] = "lean_agents"
+    proc = run(env, *stepq_cmd(), "run", "lean_agents.researcher", "hello")
+    assert proc.returncode != 0
+    assert proc.stderr.strip() == "stepq: provider 'gemini' needs the gemini extra: pip install 'stepq[gemini]'"
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_embedded_mode_without_fakeredis_names_the_embedded_extra(tmp_path: Path):
+    env = blocked_env(tmp_path, ["fakeredis"])
+    proc = run(env, *stepq_cmd(), "run", "demo.support", "hello", "--deny-all")
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert lines == [
+        "stepq: embedded mode (STEPQ_REDIS_URL unset) needs the embedded extra: pip install 'stepq[embedded]'"
+    ], proc.stderr
+    assert "Traceback" not in proc.stdout
+
+
+def test_blocked_sdk_is_really_unimportable(tmp_path: Path):
+    """The blocker does what the tests above assume: the SDK cannot be imported at all."""
+    env = blocked_env(tmp_path, ["google"])
+    proc = run(env, sys.executable, "-c", "import google.genai")
+    assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr
