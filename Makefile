@@ -3,10 +3,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# `make demo` installs only the embedded extra (no dev toolchain); an up-to-date dev install covers it.
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test lint format bench clean
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/stepq demo
 
 test: $(STAMP)
@@ -35,6 +37,12 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+$(DEMO_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then :; \
+	else $(BIN)/python -m pip install --quiet -e '.[embedded]'; fi
+	touch $(DEMO_STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache
