@@ -6,13 +6,25 @@ STAMP  := $(VENV)/.installed
 # `make demo` installs only the embedded extra (no dev toolchain); an up-to-date dev install covers it.
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test test-stress lint format bench clean
 
 demo: $(DEMO_STAMP)
 	$(BIN)/stepq demo
 
 test: $(STAMP)
 	$(BIN)/pytest -q
+
+# The suite with every core kept busy by a CPU burner, as on a loaded CI machine: a test that depends
+# on timing fails here. The trap kills the burners however pytest ends (pass, failure, Ctrl-C).
+test-stress: $(STAMP)
+	@burners=""; \
+	trap 'kill $$burners 2>/dev/null' EXIT; \
+	trap 'exit 130' INT; trap 'exit 143' TERM; \
+	for _ in $$(seq "$$(nproc 2>/dev/null || echo 2)"); do \
+		$(PYTHON) -c "while True: pass" & burners="$$burners $$!"; \
+	done; \
+	echo "test-stress: $$(echo $$burners | wc -w) CPU burners running (pids$$burners)"; \
+	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 # mypy cannot follow the editable install's package-dir mapping, so it reads a link tree laid out as
 # the installed package: build/typecheck/stepq = shared/ + workers/ + producer/.
