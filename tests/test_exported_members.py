@@ -1,0 +1,63 @@
+"""The public API is exactly the documented list (after httpx's test of the same name).
+
+`stepq.__all__` is sorted, equals the names listed in README.md's "The Python API" section, and
+every name is importable from `stepq` and defined inside the package.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+
+import stepq
+from tests.conftest import ROOT
+
+
+def documented_names() -> list[str]:
+    """The backticked names on the bullet lines of README.md's "## The Python API" section."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## The Python API\n", 1)[1].split("\n## ", 1)[0]
+    bullets = re.findall(r"^- .*?(?=^\S|\Z)", section, re.DOTALL | re.MULTILINE)
+    names: list[str] = []
+    for bullet in bullets:
+        names += re.findall(r"`([A-Za-z_]\w*)`", bullet)
+    return names
+
+
+def test_all_is_sorted_and_unique():
+    assert stepq.__all__ == sorted(set(stepq.__all__))
+
+
+def test_all_equals_the_documented_list():
+    documented = documented_names()
+    assert sorted(set(documented)) == stepq.__all__
+
+
+def test_every_public_attribute_is_exported():
+    """No public name reachable as `stepq.X` is left out of `__all__` (submodules aside)."""
+    public = {
+        name
+        for name, value in vars(stepq).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert public == set(stepq.__all__) - {"__version__"}
+
+
+def test_every_member_is_importable_and_ours():
+    for name in stepq.__all__:
+        value = getattr(stepq, name)
+        if name == "__version__":
+            assert isinstance(value, str) and value
+            continue
+        module = getattr(value, "__module__", "")
+        assert module == "stepq" or module.startswith("stepq."), f"{name} comes from {module!r}"
+
+
+def test_every_exported_error_derives_from_stepq_error():
+    errors = [getattr(stepq, n) for n in stepq.__all__ if n.endswith("Error")]
+    assert errors and all(issubclass(e, stepq.StepqError) for e in errors)
+
+
+def test_py_typed_ships_with_the_package():
+    assert (ROOT / "shared" / "py.typed").is_file()
+    assert '"py.typed"' in (ROOT / "pyproject.toml").read_text()
