@@ -131,7 +131,7 @@ class Decider:
         else:
             approved, reason = self._ask(approval_id, tool, args)
             reviewer = _person()
-        receipt = client.approve(approval_id, str(d["token"]), approved, reason=reason, reviewer=reviewer)
+        receipt = client.approve(approval_id, approved, reason=reason, reviewer=reviewer)
         outcome: dict[str, Any] = {"approval_id": approval_id, "tool": tool, "args": args, "approved": approved}
         try:
             receipt.wait(timeout=30.0)
@@ -285,7 +285,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
             print(f"  {line}")
     for p in pending:
         print(f"\n{style.yellow('pending approval')} {p['approval_id']}: {p['tool']} {compact(p['args'])}")
-        print(f"  stepq approve {p['approval_id']} {p['token']} --yes   (or --no --reason '…')")
+        print(f"  stepq approve {p['approval_id']} --yes   (or --no --reason '…')")
     if state.trace.steps:
         print(f"\n{style.bold('steps')}")
         for line in trace_table(state.trace):
@@ -294,7 +294,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _pending_approvals(client: Client, turn_id: str) -> list[dict[str, Any]]:
-    """Pending approvals of a parked turn, with their tokens (from the approval-request events)."""
+    """Pending approvals of a parked turn (from the approval-request events; tokens stay in Redis)."""
     state = client.get(turn_id)
     if state.parked is None:
         return []
@@ -306,7 +306,7 @@ def _pending_approvals(client: Client, turn_id: str) -> list[dict[str, Any]]:
         aid = d.get("approval_id")
         record = records.get(aid) if isinstance(aid, str) else None
         if event.type == EventType.APPROVAL_REQUEST and record is not None and record.status == "pending":
-            found.append({k: d.get(k) for k in ("approval_id", "tool", "args", "token", "expires_at")})
+            found.append({k: d.get(k) for k in ("approval_id", "tool", "args", "expires_at")})
     return found
 
 
@@ -329,7 +329,7 @@ def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
             "approvals itself (--approve-all, --deny-all, or interactively)"
         )
     client = Client(settings)
-    receipt = client.approve(args.approval_id, args.token, args.yes, reason=args.reason, reviewer=args.reviewer)
+    receipt = client.approve(args.approval_id, args.yes, reason=args.reason, reviewer=args.reviewer, token=args.token)
     try:
         receipt.wait(timeout=args.timeout)
     except ApprovalError as exc:
@@ -369,6 +369,9 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     if args.pool == "gevent" and importlib.util.find_spec("gevent") is None:
         raise UsageError("`--pool gevent` needs gevent: pip install 'stepq[gevent]'")
     argv = worker_argv(args, settings)
+    if not settings.agent_modules and not args.print_command:
+        err("no STEPQ_AGENT_MODULES set: loading the bundled demo agents (stepq.demo_agents)")
+        os.environ["STEPQ_AGENT_MODULES"] = "stepq.demo_agents"
     if args.print_command:
         print(shlex.join(argv))
         return 0
@@ -392,6 +395,12 @@ def worker_argv(args: argparse.Namespace, settings: Settings) -> list[str]:
         schedule = os.path.join(tempfile.mkdtemp(prefix="stepq-beat-"), "schedule")
         argv += ["-B", "--schedule", schedule]
     return argv
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from stepq.producer.gateway.serve import serve
+
+    return serve(settings, host=args.host, port=args.port, insecure_dev=args.insecure_dev)
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
@@ -464,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("approve", help="decide an approval request")
     p.add_argument("approval_id")
-    p.add_argument("token")
+    p.add_argument("token", nargs="?", help="optional: by default the pending approval's own token is used")
     decision = p.add_mutually_exclusive_group(required=True)
     decision.add_argument("--yes", action="store_true", help="approve")
     decision.add_argument("--no", action="store_true", help="deny")
@@ -477,6 +486,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("turn")
     p.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the turn to stop")
     p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("serve", help="the HTTP/SSE gateway for chat UIs and services (needs STEPQ_REDIS_URL)")
+    p.add_argument("--host", help="bind address (default: STEPQ_GATEWAY_HOST or 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default: STEPQ_GATEWAY_PORT or 8000)")
+    p.add_argument(
+        "--insecure-dev", action="store_true", help="with no API keys or JWT configured, let every request in"
+    )
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="the embedded tour: no services, no API keys")
     p.set_defaults(func=cmd_demo)

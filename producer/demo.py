@@ -91,14 +91,13 @@ class SupportTour(Tour):
         self.view.line(f"    approval id  {d['approval_id']}")
         self.view.line(f"    tool         {d['tool']}")
         self.view.line(f"    args         {compact(d['args'])}")
-        self.view.line(
-            f"    token        {token_hint(str(d['token']))}  signed (HMAC-SHA256 over the approval id, turn,"
-        )
-        self.view.line("                 tool call, tool name, SHA-256 of the args and the expiry)")
+        record = self.client.runtime.approvals.get(str(d["approval_id"]))
+        token = record.token if record is not None else ""
+        self.view.line(f"    token        {token_hint(token)}  kept in Redis with the approval, never in an event;")
+        self.view.line("                 signed (HMAC-SHA256 over the approval id, turn, tool call, tool name,")
+        self.view.line("                 SHA-256 of the args and the expiry)")
         self.view.line(f"  The demo approves it as reviewer {s.bold('demo')}, the way a UI would call Client.approve:")
-        receipt = self.client.approve(
-            str(d["approval_id"]), str(d["token"]), True, reason="damaged on arrival", reviewer="demo"
-        )
+        receipt = self.client.approve(str(d["approval_id"]), True, reason="damaged on arrival", reviewer="demo")
         receipt.wait(timeout=30.0)
         self.view.line(f"  {s.green('accepted:')} the approve task checked the signature, recorded the decision once,")
         self.view.line("  and re-enqueued the parked step. The loop resumes:")

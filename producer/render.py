@@ -65,7 +65,7 @@ def usage_line(usage: Usage | dict[str, Any]) -> str:
 
 
 def token_hint(token: str) -> str:
-    """A capability token shortened for narration (the full token is in the event log)."""
+    """A capability token shortened for narration (the full token stays in Redis, never in an event)."""
     return token if len(token) <= 24 else f"{token[:12]}…{token[-6:]}"
 
 

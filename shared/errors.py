@@ -12,6 +12,7 @@ them all. The tree (a second base in brackets keeps older `except ValueError` co
     │   ├── MissingFeaturesError
     │   └── OverrideError           a caller override tried to widen the agent's loop
     ├── TurnNotFoundError [LookupError]
+    ├── EventCursorError [ValueError]    an events cursor is negative, not a number, or past the end
     ├── NoWorkerError [TimeoutError] embedded mode: no worker in this process serves the turn
     ├── ApprovalError               a decision was refused; `.code` is an `ApprovalRefusal`
     ├── ToolArgumentError [ValueError]   the model's tool arguments do not match the schema
@@ -67,6 +68,10 @@ class OverrideError(SubmitError):
 
 class TurnNotFoundError(StepqError, LookupError):
     """No such turn: never created, or expired after its TTL."""
+
+
+class EventCursorError(StepqError, ValueError):
+    """An events cursor (`after=`) that is not a seq of the turn: negative, not an integer, or past its end."""
 
 
 class NoWorkerError(StepqError, TimeoutError):

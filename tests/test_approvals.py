@@ -42,12 +42,15 @@ def test_approve_runs_the_gated_call_once_and_resumes(worker, client, prefix, rt
     assert _side_effects(prefix, handle.turn_id, "gated") == 0
     data = request.data
     assert data["tool"] == "rt_side_effect" and data["args"] == {"label": "gated"}
-    assert data["expires_at"] > state.updated_at and data["token"]
+    assert data["expires_at"] > state.updated_at
+    # the signed token stays server-side: any subscriber reads this event, so it must not carry it
+    assert "token" not in data and "token" not in request.model_dump_json()
+    assert client.runtime.approvals.get(data["approval_id"]).token
     # the call that needed no approval already ran, before anyone decided
     earlier = list(rt.events.read(handle.turn_id, 0, request.seq))
     assert any(e.type == EventType.TOOL_RESULT and e.data["name"] == "rt_echo" for e in earlier)
 
-    assert client.approve(data["approval_id"], data["token"], True, reviewer="ops@example", reason="ok").wait(30)
+    assert client.approve(data["approval_id"], True, reviewer="ops@example", reason="ok").wait(30)
     result = handle.wait(timeout=60)
     assert result.status == TurnStatus.COMPLETED and result.text == "done"
     assert _side_effects(prefix, handle.turn_id, "gated") == 1
@@ -57,14 +60,14 @@ def test_approve_runs_the_gated_call_once_and_resumes(worker, client, prefix, rt
     assert [d.data["decision"] for d in decisions] == ["approved"] and decisions[0].data["reviewer"] == "ops@example"
     # a replay of the same decision is refused
     with pytest.raises(ApprovalError) as err:
-        client.approve(data["approval_id"], data["token"], True).wait(30)
+        client.approve(data["approval_id"], True).wait(30)
     assert err.value.code == "not-pending"
 
 
 def test_deny_becomes_the_tool_result_the_model_sees(worker, client, prefix):
     handle, [request] = _park(client, prefix)
     data = request.data
-    assert client.approve(data["approval_id"], data["token"], False, reason="too risky").wait(30)
+    assert client.approve(data["approval_id"], False, reason="too risky").wait(30)
     result = handle.wait(timeout=60)
     assert result.status == TurnStatus.COMPLETED
     assert _side_effects(prefix, handle.turn_id, "gated") == 0
@@ -75,14 +78,15 @@ def test_deny_becomes_the_tool_result_the_model_sees(worker, client, prefix):
 def test_tampered_token_is_refused_and_changes_nothing(worker, client, prefix):
     handle, [request] = _park(client, prefix)
     data = request.data
-    forged = data["token"][:-1] + ("0" if data["token"][-1] != "0" else "1")
-    for token in (forged, "", "nokid", data["token"].split(".")[1]):
+    real = client.runtime.approvals.get(data["approval_id"]).token
+    forged = real[:-1] + ("0" if real[-1] != "0" else "1")
+    for token in (forged, "", "nokid", real.split(".")[1]):
         with pytest.raises(ApprovalError) as err:
-            client.approve(data["approval_id"], token, True).wait(30)
+            client.approve(data["approval_id"], True, token=token).wait(30)
         assert err.value.code == "invalid-token"
     assert client.get(handle.turn_id).status == TurnStatus.AWAITING_APPROVAL
     assert client.runtime.approvals.get(data["approval_id"]).status == "pending"
-    assert client.approve(data["approval_id"], data["token"], True).wait(30)
+    assert client.approve(data["approval_id"], True).wait(30)
     assert handle.wait(timeout=60).status == TurnStatus.COMPLETED
 
 
@@ -90,15 +94,15 @@ def test_changed_args_are_refused(worker, client, prefix):
     handle, [request] = _park(client, prefix)
     data = request.data
     with pytest.raises(ApprovalError) as err:
-        client.approve(data["approval_id"], data["token"], True, args={"label": "something else"}).wait(30)
+        client.approve(data["approval_id"], True, args={"label": "something else"}).wait(30)
     assert err.value.code == "changed-args"
-    assert client.approve(data["approval_id"], data["token"], True, args={"label": "gated"}).wait(30)
+    assert client.approve(data["approval_id"], True, args={"label": "gated"}).wait(30)
     assert handle.wait(timeout=60).status == TurnStatus.COMPLETED
 
 
 def test_unknown_approval_id_is_refused(worker, client):
     with pytest.raises(ApprovalError) as err:
-        client.approve("apv_doesnotexist", "x.y", True).wait(30)
+        client.approve("apv_doesnotexist", True).wait(30)
     assert err.value.code == "unknown"
 
 
@@ -107,12 +111,13 @@ def test_two_concurrent_approves_exactly_one_wins(rt, prefix):
     runner = StepRunner(rt)
     assert runner.deliver(state.turn_id, 0).action == "none"
     [request] = [e for e in rt.events.read(state.turn_id) if e.type == EventType.APPROVAL_REQUEST]
+    token = rt.approvals.get(request.data["approval_id"]).token
     barrier = threading.Barrier(8)
     outcomes = []
 
     def decide(approved: bool) -> None:
         barrier.wait()
-        outcomes.append(decide_approval(rt, request.data["approval_id"], request.data["token"], approved))
+        outcomes.append(decide_approval(rt, request.data["approval_id"], token, approved))
 
     threads = [threading.Thread(target=decide, args=(i % 2 == 0,)) for i in range(8)]
     for t in threads:
@@ -129,9 +134,9 @@ def test_step_resumes_only_when_every_approval_is_decided(worker, client, prefix
     handle, requests = _park(client, prefix, "rt.approver_two")
     assert len(requests) == 2
     first, second = (r.data for r in requests)
-    client.approve(first["approval_id"], first["token"], True).wait(30)
+    client.approve(first["approval_id"], True).wait(30)
     assert client.get(handle.turn_id).status == TurnStatus.AWAITING_APPROVAL
-    client.approve(second["approval_id"], second["token"], False, reason="no").wait(30)
+    client.approve(second["approval_id"], False, reason="no").wait(30)
     result = handle.wait(timeout=60)
     assert result.status == TurnStatus.COMPLETED
     assert _side_effects(prefix, handle.turn_id, "a") == 1
@@ -142,7 +147,7 @@ def test_expired_approval_resolves_as_denial(worker, client, prefix):
     handle, [request] = _park(client, prefix, "rt.approver_expiring")
     data = request.data
     with pytest.raises(ApprovalError) as err:
-        client.approve(data["approval_id"], data["token"], True).wait(30)
+        client.approve(data["approval_id"], True).wait(30)
     assert err.value.code == "expired"
     result = handle.wait(timeout=60)
     assert result.status == TurnStatus.COMPLETED
@@ -174,10 +179,11 @@ def test_rotated_secret_still_verifies_pending_approvals(prefix):
     [request] = [e for e in old.events.read(state.turn_id) if e.type == EventType.APPROVAL_REQUEST]
     data = request.data
     without_old = get_runtime(make_settings(prefix, approval_secret="new-secret"))
-    refused = decide_approval(without_old, data["approval_id"], data["token"], True)
+    token = old.approvals.get(data["approval_id"]).token
+    refused = decide_approval(without_old, data["approval_id"], token, True)
     assert not refused.accepted and refused.code == "invalid-token"
     rotated = get_runtime(make_settings(prefix, approval_secret="new-secret", approval_old_secrets=["old-secret"]))
-    assert decide_approval(rotated, data["approval_id"], data["token"], True).accepted
+    assert decide_approval(rotated, data["approval_id"], token, True).accepted
 
 
 def test_an_approved_mutation_is_stored_before_the_next_tool_starts(worker, client, prefix):
@@ -185,7 +191,7 @@ def test_an_approved_mutation_is_stored_before_the_next_tool_starts(worker, clie
     handle, requests = _park(client, prefix, agent="rt.mutation_then_observer")
     assert [r.data["tool"] for r in requests] == ["rt_side_effect", "rt_count_stored_results"]
     for request in requests:
-        assert client.approve(request.data["approval_id"], request.data["token"], True).wait(30)
+        assert client.approve(request.data["approval_id"], True).wait(30)
     result = handle.wait(timeout=60)
     assert result.status == TurnStatus.COMPLETED, result.error
     results = _tool_results(client.get(handle.turn_id))

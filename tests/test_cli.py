@@ -186,15 +186,16 @@ def test_approve_tampered_token_is_refused_then_valid_one_accepted(worker, env, 
     turn_id, request = parked_turn(client, prefix)
     shown = stepq(env, "show", turn_id, check=0).stdout
     assert "awaiting_approval" in shown
-    assert f"stepq approve {request['approval_id']} {request['token']} --yes" in shown
+    assert f"stepq approve {request['approval_id']} --yes" in shown
+    assert "token" not in request  # events carry no token; an operator's CLI reads it from the approval's record
 
-    token = request["token"]
+    token = client.runtime.approvals.get(request["approval_id"]).token
     tampered = token[:-1] + ("0" if token[-1] != "0" else "1")
     proc = stepq(env, "approve", request["approval_id"], tampered, "--yes", check=1)
     assert "refused (invalid-token)" in proc.stdout
     assert client.get(turn_id).status == "awaiting_approval"
 
-    proc = stepq(env, "approve", request["approval_id"], token, "--yes", "--reason", "ok", "--reviewer", "ana", check=0)
+    proc = stepq(env, "approve", request["approval_id"], "--yes", "--reason", "ok", "--reviewer", "ana", check=0)
     assert "accepted" in proc.stdout
     assert client.wait(turn_id, timeout=60).status == "completed"
 

@@ -166,3 +166,18 @@ def test_cancel_stops_a_streaming_step_between_deltas(worker, client, prefix):
     assert 0 < len(streamed) < 2000  # the script has 1000 deltas of 2 chars; the step stopped early
     assert streamed == "x" * len(streamed)
     assert result.text == streamed  # the partial answer is kept
+
+
+@pytest.mark.parametrize("after", [-5, "3", 1.5, True, 10_000])
+def test_a_bad_cursor_is_a_clear_error_not_a_redis_error(rt, prefix, client, after):
+    """Negative, not an integer, or past the end: EventCursorError naming the cursor, before anything runs."""
+    from stepq.errors import EventCursorError
+
+    turn_id = start(rt, "eng.simple", prefix)
+    drive(rt, turn_id)
+    with pytest.raises(EventCursorError, match="after="):
+        client.events(turn_id, after=after)
+    with pytest.raises(EventCursorError):
+        rt.events.follow(turn_id, after=after)
+    last = rt.events.last_seq(turn_id)
+    assert [e.seq for e in client.events(turn_id, after=last)] == []  # the end itself is a valid cursor

@@ -47,7 +47,7 @@ def test_approval_parks_and_resumes(gevent_client, prefix):
     handle = gevent_client.submit("rt.approver", prompt="go", metadata={"prefix": prefix})
     request = next(e for e in handle.events(idle_timeout=60) if e.type == EventType.APPROVAL_REQUEST)
     assert _side_effects(prefix, handle.turn_id, "gated") == 0
-    assert gevent_client.approve(request.data["approval_id"], request.data["token"], True).wait(30)
+    assert gevent_client.approve(request.data["approval_id"], True).wait(30)
     result = handle.wait(timeout=60)
     assert result.status == TurnStatus.COMPLETED and result.text == "done"
     assert _side_effects(prefix, handle.turn_id, "gated") == 1

@@ -140,7 +140,7 @@ def test_metrics_count_retries_approvals_and_tool_errors(metrics_worker, client,
 
     parked = scrape(port)  # the scrape-time gauges read Redis now
     assert value(parked, "stepq_pending_approvals") == 1
-    assert client.approve(request.data["approval_id"], request.data["token"], True).wait(TIMEOUT)
+    assert client.approve(request.data["approval_id"], True).wait(TIMEOUT)
     for handle in (retried, failing_tools, gated):
         assert handle.wait(timeout=TIMEOUT).status == TurnStatus.COMPLETED
 

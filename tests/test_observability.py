@@ -58,7 +58,7 @@ def test_status_lists_a_parked_turns_pending_approval(worker, client, prefix: st
     text = stepq(env, "status", check=0).stdout
     assert request.data["approval_id"] in text and "1 pending approvals" in text
 
-    assert client.approve(request.data["approval_id"], request.data["token"], False).wait(TIMEOUT)
+    assert client.approve(request.data["approval_id"], False).wait(TIMEOUT)
     assert handle.wait(timeout=TIMEOUT).status == TurnStatus.COMPLETED
     after = collect_status(rt)["awaiting_approval"]  # what `status --json` prints, without another process
     assert after == {"count": 0, "pending_approvals": 0, "turns": []}

@@ -1,7 +1,7 @@
 """What every route shares: the producer `Client` (validation, storage, enqueueing — run in a worker
 thread, since it is the library's sync code), the async Redis pool and the stream hub.
 
-Every Redis connection the gateway opens carries the client name `stepq-gateway`, so an operator
+Every Redis connection the gateway opens carries the client name `stepq-gateway.<key prefix>`, so an operator
 can count them (`CLIENT LIST`) and see that they do not grow with the number of open streams.
 """
 
@@ -31,7 +31,12 @@ CLIENT_NAME = "stepq-gateway"
 T = TypeVar("T")
 
 
-def named_redis_url(url: str, name: str = CLIENT_NAME) -> str:
+def client_name(settings: Settings) -> str:
+    """`stepq-gateway.<key prefix>`: the name every Redis connection of this gateway carries."""
+    return f"{CLIENT_NAME}.{settings.key_prefix}"
+
+
+def named_redis_url(url: str, name: str) -> str:
     """The same URL with `client_name` set, so every connection made from it is named in CLIENT LIST."""
     parts = urlsplit(url)
     query = [(k, v) for k, v in parse_qsl(parts.query) if k != "client_name"] + [("client_name", name)]
@@ -45,7 +50,10 @@ def gateway_settings(settings: Settings) -> Settings:
             "stepq serve needs Redis: set STEPQ_REDIS_URL (e.g. redis://127.0.0.1:6379/0) and run `stepq worker`"
         )
     return settings.model_copy(
-        update={"redis_url": named_redis_url(settings.redis_url), "broker_url": settings.effective_broker_url}
+        update={
+            "redis_url": named_redis_url(settings.redis_url, client_name(settings)),
+            "broker_url": settings.effective_broker_url,
+        }
     )
 
 

@@ -37,6 +37,8 @@ class ApprovalRecord(BaseModel):
     status: str = "pending"  # pending | approved | denied | expired
     reviewer: str = ""
     reason: str = ""
+    # the signed capability: kept here, never in an event; approve paths send it on behalf of a caller
+    token: str = ""
 
 
 class ApprovalStore:

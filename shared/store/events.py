@@ -20,6 +20,7 @@ from typing import Any, cast
 import redis
 from redis.commands.core import Script
 
+from stepq.errors import EventCursorError
 from stepq.models import CONTENT_EVENTS, Event, EventType
 from stepq.store.keys import Keys
 
@@ -209,6 +210,17 @@ class EventLog:
         value = self.client.get(self.keys.seq(turn_id))
         return int(value) if value else 0
 
+    def check_cursor(self, turn_id: str, after: object) -> int:
+        """`after` as a seq cursor of this turn: an integer from 0 to the last seq, else EventCursorError."""
+        if isinstance(after, bool) or not isinstance(after, int):
+            raise EventCursorError(f"after={after!r}: the events cursor must be an integer seq (0 = from the start)")
+        if after < 0:
+            raise EventCursorError(f"after={after}: the events cursor must not be negative (0 = from the start)")
+        last = self.last_seq(turn_id)
+        if after > last:
+            raise EventCursorError(f"after={after} is past the end of turn {turn_id}'s events (last seq {last})")
+        return after
+
     def follow(
         self,
         turn_id: str,
@@ -219,8 +231,20 @@ class EventLog:
     ) -> Iterator[Event]:
         """Every event after `after`, once each, in seq order; live until the turn finishes.
 
-        `idle_timeout` bounds the wait for the next event (TimeoutError when it passes).
+        `idle_timeout` bounds the wait for the next event (TimeoutError when it passes). A bad cursor
+        raises EventCursorError here, before anything is subscribed.
         """
+        after = self.check_cursor(turn_id, after)
+        return self._follow(turn_id, after, idle_timeout, stop_at_finish, is_finished)
+
+    def _follow(
+        self,
+        turn_id: str,
+        after: int,
+        idle_timeout: float | None,
+        stop_at_finish: bool,
+        is_finished: Callable[[], bool] | None,
+    ) -> Iterator[Event]:
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         pubsub.subscribe(self.keys.channel(turn_id))
         try:
