@@ -106,7 +106,7 @@ class Usage(BaseModel):
     def __add__(self, other: Usage) -> Usage:
         def opt(a: int | None, b: int | None) -> int | None:
             total = (a or 0) + (b or 0)
-            return total or None  # digest §3.5: a sum of 0 collapses to None
+            return total or None  # a sum of 0 collapses to None: "not reported" stays distinguishable
 
         return Usage(
             input_tokens=self.input_tokens + other.input_tokens,

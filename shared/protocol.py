@@ -1,6 +1,6 @@
 """What producers and workers agree on without importing each other: task names and Celery settings.
 
-This module builds plain dicts; it does not import Celery (DESIGN §1).
+This module builds plain dicts and does not import Celery, so the library layer stays free of it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def worker_queues(settings: Settings) -> list[str]:
 
 
 def celery_config(settings: Settings) -> dict[str, Any]:
-    """Celery settings per DESIGN §4.1: late acks, requeue on worker loss, prefetch 1, JSON only."""
+    """Celery settings for at-least-once steps: late acks, requeue on worker loss, prefetch 1, JSON only."""
     url = settings.effective_broker_url
     transport: dict[str, Any] = {}
     if url.startswith(("redis://", "rediss://", "unix://")):

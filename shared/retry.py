@@ -1,4 +1,4 @@
-"""When to retry a step and how long to wait (DESIGN §4.3)."""
+"""When to retry a step and how long to wait: only before its first streamed chunk, with jittered backoff."""
 
 from __future__ import annotations
 

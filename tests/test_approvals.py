@@ -1,4 +1,4 @@
-"""Approvals as capabilities (DESIGN §4.4): parked turns, signed tokens, decided once."""
+"""Approvals as capabilities: parked turns, signed tokens, decided once."""
 
 from __future__ import annotations
 

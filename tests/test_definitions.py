@@ -1,4 +1,4 @@
-"""Agent and tool definitions (DESIGN §3): whitelist, read_only, mutation_policy, approval predicates,
+"""Agent and tool definitions: whitelist, read_only, mutation_policy, approval predicates,
 tool schemas, and definitions that must be refused at load time."""
 
 from __future__ import annotations

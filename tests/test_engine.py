@@ -301,7 +301,7 @@ def test_breaker_fail_fail_then_permanently_failed(rt, prefix):
 
 
 def test_breaker_counts_strikes_within_one_step(rt, prefix):
-    """§3.4 dispatches sequentially: the third call of a step is gated by the first two's strikes."""
+    """Tool calls of a step run one after another: the third call of a step is gated by the first two's strikes."""
     turn_id = start(rt, "eng.breaker_one_step", prefix)
     state = drive(rt, turn_id)
     assert executions(prefix, turn_id, "eng_boom") == 2

@@ -1,4 +1,4 @@
-"""Events (DESIGN §3, §5): gap-free seq, resumable subscriptions, delta coalescing, log TTL, cancellation."""
+"""Events: gap-free seq, resumable subscriptions, delta coalescing, log TTL, cancellation."""
 
 from __future__ import annotations
 

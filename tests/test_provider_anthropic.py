@@ -130,7 +130,7 @@ def test_tool_round_trip_sends_results_and_errors_in_anthropic_shape(worker, cli
 
     assert result.status == TurnStatus.COMPLETED, result.error
     assert result.text == "done"
-    # usage summed across both steps (digest §8.7: 10+6+20+3 = 39)
+    # usage summed across both steps (input + output of each: 10+6+20+3 = 39)
     assert result.usage.total_tokens == 39
     assert (result.usage.cache_write_tokens, result.usage.cache_read_tokens) == (100, 100)
     assert [s.raw_stop_reason for s in result.trace.steps] == ["tool_use", "end_turn"]

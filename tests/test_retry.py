@@ -1,4 +1,4 @@
-"""Retry only before the first chunk (DESIGN §4.3), through a real Celery worker."""
+"""Retry only before the first chunk, through a real Celery worker."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Submit validation (DESIGN §4.6): every refusal names the problem and stores nothing; idempotent submit."""
+"""Submit validation: every refusal names the problem and stores nothing; idempotent submit."""
 
 from __future__ import annotations
 

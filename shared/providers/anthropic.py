@@ -103,7 +103,7 @@ class AnthropicAdapter(ProviderAdapter):
     """Messages streaming over any SDK client with `.messages.create` (native, or a platform client)."""
 
     name = "anthropic"
-    tool_failure_breaker: int | None = None  # native Anthropic has none (digest §0.1 item 4)
+    tool_failure_breaker: int | None = None  # the Anthropic API itself needs no failure breaker
     label = "Anthropic"
     auth_hint = AUTH_HINT
 

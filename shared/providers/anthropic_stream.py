@@ -1,4 +1,4 @@
-"""Anthropic Messages SSE events -> canonical step output, and SDK failures -> ProviderError (digest §8.3, §8.5).
+"""Anthropic Messages SSE events -> canonical step output, and SDK failures -> ProviderError.
 
 Blocks are keyed by their `index`: text and thinking deltas are emitted as they
 arrive, thinking keeps its signature (and redacted thinking its data) so the next
@@ -52,7 +52,7 @@ CONTEXT_HINTS = ("prompt is too long", "context window", "context length", "too 
 
 
 def map_finish_reason(raw: str | None, had_tool_calls: bool) -> FinishReason:
-    """Digest §8.5: max_tokens -> length, tool_use -> tool-calls, refusal -> content-filter, else stop."""
+    """max_tokens -> length, tool_use -> tool-calls, refusal -> content-filter, else stop."""
     if raw in FINISH_REASONS:
         return FINISH_REASONS[raw]
     return FinishReason.TOOL_CALLS if had_tool_calls else FinishReason.STOP
@@ -235,7 +235,7 @@ def classify_error(
         err_type, api_message = _error_detail(exc.body)
         err_type = err_type or exc.type
         detail = scrub(api_message or exc.api_message or str(exc))
-        if exc.status_code == 200:  # an `event: error` inside the 200 stream (SDK-NOTES)
+        if exc.status_code == 200:  # the SDK raises an in-stream `event: error` with the 200's status
             return _in_stream(err_type, detail, label, auth_hint)
         status = exc.status_code
         message = f"{label} returned {status} {err_type or 'error'}: {detail}"
@@ -262,7 +262,7 @@ def classify_error(
         cause = exc.__cause__
         why = f": {type(cause).__name__}" if cause is not None else ""
         return ProviderError(f"could not reach {label}{why}", retryable=True, code="connection")
-    if isinstance(exc, httpx2.TimeoutException):  # a read timeout mid-stream surfaces raw (SDK-NOTES)
+    if isinstance(exc, httpx2.TimeoutException):  # the SDK does not wrap a read timeout mid-stream
         return ProviderError(
             f"the {label} stream stalled: no data for {stall_timeout_s:g}s", retryable=True, code="stall"
         )

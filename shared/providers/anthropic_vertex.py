@@ -1,6 +1,6 @@
 """The `anthropic-vertex` provider: Claude on Vertex AI through the SDK's `AnthropicVertex` client.
 
-Same Messages wire and streaming as `anthropic` (one adapter, digest §11), reached at
+Same Messages wire and streaming as `anthropic` (one adapter), reached at
 `…/publishers/anthropic/models/<model>:streamRawPredict`. The SDK reads `CLOUD_ML_REGION`,
 `ANTHROPIC_VERTEX_PROJECT_ID` and `ANTHROPIC_VERTEX_BASE_URL`; the token comes from Google
 Application Default Credentials. As in the plan, Vertex+Claude turns the tool-failure
@@ -30,7 +30,7 @@ ADC_HINT = (
     "Google credentials could not be used: set GOOGLE_APPLICATION_CREDENTIALS to a credentials file or run "
     "`gcloud auth application-default login`"
 )
-DEFAULT_TOOL_MAX_RETRIES = 2  # digest §12
+DEFAULT_TOOL_MAX_RETRIES = 2  # the failure-strike breaker, as for Gemini on Vertex
 
 
 def check_configured() -> None:

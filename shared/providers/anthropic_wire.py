@@ -1,4 +1,4 @@
-"""Canonical step request -> Anthropic Messages request parameters (digest §2.1, §8.2, §8.4).
+"""Canonical step request -> Anthropic Messages request parameters.
 
 Pure functions, no SDK calls: the transcript becomes alternating user/assistant
 turns of content blocks, thinking blocks go back verbatim with their signatures,
@@ -27,7 +27,7 @@ from stepq.models import (
 from stepq.providers.base import ProviderError, StepRequest
 
 PROVIDER = "anthropic"
-DEFAULT_MAX_TOKENS = 8192  # digest §12: used when the agent sets no max_output_tokens
+DEFAULT_MAX_TOKENS = 8192  # used when the agent sets no max_output_tokens (the API requires one)
 THINKING_HEADROOM = 4096  # output room left for the answer when only a thinking budget is given
 MAX_CACHE_BREAKPOINTS = 4  # the API rejects more than four cache_control markers
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -106,7 +106,7 @@ def tool_choice(choice: str | None, names: list[str], disable_parallel: bool) ->
 
 
 def tool_result_content(result: ToolResult) -> str:
-    """Digest §8.4: errors read `Error executing tool <name>: <error>`; other outputs go as JSON text."""
+    """Errors read `Error executing tool <name>: <error>`; other outputs go as JSON text."""
     if result.is_error:
         output = result.output
         error = output.get("error", output) if isinstance(output, dict) else output

@@ -1,4 +1,4 @@
-"""Amazon Bedrock over boto3 `bedrock-runtime` `converse_stream` (digest §4).
+"""Amazon Bedrock over boto3 `bedrock-runtime` `converse_stream`.
 
 The SDK's own retries are off (`total_max_attempts=1`: `max_attempts=1` still retries
 once in standard mode), so the engine's retry is the only one. Endpoint, region and
@@ -253,7 +253,7 @@ class BedrockAdapter(ProviderAdapter):
     """One `converse_stream` call per step; blocks keyed by contentBlockIndex."""
 
     name = "bedrock"
-    tool_failure_breaker: int | None = None  # digest §4.1: no breaker for Bedrock
+    tool_failure_breaker: int | None = None  # Bedrock reports tool failures with `status: error`; no breaker
 
     def __init__(self, model: str, options: dict[str, Any] | None = None) -> None:
         self.model = model

@@ -1,6 +1,6 @@
 """Bedrock Converse wire shapes: canonical transcript -> converse_stream request, stream events -> parts.
 
-Kept apart from the adapter so the translation rules (digest §4.2-4.4) are testable
+Kept apart from the adapter so the translation rules (messages, tools, finish reasons) are testable
 without a client. Blocks of a streamed response are keyed by `contentBlockIndex`:
 text blocks may arrive with no `contentBlockStart`, so any delta opens its block.
 """
@@ -52,7 +52,7 @@ MALFORMED_STOPS = frozenset({"malformed_tool_use", "malformed_model_output"})
 
 
 def map_finish_reason(raw: str | None, has_tool_calls: bool) -> FinishReason:
-    """Digest §4.4, plus Bedrock's filter/malformed/context reasons; anything unknown follows the tool calls."""
+    """Bedrock's stop reasons, including filter/malformed/context ones; anything unknown follows the tool calls."""
     mapped = _FINISH.get(raw or "")
     if mapped is not None:
         return mapped
@@ -223,7 +223,7 @@ def build_request(request: StepRequest) -> dict[str, Any]:
 
 
 def fallback_tool_id() -> str:
-    """Digest §12: `tool_<epoch-ms>_<up to 9 base36 chars>` when a toolUse arrives without an id."""
+    """`tool_<epoch-ms>_<up to 9 base36 chars>` when a toolUse arrives without an id (unique within a turn)."""
     alphabet = string.digits + string.ascii_lowercase
     return f"tool_{int(time.time() * 1000)}_{''.join(random.choices(alphabet, k=9))}"
 

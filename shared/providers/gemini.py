@@ -1,4 +1,4 @@
-"""The Gemini adapter (google-genai; AI Studio and Vertex AI), after seed 001 §9-10.
+"""The Gemini adapter (google-genai; AI Studio and Vertex AI).
 
 One `stream_step` = one `generate_content_stream` call through the official SDK's sync client,
 configured only by the SDK's standard environment (`GOOGLE_API_KEY` / `GEMINI_API_KEY`,
@@ -35,7 +35,7 @@ from stepq.providers.gemini_wire import PROVIDER, StreamParser, map_finish_reaso
 if TYPE_CHECKING:
     from stepq.agents import AgentDefinition
 
-DEFAULT_TOOL_MAX_RETRIES = 2  # digest §12: the failure-strike breaker is on for Gemini
+DEFAULT_TOOL_MAX_RETRIES = 2  # Gemini tends to repeat a failing call: the failure-strike breaker is on
 MALFORMED_FINISH = "MALFORMED_FUNCTION_CALL"
 MALFORMED_NOTE = "Your previous function call was malformed. Please retry with valid arguments."
 DEFAULT_STALL_S = 60.0

@@ -35,7 +35,7 @@ from stepq.providers.gemini_schema import wire_name
 
 PROVIDER = "gemini"
 
-# --------------------------------------------------------------------------- finish reasons (digest §9.3)
+# --------------------------------------------------------------------------- finish reasons
 
 FINISH_MAP: dict[str, FinishReason] = {
     "STOP": FinishReason.STOP,
@@ -144,7 +144,7 @@ def _model_parts(message: AssistantMessage, call_ids: dict[str, str]) -> list[ty
 
 
 def tool_response(result: ToolResult) -> dict[str, Any]:
-    """`functionResponse.response`: {"output": ...} for a result, {"error": "..."} for a failure (digest §9)."""
+    """`functionResponse.response`: {"output": ...} for a result, {"error": "..."} for a failure."""
     if not result.is_error:
         return {"output": result.output}
     output = result.output
