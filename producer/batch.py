@@ -18,7 +18,6 @@ from typing import IO, Any, cast
 
 from stepq.batch import (
     BatchItem,
-    Prices,
     check_batch_id,
     derive_batch_id,
     item_idempotency_key,
@@ -125,7 +124,7 @@ class BatchRunner:
         self.progress_stream = progress_stream
         self.in_flight: dict[str, str] = {}  # turn id -> item key
         self._last_render = 0.0
-        self._prices = {k: Prices.model_validate(v) for k, v in client.settings.prices.items()}
+        self._prices = client.settings.prices  # validated at start (STEPQ_PRICES)
 
     def run(self, items: list[ItemLine], skip: dict[str, str]) -> Progress:
         progress = Progress(total=len(items))

@@ -21,9 +21,9 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from pydantic import ValidationError
 
 from stepq.config import Settings
+from stepq.config import load_settings as settings_from_env
 from stepq.embedded import local_worker, with_demo_agents
 from stepq.errors import ApprovalError, StepqError, SubmitError, TurnNotFoundError
 from stepq.logging import configure_logging
@@ -46,12 +46,10 @@ class UsageError(Exception):
 
 
 def load_settings() -> Settings:
-    """The environment's settings; the embedded mode also loads the bundled demo agents."""
-    try:
-        settings = Settings()
-    except ValidationError as exc:  # name the variable, never echo its value (it may be a secret)
-        problems = "; ".join(f"STEPQ_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
-        raise UsageError(f"invalid configuration: {problems}") from None
+    """The environment's settings; the embedded mode also loads the bundled demo agents.
+
+    A bad value raises ConfigurationError naming the variable: one line, exit 2."""
+    settings = settings_from_env()
     return with_demo_agents(settings) if settings.embedded else settings
 
 

@@ -106,13 +106,3 @@ def result_line(item_key: str, state: TurnState) -> dict[str, Any]:
         "error": state.error,
         "usage": state.usage.model_dump(exclude_none=True),
     }
-
-
-class Prices(BaseModel):
-    """Per-model prices, in currency units per million tokens."""
-
-    input_per_mtok: float = 0.0
-    output_per_mtok: float = 0.0
-
-    def cost(self, input_tokens: int, output_tokens: int) -> float:
-        return (input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok) / 1_000_000

@@ -1,17 +1,41 @@
-"""Runtime configuration from `STEPQ_*` environment variables.
+"""Runtime configuration from `STEPQ_*` environment variables, validated when a process starts.
 
 One `Settings` object is read per process; tests and the demo pass their own
-instance instead of mutating the environment.
+instance instead of mutating the environment. Every entry point (the CLI, the
+Celery app a worker or beat loads, `Client()`) reads the environment through
+`load_settings()`, so a bad value stops the process at start with one line naming
+the variable and the problem, instead of surfacing later inside a running step.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from typing import Annotated, Any
 
-from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
+
+from stepq.errors import ConfigurationError
+from stepq.ratelimit import RateLimit
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+# Values never echoed in an error message (the variable is named, the value is not).
+SECRET_SETTINGS = frozenset({"approval_secret", "approval_old_secrets", "jwt_secret", "api_keys"})
+
+
+class Prices(BaseModel):
+    """One model's prices in `STEPQ_PRICES`, in currency units per million tokens."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_per_mtok: float = Field(default=0.0, ge=0)
+    output_per_mtok: float = Field(default=0.0, ge=0)
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok) / 1_000_000
 
 
 class Settings(BaseSettings):
@@ -19,53 +43,55 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="STEPQ_", extra="ignore")
 
-    redis_url: str | None = None
-    broker_url: str | None = None
+    redis_url: str | None = None  # redis://, rediss:// or unix://; unset: embedded mode
+    broker_url: str | None = None  # any Celery broker URL; unset: redis_url
     key_prefix: str = "stepq"
     agent_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     approval_secret: SecretStr | None = None
     approval_old_secrets: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
-    approval_ttl_s: float = 3600.0
+    approval_ttl_s: float = Field(default=3600.0, gt=0)
 
     provider: str | None = None
     model: str | None = None
 
     # Celery / durability
-    visibility_timeout_s: int = 3600
-    lease_ttl_s: float = 30.0
-    sweep_interval_s: float = 10.0
-    reschedule_countdown_s: float | None = None  # default: lease_ttl_s / 2
-    queue: str = "stepq"
+    redis_outage_s: float = Field(default=60.0, ge=0)  # how long Redis calls retry through an outage before failing
+    redis_socket_timeout_s: float = Field(default=10.0, gt=0)  # per Redis read/write; a stalled call then retries
+    visibility_timeout_s: int = Field(default=3600, ge=1)
+    lease_ttl_s: float = Field(default=30.0, gt=0)
+    sweep_interval_s: float = Field(default=10.0, gt=0)
+    reschedule_countdown_s: float | None = Field(default=None, ge=0)  # default: lease_ttl_s / 2
+    queue: str = Field(default="stepq", min_length=1)
     broker_transport_options: dict[str, Any] = Field(default_factory=dict)
-    rate_limits: dict[str, Any] = Field(
-        default_factory=dict
-    )  # {"provider/model" | "provider": {rpm, tpm, concurrency}}
-    prices: dict[str, Any] = Field(default_factory=dict)  # {"provider/model": {input_per_mtok, output_per_mtok}}
-    queued_grace_s: float = 300.0  # a queued turn untouched this long is presumed to have lost its message
+    # JSON {"provider/model" | "provider": {rpm, tpm, concurrency, ...}}; an agent's own rate_limit wins
+    rate_limits: dict[str, RateLimit] = Field(default_factory=dict)
+    prices: dict[str, Prices] = Field(default_factory=dict)  # JSON {"provider/model": {input_per_mtok, ...}}
+    queued_grace_s: float = Field(default=300.0, gt=0)  # a queued turn untouched this long lost its message
     beat: bool = True  # `stepq worker` runs the sweeper's schedule unless --no-beat
-    memory_polling_interval_s: float = 0.01
+    memory_polling_interval_s: float = Field(default=0.01, gt=0)
 
     # Observability
-    metrics_port: int = 9464  # each worker serves /metrics here; 0 disables
+    metrics_port: int = Field(default=9464, ge=0, le=65535)  # each worker serves /metrics here; 0 disables
     metrics_host: str = "0.0.0.0"
     log_json: bool = False  # one JSON object per log line
 
     # Retry before the first chunk
-    retry_base_s: float = 1.0
-    retry_cap_s: float = 30.0
-    retry_max_attempts: int = 5
+    retry_base_s: float = Field(default=1.0, ge=0)
+    retry_cap_s: float = Field(default=30.0, ge=0)
+    retry_max_attempts: int = Field(default=5, ge=0)
 
     # Streams
-    coalesce_window_ms: float = 10.0
-    event_ttl_s: int = 24 * 3600
-    event_maxlen: int = 100_000
-    cancel_poll_s: float = 0.05
+    coalesce_window_ms: float = Field(default=10.0, ge=0)
+    event_ttl_s: int = Field(default=24 * 3600, ge=1)  # a finished turn's state and events are kept this long
+    thread_ttl_s: int = Field(default=30 * 24 * 3600, ge=1)  # a thread outlives its turns; renewed on each use
+    event_maxlen: int = Field(default=100_000, ge=1)
+    cancel_poll_s: float = Field(default=0.05, gt=0)
 
     # Input limits
-    max_prompt_chars: int = 200_000
-    max_messages: int = 500
-    max_tool_result_chars: int = 20_000
+    max_prompt_chars: int = Field(default=200_000, ge=1)
+    max_messages: int = Field(default=500, ge=1)
+    max_tool_result_chars: int = Field(default=20_000, ge=1)
 
     # HTTP gateway (`stepq serve`); with no API keys and no JWT settings it starts only with --insecure-dev
     api_keys: list[dict[str, Any]] = Field(default_factory=list)  # JSON: [{sha256, tenant, subject, scopes}]
@@ -82,6 +108,33 @@ class Settings(BaseSettings):
     gateway_rate_limit_rpm: int = Field(default=600, ge=0)  # per credential; 0 turns it off
     gateway_keepalive_s: float = Field(default=15.0, gt=0, le=15.0)
     gateway_redis_pool: int = Field(default=16, ge=2)  # async connections besides the one pub/sub connection
+    gateway_chat_agent: str | None = None  # POST /v1/chat's agent when the request names none
+
+    @field_validator("redis_url", "broker_url", mode="before")
+    @classmethod
+    def _check_url(cls, value: object, info: ValidationInfo) -> object:
+        if not isinstance(value, str):
+            return value
+        value = value.strip()
+        if not value:
+            return None  # set but empty: the same as unset
+        shown = _without_password(value)
+        scheme, sep, _ = value.partition("://")
+        if not sep or not scheme:
+            example = (
+                "redis://host:port/db" if info.field_name == "redis_url" else "redis://host:port/db or amqp://host"
+            )
+            raise ValueError(f"{shown!r} has no scheme; use {example}")
+        if info.field_name == "redis_url" and scheme.lower() not in REDIS_SCHEMES:
+            raise ValueError(f"{shown!r}: the scheme must be redis://, rediss:// or unix://")
+        return value
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        if not value or re.search(r"[\s{}]", value):
+            raise ValueError(f"{value!r}: a key prefix is non-empty, without spaces or braces")
+        return value
 
     @field_validator("agent_modules", mode="before")
     @classmethod
@@ -136,7 +189,53 @@ class Settings(BaseSettings):
         return max(self.lease_ttl_s / 2, 0.05)
 
 
+def load_settings() -> Settings:
+    """Settings from the environment, or ConfigurationError with one line naming each bad variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise ConfigurationError("; ".join(_describe(e) for e in exc.errors())) from None
+    except SettingsError as exc:  # a JSON-valued variable that is not JSON (pydantic-settings decodes those)
+        raise ConfigurationError(_describe_undecodable(exc)) from None
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process-wide settings, read once from the environment."""
-    return Settings()
+    """The process-wide settings, read once from the environment (see `load_settings`)."""
+    return load_settings()
+
+
+def _variable(field: str) -> str:
+    return f"STEPQ_{field.upper()}"
+
+
+def _describe(error: ErrorDetails) -> str:
+    field, *inside = (str(part) for part in error["loc"])
+    where = _variable(field) + "".join(f": {part}" for part in inside)
+    if error["type"] == "value_error":  # our own validators: the message already says it all
+        return f"{where}: {error['ctx']['error']}"
+    if error["type"] == "extra_forbidden":
+        return f"{where}: unknown field"
+    message = error["msg"][:1].lower() + error["msg"][1:]
+    value = error.get("input")
+    if field not in SECRET_SETTINGS and isinstance(value, str | int | float) and len(str(value)) <= 80:
+        message += f" (got {value!r})"
+    return f"{where}: {message}"
+
+
+def _describe_undecodable(exc: SettingsError) -> str:
+    found = re.search(r'field "(\w+)"', str(exc))
+    where = _variable(found.group(1)) if found else "a STEPQ_ variable"
+    cause = exc.__cause__
+    if isinstance(cause, json.JSONDecodeError):
+        return f"{where}: not valid JSON ({cause.msg} at line {cause.lineno} column {cause.colno})"
+    return f"{where}: {cause or exc}"
+
+
+def _without_password(url: str) -> str:
+    """The URL as it may appear in an error message: any user:password part masked."""
+    head, at, host = url.rpartition("@")
+    if not at:
+        return url
+    scheme, sep, _ = head.partition("://")
+    return f"{scheme}://***@{host}" if sep else f"***@{host}"

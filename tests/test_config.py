@@ -1,10 +1,18 @@
-"""Settings round-trip through the environment (how workers and the CLI get the producer's settings)."""
+"""Settings round-trip through the environment (how workers and the CLI get the producer's settings),
+and a bad value stops every entry point at start with one line naming the variable."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from stepq.config import Settings
+from stepq.config import Settings, get_settings, load_settings
+from stepq.errors import ConfigurationError
+from stepq.ratelimit import RateLimit
 
 
 def test_to_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,3 +42,137 @@ def test_comma_separated_modules_and_embedded_default(monkeypatch: pytest.Monkey
     settings = Settings()
     assert settings.agent_modules == ["x.y", "z"]
     assert settings.embedded and settings.effective_broker_url == "memory://"
+
+
+# --------------------------------------------------------------------------- validated at start, in one line
+
+# (variable, value, what the one line must say). Each value is wrong in a different way.
+BAD_VALUES = [
+    pytest.param("STEPQ_RATE_LIMITS", '{"anthropic": {"rpm": 5', "not valid JSON", id="rate-limits-bad-json"),
+    pytest.param("STEPQ_LEASE_TTL_S", "-5", "greater than 0 (got '-5')", id="negative-ttl"),
+    pytest.param(
+        "STEPQ_REDIS_URL",
+        "localhost:6379",
+        "'localhost:6379' has no scheme; use redis://host:port/db",
+        id="redis-url-without-scheme",
+    ),
+]
+
+
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in list(os.environ):
+        if key.startswith("STEPQ_"):
+            monkeypatch.delenv(key)
+
+
+def one_line_error(monkeypatch: pytest.MonkeyPatch, **env: str) -> str:
+    clean_env(monkeypatch)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert "\n" not in message and "pydantic" not in message.lower() and "validation error" not in message
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__  # no chained traceback
+    return message
+
+
+@pytest.mark.parametrize(("variable", "value", "expected"), BAD_VALUES)
+def test_a_bad_value_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, expected: str
+) -> None:
+    message = one_line_error(monkeypatch, **{variable: value})
+    assert message.startswith(f"{variable}: ") and expected in message
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"STEPQ_RATE_LIMITS": '{"anthropic": {"rpm": -1}}'}, "STEPQ_RATE_LIMITS: anthropic: rpm: input should be"),
+        ({"STEPQ_RATE_LIMITS": '{"anthropic": {"rmp": 5}}'}, "STEPQ_RATE_LIMITS: anthropic: rmp: unknown field"),
+        ({"STEPQ_RATE_LIMITS": '["anthropic"]'}, "STEPQ_RATE_LIMITS: input should be a valid dictionary"),
+        ({"STEPQ_PRICES": '{"a/b": {"input_per_mtok": "cheap"}}'}, "STEPQ_PRICES: a/b: input_per_mtok: input should"),
+        ({"STEPQ_PRICES": '{"a/b": {"input_per_mtk": 3}}'}, "STEPQ_PRICES: a/b: input_per_mtk: unknown field"),
+        ({"STEPQ_EVENT_TTL_S": "0"}, "STEPQ_EVENT_TTL_S: input should be greater than or equal to 1"),
+        ({"STEPQ_APPROVAL_TTL_S": "-1"}, "STEPQ_APPROVAL_TTL_S: input should be greater than 0"),
+        ({"STEPQ_METRICS_PORT": "70000"}, "STEPQ_METRICS_PORT: input should be less than or equal to 65535"),
+        ({"STEPQ_BEAT": "sometimes"}, "STEPQ_BEAT: input should be a valid boolean"),
+        ({"STEPQ_REDIS_URL": "http://cache:6379"}, "STEPQ_REDIS_URL: 'http://cache:6379': the scheme must be redis://"),
+        ({"STEPQ_BROKER_URL": "rabbit:5672"}, "STEPQ_BROKER_URL: 'rabbit:5672' has no scheme"),
+        ({"STEPQ_KEY_PREFIX": "my app"}, "STEPQ_KEY_PREFIX: 'my app': a key prefix is non-empty"),
+        (
+            {"STEPQ_BROKER_TRANSPORT_OPTIONS": "{visibility_timeout: 5}"},
+            "STEPQ_BROKER_TRANSPORT_OPTIONS: not valid JSON",
+        ),
+    ],
+)
+def test_each_kind_of_bad_value(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str) -> None:
+    assert expected in one_line_error(monkeypatch, **env)
+
+
+def test_every_bad_variable_is_named_on_the_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = one_line_error(monkeypatch, STEPQ_LEASE_TTL_S="-1", STEPQ_QUEUED_GRACE_S="0", STEPQ_MAX_MESSAGES="x")
+    assert all(v in message for v in ("STEPQ_LEASE_TTL_S", "STEPQ_QUEUED_GRACE_S", "STEPQ_MAX_MESSAGES"))
+
+
+def test_passwords_and_secrets_are_never_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = one_line_error(monkeypatch, STEPQ_REDIS_URL="admin:hunter2@cache:6379/0")
+    assert "hunter2" not in message and "STEPQ_REDIS_URL: '***@cache:6379/0' has no scheme" in message
+    message = one_line_error(monkeypatch, STEPQ_REDIS_URL="http://admin:hunter2@cache:6379")
+    assert "hunter2" not in message and "http://***@cache:6379" in message
+    message = one_line_error(monkeypatch, STEPQ_API_KEYS='[{"sha256": "s3cr3t-hash"')
+    assert "s3cr3t" not in message and message.startswith("STEPQ_API_KEYS: not valid JSON")
+
+
+def test_rate_limits_and_prices_are_typed(monkeypatch: pytest.MonkeyPatch) -> None:
+    clean_env(monkeypatch)
+    monkeypatch.setenv("STEPQ_RATE_LIMITS", '{"anthropic/claude": {"rpm": 5, "concurrency": 2}, "gemini": {"tpm": 9}}')
+    monkeypatch.setenv("STEPQ_PRICES", '{"anthropic/claude": {"input_per_mtok": 3, "output_per_mtok": 15}}')
+    monkeypatch.setenv("STEPQ_REDIS_URL", "")  # set but empty: embedded, as if unset
+    settings = load_settings()
+    assert settings.rate_limits == {
+        "anthropic/claude": RateLimit(rpm=5, concurrency=2),
+        "gemini": RateLimit(tpm=9),
+    }
+    assert settings.prices["anthropic/claude"].cost(1_000_000, 2_000_000) == pytest.approx(33.0)
+    assert settings.embedded
+
+
+def test_client_refuses_a_bad_environment_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepq.producer.client import Client
+
+    get_settings.cache_clear()
+    try:
+        clean_env(monkeypatch)
+        monkeypatch.setenv("STEPQ_REDIS_URL", "localhost:6379")
+        with pytest.raises(ConfigurationError, match=r"^STEPQ_REDIS_URL: 'localhost:6379' has no scheme"):
+            Client()
+    finally:
+        get_settings.cache_clear()
+
+
+# --------------------------------------------------------------------------- every entry point, as a user runs it
+
+BIN = Path(sys.executable).parent
+ENTRY_POINTS = [
+    pytest.param([str(BIN / "stepq"), "status"], "stepq: error: ", 2, id="stepq-status"),
+    pytest.param([str(BIN / "stepq"), "run", "demo.support", "hi"], "stepq: error: ", 2, id="stepq-run"),
+    pytest.param([str(BIN / "stepq"), "worker"], "stepq: error: ", 2, id="stepq-worker"),
+    pytest.param([str(BIN / "stepq"), "batch", "status", "b-1"], "stepq: error: ", 2, id="stepq-batch-status"),
+    pytest.param([str(BIN / "celery"), "-A", "stepq.workers.celery_app", "worker"], "error: ", 2, id="celery-worker"),
+    pytest.param([str(BIN / "celery"), "-A", "stepq.workers.celery_app", "beat"], "error: ", 2, id="celery-beat"),
+]
+
+
+@pytest.mark.parametrize(("argv", "prefix", "code"), ENTRY_POINTS)
+@pytest.mark.parametrize(("variable", "value", "expected"), BAD_VALUES)
+def test_every_entry_point_stops_at_start_with_one_line(
+    tmp_path: Path, argv: list[str], prefix: str, code: int, variable: str, value: str, expected: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    env[variable] = value
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == code, done.stderr
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith(f"{prefix}{variable}: ") and expected in lines[0]

@@ -370,7 +370,7 @@ class StepRunner:
         configured = self.rt.settings.rate_limits
         for key in (scope, state.provider):
             if key in configured:
-                return key, RateLimit.model_validate(configured[key])
+                return key, configured[key]
         return scope, RateLimit()
 
     def _dispatcher(
