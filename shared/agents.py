@@ -37,10 +37,12 @@ OUTPUT_TOOL_DESCRIPTION = (
 class StopWhen(BaseModel):
     """One stop condition: after `step_count` steps, or after a step that called `has_tool_call`."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     step_count: int | None = Field(default=None, ge=1)
+    """End the turn (finish reason `tool-calls`) once this many steps have run their tools."""
     has_tool_call: str | None = None
+    """End the turn after the step in which the model called this tool (e.g. `hand_over`), once it ran."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StopWhen:
@@ -50,19 +52,29 @@ class StopWhen(BaseModel):
 
 
 class Budget(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Spending caps for one turn; crossing one ends the turn with finish reason `budget`."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     max_tool_calls: int | None = Field(default=None, ge=0)
+    """Most tool calls over the whole turn; a step that would exceed it ends the turn instead."""
     max_wall_clock_s: float | None = Field(default=None, gt=0)
+    """Seconds since the turn's first step started, checked before each step (approval waits count)."""
     max_tokens: int | None = Field(default=None, ge=1)
+    """Most input plus output tokens over the whole turn, checked after each step."""
 
 
 class LoopConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """How long an agent's loop may run. A caller's `LoopOverrides` may only tighten it."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     max_steps: int = Field(default=10, ge=1, le=1000)
+    """Most model calls in one turn; reaching it ends the turn with finish reason `max-steps`."""
     stop_when: list[StopWhen] = Field(default_factory=list)
+    """Extra stop conditions; the first one met ends the turn."""
     budget: Budget = Field(default_factory=Budget)
+    """Caps on tool calls, wall-clock time and tokens."""
 
     def limits(self) -> LoopLimits:
         step_counts = [s.step_count for s in self.stop_when if s.step_count is not None]
@@ -77,32 +89,66 @@ class LoopConfig(BaseModel):
 
 
 class AgentDefinition(BaseModel):
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    """An agent: a module-level instance in a module listed in STEPQ_AGENT_MODULES is loaded by id.
+
+    It is checked when its module loads (tool names, output schema, what its provider can take),
+    so a bad definition fails at start, never inside a running turn.
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True)
 
     id: str
+    """`<module>.<name>`, lowercase with underscores: what callers submit to."""
     description: str = ""
+    """For people (the CLI, the gateway's agent list); the model never sees it."""
     system_prompt: str = ""
+    """The system message of every step."""
     allowed_tools: list[str] = Field(default_factory=list)
+    """Whitelist of tool names (registered with `@tool`) the model may be shown; nothing else is."""
     read_only: bool = True
+    """True hides every mutation or destructive tool from the model, whatever `allowed_tools` says."""
     mutation_policy: MutationPolicy = "confirm-required"
+    """With writes allowed: `confirm-required` gates every mutation tool on a person's approval,
+    `destructive-confirm-required` gates mutation and destructive tools, `read-only` hides writes."""
     required_features: list[str] = Field(default_factory=list)
+    """Features a caller must pass at submit (`features=[...]`); a caller without them is refused."""
     execution_mode: ExecutionMode = "chat"
-    output: Any = None  # a pydantic model class or a JSON schema dict (object mode)
+    """`chat` answers with text; `object` answers with one JSON value validated against `output`."""
+    output: Any = None
+    """Object mode: a pydantic model class or a JSON schema dict the answer must match."""
     output_repairs: int = Field(default=1, ge=0, le=5)
+    """Object mode: repair steps allowed after an invalid answer (each names what was wrong)."""
     default_provider: str | None = None
+    """Provider when the caller chooses none (`anthropic`, `anthropic-vertex`, `gemini`, `bedrock`,
+    `scripted`); unset falls back to STEPQ_PROVIDER, or `scripted` when the agent has a `script`."""
     default_model: str | None = None
+    """Model when the caller chooses none (`provider/model` sets both); unset falls back to STEPQ_MODEL."""
     loop: LoopConfig = Field(default_factory=LoopConfig)
+    """Step limit, stop conditions and budget."""
     allow_runtime_override: bool = False
+    """Whether a caller may choose the provider and model per turn."""
     retry_after_emission: bool = False
+    """Retry a failed model call even after it streamed content (subscribers see a `step-reset`);
+    by default only failures before the first chunk are retried."""
     tool_failure_breaker: int | None = Field(default=None, ge=1)
+    """Failures after which a tool is blocked for the rest of the turn (`permanently_failed`);
+    unset uses the provider's preference (on for Gemini and Anthropic on Vertex, off otherwise)."""
     max_output_tokens: int | None = None
+    """Cap on one model call's output tokens (provider default when unset)."""
     temperature: float | None = None
+    """Sampling temperature (provider default when unset)."""
     stop_sequences: list[str] = Field(default_factory=list)
+    """Strings that end a model call's output."""
     approval_ttl_s: float | None = None
-    provider_options: dict[str, Any] = Field(default_factory=dict)  # e.g. {"thinking_budget": 2048}
-    rate_limit: RateLimit | None = None  # overrides STEPQ_RATE_LIMITS for this agent's provider/model
+    """How long this agent's approvals stay open before they resolve as a denial (default STEPQ_APPROVAL_TTL_S)."""
+    provider_options: dict[str, Any] = Field(default_factory=dict)
+    """Provider-specific options, e.g. `{"thinking_budget": 2048}` (see docs/providers/)."""
+    rate_limit: RateLimit | None = None
+    """Fleet-wide limit for this agent's provider/model; overrides STEPQ_RATE_LIMITS."""
     priority: Literal["interactive", "batch"] = "interactive"
-    script: list[ScriptStep] | None = None  # for the offline `scripted` provider
+    """`batch` sends this agent's turns to the batch queue, which workers drain after interactive turns."""
+    script: list[ScriptStep] | None = None
+    """The offline `scripted` provider's steps: step N of a turn plays `script[N]` (the last repeats)."""
 
     @field_validator("id")
     @classmethod
