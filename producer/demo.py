@@ -14,7 +14,7 @@ import sys
 from contextlib import AbstractContextManager, nullcontext
 from typing import TextIO
 
-from stepq.config import Settings
+from stepq.config import Settings, load_settings
 from stepq.embedded import local_worker, with_demo_agents
 from stepq.models import Event, EventType, TurnResult, TurnStatus, UserMessage
 from stepq.producer.client import Client
@@ -126,7 +126,7 @@ class ExtractTour(Tour):
 
 
 def run_demo(settings: Settings | None = None, out: TextIO | None = None) -> int:
-    settings = with_demo_agents(settings or Settings())
+    settings = with_demo_agents(settings or load_settings())
     out = out or sys.stdout
     worker: AbstractContextManager[None] = local_worker(settings) if settings.embedded else nullcontext()
     with worker:
