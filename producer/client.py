@@ -18,7 +18,7 @@ from typing import Any
 
 from celery import Celery
 
-from stepq import embedded
+from stepq import embedded, threads
 from stepq.config import Settings, get_settings
 from stepq.errors import ApprovalError, NoWorkerError, TurnNotFoundError
 from stepq.models import Event, EventType, TurnResult, TurnState
@@ -260,6 +260,47 @@ class Client:
             return
         self.runtime.turns.request_cancel(turn_id)
         self._send_step(turn_id, state.step, state.priority)
+
+    # ------------------------------------------------------------------ threads
+
+    def create_thread(self, agent: str, *, metadata: dict[str, Any] | None = None, tenant: str = "") -> threads.Thread:
+        """Start a conversation with `agent`; its transcript stays server-side for STEPQ_THREAD_TTL_S."""
+        return threads.create_thread(self.runtime, agent, tenant=tenant, metadata=metadata)
+
+    def get_thread(self, thread_id: str, *, tenant: str | None = None) -> threads.Thread:
+        """The thread's transcript and turns (ThreadNotFoundError when unknown, expired or, given `tenant`,
+        another tenant's)."""
+        return threads.get_thread(self.runtime, thread_id, tenant=tenant)
+
+    def continue_thread(
+        self,
+        thread_id: str,
+        *,
+        prompt: str | None = None,
+        messages: list[Any] | None = None,
+        multitask: threads.Multitask | str = threads.Multitask.REJECT,
+        tenant: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        features: list[str] | None = None,
+    ) -> TurnHandle:
+        """The thread's next turn: the model sees the thread's transcript, then these messages. While a turn
+        of the thread runs, `multitask` says what happens: `reject` (ThreadBusyError), `enqueue` (run after
+        it) or `interrupt` (cancel it at its next step boundary, then run this one)."""
+        continued = threads.continue_thread(
+            self.runtime,
+            thread_id,
+            prompt=prompt,
+            messages=messages,
+            multitask=multitask,
+            tenant=tenant,
+            metadata=metadata,
+            features=features,
+        )
+        for turn_id in continued.send:
+            self._send_step(turn_id, 0, continued.state.priority)
+        if continued.interrupt is not None:
+            self.cancel(continued.interrupt)
+        return TurnHandle(self, continued.state.turn_id)
 
     # ------------------------------------------------------------------ approvals
 

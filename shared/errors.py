@@ -12,6 +12,8 @@ them all. The tree (a second base in brackets keeps older `except ValueError` co
     │   ├── MissingFeaturesError
     │   └── OverrideError           a caller override tried to widen the agent's loop
     ├── TurnNotFoundError [LookupError]
+    ├── ThreadNotFoundError [LookupError]  unknown, expired, or another tenant's
+    ├── ThreadBusyError              a turn of the thread is running and the policy is `reject`
     ├── EventCursorError [ValueError]    an events cursor is negative, not a number, or past the end
     ├── NoWorkerError [TimeoutError] embedded mode: no worker in this process serves the turn
     ├── ApprovalError               a decision was refused; `.code` is an `ApprovalRefusal`
@@ -72,6 +74,18 @@ class TurnNotFoundError(StepqError, LookupError):
 
 class EventCursorError(StepqError, ValueError):
     """An events cursor (`after=`) that is not a seq of the turn: negative, not an integer, or past its end."""
+
+
+class ThreadNotFoundError(StepqError, LookupError):
+    """No such thread: never created, expired after its TTL, or another tenant's (the same answer)."""
+
+
+class ThreadBusyError(StepqError):
+    """A turn of the thread is still running and the double-texting policy is `reject`."""
+
+    def __init__(self, message: str, running_turn_id: str) -> None:
+        super().__init__(message)
+        self.running_turn_id = running_turn_id
 
 
 class NoWorkerError(StepqError, TimeoutError):

@@ -19,6 +19,7 @@ from stepq.store.connection import get_redis
 from stepq.store.events import EventLog
 from stepq.store.keys import Keys
 from stepq.store.leases import LeaseManager
+from stepq.store.threads import ThreadStore
 from stepq.store.tool_results import ToolResultStore
 from stepq.store.turns import TurnStore
 
@@ -35,6 +36,7 @@ class Runtime:
     leases: LeaseManager
     tool_results: ToolResultStore
     approvals: ApprovalStore
+    threads: ThreadStore
     agents: AgentRegistry
     limiter: RateLimiter
     _signer: ApprovalSigner | None = field(default=None, repr=False)
@@ -55,6 +57,7 @@ class Runtime:
             leases=LeaseManager(client, keys, settings.lease_ttl_s, settings.cancel_poll_s),
             tool_results=ToolResultStore(client, keys),
             approvals=ApprovalStore(client, keys, settings.event_ttl_s),
+            threads=ThreadStore(client, keys, settings.thread_ttl_s),
             agents=agents,
             limiter=RateLimiter(client, keys, hold_ttl_s=max(settings.lease_ttl_s * 4, 300.0)),
         )

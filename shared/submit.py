@@ -117,7 +117,7 @@ def _unknown_field(raw: Any, parsed: Any, loc: str) -> str | None:
     return None
 
 
-def create_turn(
+def new_turn_state(
     rt: Runtime,
     agent_id: str,
     *,
@@ -130,8 +130,8 @@ def create_turn(
     model: str | None = None,
     loop: LoopOverrides | dict[str, Any] | None = None,
     priority: str | None = None,
-) -> tuple[TurnState, bool]:
-    """Validate and store a turn. Returns (state, created); created is False for a repeated key."""
+) -> tuple[AgentDefinition, TurnState]:
+    """Validate a submit and build the turn it asks for, storing nothing (a thread stores its turns itself)."""
     agent = rt.agents.get(agent_id) if isinstance(agent_id, str) else None
     if agent is None:
         known = ", ".join(rt.agents.ids()) or "none loaded (set STEPQ_AGENT_MODULES)"
@@ -165,6 +165,37 @@ def create_turn(
         raise SubmitError(f"metadata is not JSON-serializable: {exc.errors()[0]['msg']}") from None
     except PydanticSerializationError as exc:
         raise SubmitError(f"metadata is not JSON-serializable: {exc}") from None
+    return agent, state
+
+
+def create_turn(
+    rt: Runtime,
+    agent_id: str,
+    *,
+    prompt: str | None = None,
+    messages: list[Any] | None = None,
+    idempotency_key: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    features: list[str] | None = None,
+    provider: str | None = None,
+    model: str | None = None,
+    loop: LoopOverrides | dict[str, Any] | None = None,
+    priority: str | None = None,
+) -> tuple[TurnState, bool]:
+    """Validate and store a turn. Returns (state, created); created is False for a repeated key."""
+    agent, state = new_turn_state(
+        rt,
+        agent_id,
+        prompt=prompt,
+        messages=messages,
+        idempotency_key=idempotency_key,
+        metadata=metadata,
+        features=features,
+        provider=provider,
+        model=model,
+        loop=loop,
+        priority=priority,
+    )
     batch_id = state.metadata.get("batch_id")
     counter = rt.keys.batch(batch_id) if isinstance(batch_id, str) else None
     existing = rt.turns.create(state, idempotency_key, counter)
@@ -177,6 +208,6 @@ def create_turn(
         state.turn_id,
         EventType.TURN_START,
         0,
-        {"agent": agent.id, "provider": chosen_provider, "model": chosen_model, "mode": agent.execution_mode},
+        {"agent": agent.id, "provider": state.provider, "model": state.model, "mode": agent.execution_mode},
     )
     return state, True

@@ -43,6 +43,8 @@ def run_step(self: Task, turn_id: str, step: int, attempt: int = 0) -> str:
         decision = StepRunner(_runtime(self)).deliver(turn_id, step)
         STEP_DELIVERIES.labels(decision.action).inc()
         _log_decision(decision)
+        for other in decision.start:  # a thread's next turn, now that this one has ended
+            _enqueue_step(self, other, 0, decision.priority)
         if decision.action == "next":
             _enqueue_step(self, turn_id, decision.step, decision.priority)
         elif decision.action == "retry":

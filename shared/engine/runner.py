@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from stepq import threads
 from stepq.agents import AgentDefinition
 from stepq.approvals import ApprovalClaim
 from stepq.batch import record_finish
@@ -78,10 +79,15 @@ class Decision:
     attempt: int = 0
     reason: str = ""
     priority: str = "interactive"  # picks the queue the next message goes to
+    start: tuple[str, ...] = ()  # other turns whose first step to send now (a thread's next turn)
 
 
 def _none(reason: str) -> Decision:
     return Decision("none", reason=reason)
+
+
+def _maybe(turn_id: str | None) -> tuple[str, ...]:
+    return (turn_id,) if turn_id else ()
 
 
 class StepRunner:
@@ -113,7 +119,9 @@ class StepRunner:
             if state is None:
                 return _none("unknown turn")
             if state.status.terminal or state.step != step:
-                return replace(_none("stale delivery"), priority=state.priority)
+                # a finish that committed but died before its thread hook: the hook runs again (idempotent)
+                start_next = threads.turn_finished(rt, state) if state.status.terminal else None
+                return replace(_none("stale delivery"), priority=state.priority, start=_maybe(start_next))
             now = time.time()
             if state.not_before and state.not_before > now + 0.05 and not start.cancel_requested:
                 return Decision(
@@ -472,6 +480,7 @@ class StepRunner:
         parked, state.parked = state.parked, None
         if not self._commit(state):
             return _none("commit lost to a concurrent writer")
+        start_next = threads.turn_finished(self.rt, state)  # before turn-finish: a reader may continue at once
         TURNS.labels(state.agent, status.value).inc()
         if parked is not None:  # cancelled while parked: its approvals no longer wait for anyone
             untrack_pending(self.rt, *[a.approval_id for a in parked.approvals])
@@ -490,7 +499,7 @@ class StepRunner:
                 "error": state.error,
             },
         )
-        return _none(f"turn {status.value}")
+        return replace(_none(f"turn {status.value}"), start=_maybe(start_next))
 
     # ------------------------------------------------------------------ retries
 

@@ -1,7 +1,10 @@
 """The offline `scripted` provider: deterministic steps carried by the agent definition.
 
 It is the demo's model and the tests' model. Step N of a turn plays `script[N]`
-(the last entry repeats once the script runs out). A step streams its text in
+(the last entry repeats once the script runs out); with the agent's
+`provider_options={"script_by": "conversation"}` it plays `script[N]` where N counts the
+assistant messages it was sent, so a conversation continued over several turns moves
+through the script. A step streams its text in
 several deltas and can inject the failures the retry rule cares about:
 `before` (an HTTP error before the stream), `in-stream` (an error event inside a
 200 stream, before content) and `after-content` (an error after partial text).
@@ -25,6 +28,7 @@ from stepq.models import (
     StepOutput,
     TextPart,
     ToolCall,
+    ToolResultMessage,
     Usage,
 )
 from stepq.providers.base import OUTPUT_TOOL, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
@@ -61,6 +65,7 @@ class ScriptStep(BaseModel):
     object: Any = None  # object mode: the final JSON answer (serialized as the step's text)
     fail: ScriptFailure | None = None
     echo_tools: bool = False  # prepend "tools: a,b" to the text: shows what the model was shown
+    echo_messages: bool = False  # prepend "saw: ..." (the transcript it was sent): shows what the model received
     fresh_call_ids: bool = False  # new tool-call ids on every call, as real providers give
     delta_chars: int = Field(default=6, ge=1)
     delta_delay_s: float = Field(default=0.0, ge=0)
@@ -68,13 +73,25 @@ class ScriptStep(BaseModel):
     input_tokens: int | None = None
     output_tokens: int | None = None
 
-    def full_text(self, tool_names: list[str]) -> str:
+    def full_text(self, tool_names: list[str], messages: list[Message] | None = None) -> str:
         text = self.text
         if self.object is not None:
             text = json.dumps(self.object)
+        if self.echo_messages:
+            text = f"saw: {' | '.join(_summary(m) for m in messages or [])}" + (f"\n{text}" if text else "")
         if self.echo_tools:
             text = f"tools: {','.join(tool_names)}" + (f"\n{text}" if text else "")
         return text
+
+
+def _summary(message: Message) -> str:
+    """One message of the transcript in a line, for `echo_messages`."""
+    if isinstance(message, AssistantMessage):
+        calls = "".join(f" call:{c.name}" for c in message.tool_calls)
+        return f"assistant:{message.text.splitlines()[-1] if message.text else ''}{calls}"
+    if isinstance(message, ToolResultMessage):
+        return "tool:" + ",".join(f"{r.name}={json.dumps(r.output, sort_keys=True)}" for r in message.results)
+    return f"{message.role}:{message.content}"
 
 
 _FINISH_MAP = {
@@ -122,7 +139,10 @@ class ScriptedAdapter(ProviderAdapter):
         self.script = script
 
     def stream_step(self, request: StepRequest, emit: Emit, should_stop: ShouldStop) -> StepOutput:
-        step = self.script[min(request.step, len(self.script) - 1)]
+        position = request.step
+        if request.options.get("script_by") == "conversation":
+            position = sum(isinstance(m, AssistantMessage) for m in request.messages)
+        step = self.script[min(position, len(self.script) - 1)]
         failing = step.fail is not None and request.attempt < step.fail.times
         if failing and step.fail is not None and step.fail.when in ("before", "in-stream"):
             _raise(step.fail)
@@ -136,7 +156,7 @@ class ScriptedAdapter(ProviderAdapter):
         native = step.object is not None and any(t.name == OUTPUT_TOOL for t in request.tools)
         if native:  # answer through the output tool, streaming the object's JSON as object deltas
             return self._native_object(request, step, emit, should_stop, parts)
-        text = step.full_text([t.name for t in request.tools])
+        text = step.full_text([t.name for t in request.tools], request.messages)
         chunks = _chunks(text, step.delta_chars)
         emitted: list[str] = []
         for index, chunk in enumerate(chunks):

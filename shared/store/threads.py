@@ -1,0 +1,187 @@
+"""Thread state in Redis: a conversation's transcript, its turns, the one running now and those waiting.
+
+A thread runs one turn at a time. Each transition is one Lua script, so two producers double-texting
+the same thread, or a finish racing a new message, can never both start a turn:
+
+- `create`:   the thread record, with its own TTL (refreshed by every later transition).
+- `submit`:   store a new turn of the thread; start it when the thread is idle (its transcript is put in
+              front of the new messages in the same step), else refuse it (`reject`) or queue it.
+- `finish`:   a turn of the thread ended: fold what it added into the thread's transcript and start the
+              next waiting turn, if any. Idempotent: a finish that runs again starts nothing new.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+
+from stepq.store.keys import Keys
+
+# KEYS: thread, transcript, turns, queue
+# ARGV: ttl, agent, tenant, metadata json, now
+_CREATE = """
+redis.call('HSET', KEYS[1], 'agent', ARGV[2], 'tenant', ARGV[3], 'metadata', ARGV[4],
+           'created_at', ARGV[5], 'updated_at', ARGV[5], 'running', '', 'after', '', 'base', 0)
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
+# KEYS: thread, transcript, turns, queue, turn, turn version, turn messages, active, the turn's thread input
+# ARGV: policy, turn id, turn state json, now, ttl, new messages...
+_SUBMIT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', ''} end
+local running = redis.call('HGET', KEYS[1], 'running') or ''
+if running ~= '' and ARGV[1] == 'reject' then return {'busy', running} end
+redis.call('SET', KEYS[5], ARGV[3])
+redis.call('SET', KEYS[6], '0')
+redis.call('RPUSH', KEYS[3], ARGV[2])
+local outcome
+if running == '' then
+  local transcript = redis.call('LRANGE', KEYS[2], 0, -1)
+  for i = 1, #transcript do redis.call('RPUSH', KEYS[7], transcript[i]) end
+  for i = 6, #ARGV do redis.call('RPUSH', KEYS[7], ARGV[i]) end
+  redis.call('HSET', KEYS[1], 'running', ARGV[2], 'base', #transcript)
+  redis.call('ZADD', KEYS[8], ARGV[4], ARGV[2])
+  outcome = 'started'
+else
+  for i = 6, #ARGV do redis.call('RPUSH', KEYS[9], ARGV[i]) end
+  redis.call('EXPIRE', KEYS[9], ARGV[5])
+  if ARGV[1] == 'interrupt' then redis.call('LPUSH', KEYS[4], ARGV[2]) else redis.call('RPUSH', KEYS[4], ARGV[2]) end
+  outcome = 'queued'
+end
+redis.call('HSET', KEYS[1], 'updated_at', ARGV[4])
+for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+return {outcome, running}
+"""
+
+# KEYS: thread, transcript, turns, queue, next turn's messages, next turn's thread input, active
+# ARGV: turn id, the queue head the caller expects ('' = none), ttl, now, the turn's whole transcript...
+_FINISH = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone', ''} end
+local running = redis.call('HGET', KEYS[1], 'running') or ''
+if running ~= ARGV[1] then
+  if running ~= '' and redis.call('HGET', KEYS[1], 'after') == ARGV[1] then return {'again', running} end
+  redis.call('LREM', KEYS[4], 0, ARGV[1])  -- a waiting turn that ended (cancelled) before it ran
+  return {'stale', ''}
+end
+local head = redis.call('LINDEX', KEYS[4], 0) or ''
+if head ~= ARGV[2] then return {'moved', head} end
+local base = tonumber(redis.call('HGET', KEYS[1], 'base') or '0')
+for i = 5 + base, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
+local outcome = 'idle'
+if head == '' then
+  redis.call('HSET', KEYS[1], 'running', '', 'after', ARGV[1])
+else
+  redis.call('LPOP', KEYS[4])
+  local transcript = redis.call('LRANGE', KEYS[2], 0, -1)
+  for i = 1, #transcript do redis.call('RPUSH', KEYS[5], transcript[i]) end
+  local input = redis.call('LRANGE', KEYS[6], 0, -1)
+  for i = 1, #input do redis.call('RPUSH', KEYS[5], input[i]) end
+  redis.call('DEL', KEYS[6])
+  redis.call('HSET', KEYS[1], 'running', head, 'after', ARGV[1], 'base', #transcript)
+  redis.call('ZADD', KEYS[7], ARGV[4], head)
+  outcome = 'start'
+end
+redis.call('HSET', KEYS[1], 'updated_at', ARGV[4])
+for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
+return {outcome, head}
+"""
+
+
+@dataclass(frozen=True)
+class StoredThread:
+    """A thread as stored: its record, transcript (message JSON), turn ids, and the waiting turn ids."""
+
+    thread_id: str
+    agent: str
+    tenant: str
+    metadata: dict[str, Any]
+    created_at: float
+    updated_at: float
+    running: str | None
+    messages: list[str]
+    turns: list[str]
+    queue: list[str]
+
+
+class ThreadStore:
+    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int) -> None:
+        self.client = client
+        self.keys = keys
+        self.ttl_s = ttl_s
+        self._create = client.register_script(_CREATE)
+        self._submit = client.register_script(_SUBMIT)
+        self._finish = client.register_script(_FINISH)
+
+    def _thread_keys(self, thread_id: str) -> list[str]:
+        k = self.keys
+        return [k.thread(thread_id), k.thread_messages(thread_id), k.thread_turns(thread_id), k.thread_queue(thread_id)]
+
+    def create(self, thread_id: str, agent: str, tenant: str, metadata: dict[str, Any], now: float) -> None:
+        self._create(keys=self._thread_keys(thread_id), args=[self.ttl_s, agent, tenant, json.dumps(metadata), now])
+
+    def load(self, thread_id: str) -> StoredThread | None:
+        keys = self._thread_keys(thread_id)
+        pipe = self.client.pipeline(transaction=True)  # one snapshot: every transition is one script
+        pipe.hgetall(keys[0])
+        for key in keys[1:]:
+            pipe.lrange(key, 0, -1)
+        record, messages, turns, queue = pipe.execute()
+        if not record:
+            return None
+        return StoredThread(
+            thread_id=thread_id,
+            agent=record["agent"],
+            tenant=record["tenant"],
+            metadata=json.loads(record.get("metadata") or "{}"),
+            created_at=float(record["created_at"]),
+            updated_at=float(record["updated_at"]),
+            running=record.get("running") or None,
+            messages=messages,
+            turns=turns,
+            queue=queue,
+        )
+
+    def turn_states(self, turn_ids: list[str]) -> list[str | None]:
+        """The stored state JSON of each turn (None once it expired), in one round trip."""
+        if not turn_ids:
+            return []
+        return cast(list[str | None], self.client.mget([self.keys.turn(t) for t in turn_ids]))
+
+    def submit(
+        self, thread_id: str, turn_id: str, state_json: str, policy: str, messages: list[str], now: float
+    ) -> tuple[str, str | None]:
+        """Store a turn of the thread under `policy`. Returns (outcome, the turn running before it):
+        outcome is `started`, `queued`, `busy` (refused under `reject`) or `missing` (no such thread)."""
+        k = self.keys
+        keys = [
+            *self._thread_keys(thread_id),
+            k.turn(turn_id),
+            k.version(turn_id),
+            k.messages(turn_id),
+            k.active,
+            k.thread_input(turn_id),
+        ]
+        outcome, running = self._submit(keys=keys, args=[policy, turn_id, state_json, now, self.ttl_s, *messages])
+        return outcome, running or None
+
+    def finish(self, thread_id: str, turn_id: str, messages: list[str], now: float) -> str | None:
+        """Fold the finished turn's transcript into the thread and start the next waiting turn: returns the
+        turn to send (also on a repeated finish, until that turn moves on; a repeated send is fenced)."""
+        k = self.keys
+        head = str(self.client.lindex(k.thread_queue(thread_id), 0) or "")
+        for _ in range(100):  # another producer queued or a waiting turn left between the read and the script
+            keys = [
+                *self._thread_keys(thread_id),
+                k.messages(head) if head else "",
+                k.thread_input(head) if head else "",
+                k.active,
+            ]
+            outcome, found = self._finish(keys=keys, args=[turn_id, head, self.ttl_s, now, *messages])
+            if outcome != "moved":
+                return str(found) if outcome in ("start", "again") else None
+            head = str(found)
+        raise RuntimeError(f"thread {thread_id}: its queue kept changing while turn {turn_id} finished")
