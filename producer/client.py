@@ -36,7 +36,12 @@ class ApprovalReceipt:
     request_id: str
 
     def wait(self, timeout: float = 30.0) -> bool:
-        """True when accepted; raises ApprovalError with the reason when refused."""
+        """True when the worker accepted the decision; ApprovalError (its `code` an ApprovalRefusal) when it
+        refused it.
+
+        timeout: seconds to wait for the worker's answer; TimeoutError when none came (no worker running,
+            or the `approve` task still queued).
+        """
         rt = self.client.runtime
         popped = rt.redis.blpop([rt.keys.approval_reply(self.request_id)], timeout=max(1, int(timeout + 0.999)))
         if popped is None:
@@ -49,20 +54,29 @@ class ApprovalReceipt:
 
 @dataclass(frozen=True)
 class TurnHandle:
+    """A submitted turn: `Client.events` / `wait` / `get` / `cancel` bound to its id.
+
+    `created` is False when `submit` found the turn already there (the same idempotency key).
+    """
+
     client: Client
     turn_id: str
     created: bool = True
 
     def events(self, after: int = 0, idle_timeout: float | None = None) -> Iterator[Event]:
+        """The turn's events after seq `after`, live until it finishes (see `Client.events`)."""
         return self.client.events(self.turn_id, after=after, idle_timeout=idle_timeout)
 
     def wait(self, timeout: float | None = None) -> TurnResult:
+        """Block until the turn ends and return its result (see `Client.wait`)."""
         return self.client.wait(self.turn_id, timeout=timeout)
 
     def get(self) -> TurnState:
+        """The turn's stored state now (see `Client.get`)."""
         return self.client.get(self.turn_id)
 
     def cancel(self) -> None:
+        """Stop the turn (see `Client.cancel`)."""
         self.client.cancel(self.turn_id)
 
 
@@ -157,8 +171,23 @@ class Client:
         loop: LoopOverrides | dict[str, Any] | None = None,
         priority: str | None = None,
     ) -> TurnHandle:
-        """Validate and enqueue a turn. The same idempotency key returns the same turn (and sends it if the
-        first submit died before sending it)."""
+        """Validate, store and enqueue a turn; returns its handle at once (the turn runs on a worker).
+
+        agent: an agent id (`<module>.<name>`) from a loaded agent module.
+        prompt: the user's message. Give exactly one of `prompt` and `messages`.
+        messages: the conversation so far as message dicts (`{"role": "user", "content": ...}`, assistant
+            and tool messages as in `TurnState.messages`); system messages come from the agent only.
+        idempotency_key: the same key returns the same turn instead of a new one (and sends it if the
+            first submit died before sending it); `TurnHandle.created` tells which.
+        metadata: JSON-able data carried with the turn; tools read it as `ToolContext.metadata`.
+        features: the caller's features, checked against the agent's `required_features`.
+        provider, model: choose per turn; only for agents with `allow_runtime_override=True`.
+        loop: `LoopOverrides` (or a dict of it) that tighten the agent's loop; widening is refused.
+        priority: `interactive` or `batch` (default: the agent's `priority`).
+
+        Raises SubmitError (UnknownAgentError, MissingFeaturesError, OverrideError, …) naming the
+        problem; nothing is stored then.
+        """
         state, created = create_turn(
             self.runtime,
             agent,
@@ -186,6 +215,11 @@ class Client:
         self, agent: str, items: list[dict[str, Any]], key: str | None = None
     ) -> tuple[str, list[TurnHandle]]:
         """Submit every item as a batch-priority turn keyed by (batch, item key); returns (batch id, handles).
+
+        agent: the agent id every item runs through.
+        items: `{"key": ..., "prompt" | "messages" | "input": ..., "metadata": {...}}` dicts; `key` names
+            the item within the batch.
+        key: the batch id; default: derived from the agent and the item keys.
 
         Items are `{"key": ..., "prompt"|"messages"|"input": ...}`. Submitting the same batch again
         returns the existing turns instead of creating (and paying for) new ones.
@@ -217,7 +251,15 @@ class Client:
         return state
 
     def events(self, turn_id: str, after: int = 0, idle_timeout: float | None = None) -> Iterator[Event]:
-        """Every event after `after`, once each, in order, live until the turn finishes."""
+        """Every event after seq `after`, once each, in order: the stored log, then live until the turn finishes.
+
+        turn_id: the turn to follow.
+        after: the last seq already seen (0: from the start); reconnect with the last `event.seq`.
+        idle_timeout: seconds without a new event before TimeoutError; None waits as long as the turn runs.
+
+        Raises TurnNotFoundError for an unknown turn, EventCursorError for a bad `after`, and in embedded
+        mode NoWorkerError when no worker in this process can run the turn. Event fields: docs/events.md.
+        """
         self.get(turn_id)
 
         unserved_since: list[float] = []
@@ -232,7 +274,15 @@ class Client:
         return self.runtime.events.follow(turn_id, after=after, idle_timeout=idle_timeout, is_finished=finished)
 
     def wait(self, turn_id: str, timeout: float | None = None) -> TurnResult:
-        """Block until the turn ends (or `timeout` passes: TimeoutError) and return its result."""
+        """Block until the turn ends and return its result (text or object, finish reason, usage, trace).
+
+        turn_id: the turn to wait for.
+        timeout: seconds to wait at most (TimeoutError after it); None waits as long as the turn runs.
+            A parked turn waits for its approvals: decide them from another thread or process.
+
+        Raises TurnNotFoundError for an unknown turn, and in embedded mode NoWorkerError when no worker
+        in this process can run the turn.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         pubsub = self.runtime.redis.pubsub(ignore_subscribe_messages=True)
         pubsub.subscribe(self.runtime.keys.channel(turn_id))
@@ -254,7 +304,11 @@ class Client:
             pubsub.close()
 
     def cancel(self, turn_id: str) -> None:
-        """Stop the turn: a running step stops between deltas; a queued or parked turn ends at once."""
+        """Stop the turn: a running step stops between deltas; a queued or parked turn ends at once.
+
+        turn_id: the turn; cancelling a finished turn does nothing. The turn ends `cancelled` (its
+            `turn-finish` event says so); `wait` returns that result.
+        """
         state = self.get(turn_id)
         if state.status.terminal:
             return
@@ -316,9 +370,16 @@ class Client:
     ) -> ApprovalReceipt:
         """Send a decision to the `approve` task; the worker verifies the token and decides once.
 
-        The signed token stays server-side: approval-request events do not carry it. By default it is
-        read from the pending approval's record (an operator's Client may decide any approval); pass
-        `token` only to present one you hold yourself.
+        approval_id: from the `approval-request` event (or `stepq show TURN`).
+        approved: True runs the tool; False denies it (the model reads `denied by reviewer: <reason>`).
+        reason: why, shown to the model on a denial and recorded with the decision.
+        reviewer: who decided, recorded with the decision and in the `approval-decision` event.
+        args: the arguments you approve; if given and not the requested ones, the decision is refused
+            (`changed-args`), so a reviewer never approves arguments other than those they saw.
+        token: the signed token stays server-side (approval-request events do not carry it) and is
+            read from the pending approval's record; pass one only to present a token you hold yourself.
+
+        Returns an ApprovalReceipt: `receipt.wait()` tells whether the worker accepted the decision.
         """
         if token is None:
             record = self.runtime.approvals.get(approval_id) if isinstance(approval_id, str) and approval_id else None
