@@ -122,28 +122,6 @@ class Keys:
     def generated_secret(self) -> str:
         return f"{self.prefix}:approval-secret"
 
-    # ----------------------------------------------------------------- threads
-
-    def thread(self, thread_id: str) -> str:
-        """HASH of a thread: agent, tenant, metadata, the turn it runs now and the one that ran before."""
-        return f"{self.prefix}:thread:{{{thread_id}}}"
-
-    def thread_messages(self, thread_id: str) -> str:
-        """The thread's transcript: a list of message JSON, replaced from each turn that finishes."""
-        return f"{self.thread(thread_id)}:messages"
-
-    def thread_turns(self, thread_id: str) -> str:
-        """Every turn of the thread, oldest first."""
-        return f"{self.thread(thread_id)}:turns"
-
-    def thread_queue(self, thread_id: str) -> str:
-        """Turns waiting for the running one to finish (double-texting `enqueue` / `interrupt`)."""
-        return f"{self.thread(thread_id)}:queue"
-
-    def thread_input(self, turn_id: str) -> str:
-        """A waiting thread turn's own new messages, until the thread's transcript is put in front of them."""
-        return f"{self.turn(turn_id)}:thread-input"
-
     # ----------------------------------------------------------------- fleet-wide
 
     @property
