@@ -7,6 +7,7 @@ Celery's own broker keys are named by kombu; the ones stepq reads are spelled he
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -166,6 +167,12 @@ class Keys:
     def thread_input(self, turn_id: str) -> str:
         """A waiting thread turn's own new messages, until the thread's transcript is put in front of them."""
         return f"{self.turn(turn_id)}:thread-input"
+
+    def chat(self, tenant: str, chat_id: str) -> str:
+        """STRING: the thread a chat UI's conversation id names. Clients choose chat ids, so the key is per
+        tenant (hashed: any characters, fixed length) and two tenants' equal ids never meet."""
+        digest = hashlib.sha256(f"{tenant}\x1f{chat_id}".encode()).hexdigest()
+        return f"{self.prefix}:chat:{digest}"
 
     # ----------------------------------------------------------------- batches
 

@@ -1,0 +1,332 @@
+"""The AI SDK chat protocol: what `useChat` (npm `ai` / `@ai-sdk/react`, 7.x) speaks, served unchanged.
+
+    POST /v1/chat                   DefaultChatTransport's body: {id, messages: UIMessage[], trigger, messageId}
+    GET  /v1/chat/{id}/stream       resume the chat's active answer from its start (204 when none is active)
+    GET  /v1/chat/{id}/messages     the chat so far as UIMessages (a page's initial `messages`)
+
+A chat id is a thread, created on first use and scoped to the caller's tenant (clients choose chat ids,
+so two tenants' equal ids are two threads). The agent is `?agent=` on the URL, else the body's `agent`,
+else the thread's, else STEPQ_GATEWAY_CHAT_AGENT. The last message decides what a POST does:
+
+- a user message: its text is the thread's next turn (file parts answer 415 until attachments exist);
+- an assistant message whose tool parts carry approval responses (`addToolApprovalResponse`): each is
+  decided as the caller, exactly as POST /v1/approvals/{id} does, and the answer continues in the
+  same assistant message.
+
+The answer is a UI message stream (see `ui_stream`): one assistant message per turn, id = turn id.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from stepq.errors import ThreadBusyError, ThreadNotFoundError
+from stepq.models import Event, EventType, TurnStatus
+from stepq.producer.gateway import routes_approvals, sse
+from stepq.producer.gateway.auth import Principal, require
+from stepq.producer.gateway.errors import GatewayError
+from stepq.producer.gateway.routes_turns import gateway
+from stepq.producer.gateway.service import Gateway
+from stepq.producer.gateway.streams import follow
+from stepq.producer.gateway.ui_history import ui_messages
+from stepq.producer.gateway.ui_stream import DONE, UI_STREAM_HEADERS, UIMessageTranslator, sse_frame
+from stepq.threads import Thread
+
+router = APIRouter(prefix="/v1/chat", tags=["chat"])
+
+MAX_CHAT_ID = 200
+
+
+class ChatRequest(BaseModel):
+    """DefaultChatTransport's request body. Extra fields (the app's own `body`) are allowed and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str = Field(min_length=1, max_length=MAX_CHAT_ID, description="the chat id: one thread per tenant")
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
+    messageId: str | None = None  # the AI SDK's field name
+    agent: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    approval_id: str
+    approved: bool
+    reason: str
+
+
+Agent = Annotated[str | None, Query(description="the agent answering this chat (else the body's, the thread's)")]
+
+
+@router.post(
+    "",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {}}, "description": "an AI SDK UI message stream"}},
+)
+async def chat(
+    body: ChatRequest,
+    gw: Annotated[Gateway, Depends(gateway)],
+    principal: Annotated[Principal, Depends(require("submit"))],
+    agent: Agent = None,
+) -> StreamingResponse:
+    """Answer the chat's last message with a UI message stream (header `x-vercel-ai-ui-message-stream: v1`)."""
+    if body.trigger == "regenerate-message":
+        raise GatewayError(
+            422, "unsupported-trigger", "regenerating an answer is not supported; send a new user message instead"
+        )
+    last = body.messages[-1]
+    role = last.get("role")
+    if role == "user":
+        thread = await _thread_for(gw, principal, body.id, agent or body.agent)
+        turn_id = await _continue(gw, principal, body.id, thread, _user_text(last))
+        return _stream_response(gw, turn_id, 0, _metadata(body.id, thread))
+    if role == "assistant":
+        decisions = _approval_responses(last)
+        if not decisions:
+            raise GatewayError(
+                422,
+                "invalid-request",
+                "the last message is an assistant message without tool approval responses; "
+                "send a user message, or answer the pending approvals (addToolApprovalResponse)",
+            )
+        if not principal.may("approve"):
+            raise GatewayError(403, "forbidden", "this credential lacks the 'approve' scope")
+        thread = await _existing_thread(gw, principal, body.id)
+        turn_id = str(last.get("id", ""))
+        if thread is None or turn_id not in {t.turn_id for t in thread.turns}:
+            raise GatewayError(404, "not-found", f"no turn {turn_id!r} in chat {body.id!r}")
+        cursor = await _park_cursor(gw, turn_id)
+        for decision in decisions:
+            await _decide(gw, principal, turn_id, decision)
+        return _stream_response(gw, turn_id, cursor, _metadata(body.id, thread))
+    raise GatewayError(422, "invalid-request", "the last message must have role 'user' or 'assistant'")
+
+
+@router.get("/{chat_id}/stream", response_class=StreamingResponse, responses={204: {"description": "none active"}})
+async def resume(
+    chat_id: str,
+    gw: Annotated[Gateway, Depends(gateway)],
+    principal: Annotated[Principal, Depends(require("read"))],
+) -> Response:
+    """The chat's active answer from its first chunk (`useChat({resume: true})`); 204 when none is active."""
+    thread = await _existing_thread(gw, principal, chat_id)
+    if thread is None or thread.running_turn_id is None:
+        return Response(status_code=204)
+    return _stream_response(gw, thread.running_turn_id, 0, _metadata(chat_id, thread))
+
+
+@router.get("/{chat_id}/messages")
+async def messages(
+    chat_id: str,
+    gw: Annotated[Gateway, Depends(gateway)],
+    principal: Annotated[Principal, Depends(require("read"))],
+) -> dict[str, Any]:
+    """The chat as UIMessages: finished turns from the thread's transcript, plus the active turn's question
+    (its answer comes from GET /v1/chat/{id}/stream). An unknown chat is an empty one."""
+    thread = await _existing_thread(gw, principal, chat_id)
+    if thread is None:
+        return {"id": chat_id, "messages": [], "active": False}
+    running = None
+    if thread.running_turn_id is not None:
+        running = await gw.run_sync(gw.runtime.turns.load, thread.running_turn_id)
+    return {
+        "id": chat_id,
+        "agent": thread.agent,
+        "messages": ui_messages(thread, running),
+        "active": thread.running_turn_id is not None,
+    }
+
+
+# ---------------------------------------------------------------------- threads
+
+
+async def _existing_thread(gw: Gateway, principal: Principal, chat_id: str) -> Thread | None:
+    if not 0 < len(chat_id) <= MAX_CHAT_ID:
+        raise GatewayError(422, "invalid-request", f"a chat id has 1 to {MAX_CHAT_ID} characters")
+    thread_id = await gw.redis.get(gw.runtime.keys.chat(principal.tenant, chat_id))
+    if not thread_id:
+        return None
+    try:
+        return await gw.run_sync(lambda: gw.client.get_thread(thread_id, tenant=principal.tenant))
+    except ThreadNotFoundError:  # expired after its TTL: the chat starts over
+        return None
+
+
+async def _thread_for(gw: Gateway, principal: Principal, chat_id: str, agent: str | None) -> Thread:
+    """The chat's thread, created on first use with the chosen agent."""
+    thread = await _existing_thread(gw, principal, chat_id)
+    if thread is not None:
+        if agent and agent != thread.agent:
+            raise GatewayError(
+                409,
+                "agent-mismatch",
+                f"chat {chat_id!r} talks to agent {thread.agent!r}, not {agent!r}; start a new chat",
+            )
+        return thread
+    chosen = agent or gw.settings.gateway_chat_agent
+    if not chosen:
+        raise GatewayError(
+            422,
+            "no-agent",
+            "no agent named: add ?agent=<id> to the chat URL (or `agent` to the body), "
+            "or set STEPQ_GATEWAY_CHAT_AGENT on the gateway",
+        )
+    created = await gw.run_sync(
+        lambda: gw.client.create_thread(chosen, tenant=principal.tenant, metadata={"chat_id": chat_id})
+    )
+    key = gw.runtime.keys.chat(principal.tenant, chat_id)
+    ttl = gw.settings.thread_ttl_s
+    if not await gw.redis.set(key, created.thread_id, nx=True, ex=ttl):  # a concurrent first message won
+        winner = await _existing_thread(gw, principal, chat_id)
+        if winner is not None:
+            return winner
+        await gw.redis.set(key, created.thread_id, ex=ttl)
+    return created
+
+
+async def _continue(gw: Gateway, principal: Principal, chat_id: str, thread: Thread, text: str) -> str:
+    try:
+        handle = await gw.run_sync(
+            lambda: gw.client.continue_thread(thread.thread_id, prompt=text, tenant=principal.tenant)
+        )
+    except ThreadBusyError:
+        raise GatewayError(
+            409,
+            "chat-busy",
+            "this chat is still answering; wait for the answer (resume it with GET /v1/chat/{id}/stream) "
+            "or answer its pending approvals first",
+        ) from None
+    await gw.redis.expire(gw.runtime.keys.chat(principal.tenant, chat_id), gw.settings.thread_ttl_s)  # as the thread's
+    return handle.turn_id
+
+
+def _metadata(chat_id: str, thread: Thread) -> dict[str, Any]:
+    return {"chatId": chat_id, "threadId": thread.thread_id, "agent": thread.agent}
+
+
+# ---------------------------------------------------------------------- the request's last message
+
+
+def _user_text(message: dict[str, Any]) -> str:
+    parts = message.get("parts")
+    if not isinstance(parts, list):
+        raise GatewayError(422, "invalid-request", "messages[-1].parts must be a list of UI message parts")
+    kinds = {p.get("type") for p in parts if isinstance(p, dict)}
+    if "file" in kinds:
+        raise GatewayError(
+            415,
+            "unsupported-media-type",
+            "file parts (attachments) are not supported yet; send the message as text parts",
+        )
+    text = "".join(
+        p["text"] for p in parts if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+    )
+    if not text.strip():
+        raise GatewayError(422, "invalid-request", "the last user message has no text part")
+    return text
+
+
+def _approval_responses(message: dict[str, Any]) -> list[Decision]:
+    """The approval responses in an assistant message's tool parts (state `approval-responded`)."""
+    found: list[Decision] = []
+    for part in message.get("parts") or []:
+        if not isinstance(part, dict) or part.get("state") != "approval-responded":
+            continue
+        kind = str(part.get("type", ""))
+        if not (kind.startswith("tool-") or kind == "dynamic-tool"):
+            continue
+        approval = part.get("approval")
+        if not isinstance(approval, dict) or not isinstance(approval.get("id"), str):
+            raise GatewayError(422, "invalid-request", "an approval-responded tool part has no approval.id")
+        if not isinstance(approval.get("approved"), bool):
+            raise GatewayError(422, "invalid-request", f"approval {approval['id']}: `approved` must be true or false")
+        reason = approval.get("reason")
+        found.append(Decision(approval["id"], approval["approved"], reason if isinstance(reason, str) else ""))
+    return found
+
+
+async def _decide(gw: Gateway, principal: Principal, turn_id: str, decision: Decision) -> None:
+    """The approvals route's own path (tenant check, token looked up server-side, reviewer = the caller).
+    An approval already decided (a re-sent message, another reviewer) is left as it is."""
+    record = await gw.run_sync(gw.runtime.approvals.get, decision.approval_id)
+    if record is not None and record.turn_id != turn_id:
+        raise GatewayError(422, "invalid-request", f"approval {decision.approval_id} is not one of this message's")
+    if record is not None and record.status != "pending":
+        return
+    body = routes_approvals.DecisionBody(approved=decision.approved, reason=decision.reason[:2000])
+    await routes_approvals.decide(decision.approval_id, body, gw, principal)
+
+
+async def _park_cursor(gw: Gateway, turn_id: str) -> int:
+    """Where a continuation starts: just after the turn's latest approval request (the client has the rest)."""
+    events = await gw.reader.read(turn_id, 0)
+    requests = [e.seq for e in events if e.type == EventType.APPROVAL_REQUEST.value]
+    return requests[-1] if requests else (events[-1].seq if events else 0)
+
+
+# ---------------------------------------------------------------------- the stream
+
+
+def _stream_response(gw: Gateway, turn_id: str, cursor: int, metadata: dict[str, Any]) -> StreamingResponse:
+    return StreamingResponse(
+        _ui_stream(gw, turn_id, cursor, metadata), media_type="text/event-stream", headers=UI_STREAM_HEADERS
+    )
+
+
+async def _waits_on_people(gw: Gateway, turn_id: str) -> bool:
+    """The turn is parked and at least one of its approvals is still undecided and unexpired."""
+    state = await gw.run_sync(gw.runtime.turns.load, turn_id)
+    if state is None or state.status != TurnStatus.AWAITING_APPROVAL or state.parked is None:
+        return False
+    ids = [a.approval_id for a in state.parked.approvals]
+    records = await gw.run_sync(gw.runtime.approvals.get_many, ids)
+    now = time.time()
+    return any(r is not None and r.status == "pending" and now < r.expires_at for r in records.values())
+
+
+async def _ui_stream(gw: Gateway, turn_id: str, cursor: int, metadata: dict[str, Any]) -> AsyncIterator[bytes]:
+    """The turn's events after `cursor` as UI chunks; the message closes when the turn ends or parks."""
+    translator = UIMessageTranslator(turn_id, metadata)
+    metrics = gw.metrics
+    metrics.open_streams.inc()
+    try:
+        for chunk in translator.begin():
+            yield sse_frame(chunk)
+        if await _waits_on_people(gw, turn_id):  # parked: what there is, then the message closes
+            for raw in await gw.reader.read(turn_id, cursor):
+                for chunk in translator.feed(Event.model_validate_json(raw.payload)):
+                    yield sse_frame(chunk)
+            for chunk in translator.end_parked():
+                yield sse_frame(chunk)
+            yield DONE
+            return
+        parked = False
+        async for raw in follow(gw.hub, gw.reader, turn_id, cursor, gw.settings.gateway_keepalive_s):
+            if raw is None:  # a quiet stream: closes if the turn now waits on people (e.g. a partial decision)
+                parked = await _waits_on_people(gw, turn_id)
+                if parked:
+                    break
+                yield sse.KEEPALIVE
+                continue
+            for chunk in translator.feed(Event.model_validate_json(raw.payload)):
+                yield sse_frame(chunk)
+            if translator.finished:
+                break
+            if raw.type == EventType.APPROVAL_REQUEST.value and translator.parked:
+                parked = await _waits_on_people(gw, turn_id)
+                if parked:
+                    break
+        closing = translator.end_parked() if parked else translator.end_unfinished()
+        for chunk in closing:
+            yield sse_frame(chunk)
+        yield DONE
+    finally:
+        metrics.open_streams.dec()

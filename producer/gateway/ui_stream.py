@@ -1,0 +1,298 @@
+"""stepq events -> AI SDK UI message stream chunks (the protocol `useChat` reads).
+
+Targets the `ai` npm package 7.x (checked against ai@7.0.173's `uiMessageChunkSchema` and
+`processUIMessageStream`). One stepq turn is one assistant UI message whose id is the turn id, so a
+continuation after an approval and a replay on resume land on the same message.
+
+Mapping:
+  turn-start / first event   -> start {messageId, messageMetadata}
+  step-start                 -> start-step (once per step: a retried attempt keeps the step open)
+  text-delta / object-delta  -> text-start, text-delta (text-end when the part closes)
+  reasoning-delta            -> reasoning-start, reasoning-delta (reasoning-end when it closes)
+  tool-call                  -> tool-input-start, tool-input-available
+  approval-request           -> tool-approval-request (the approval id only: never the token)
+  approval-decision          -> tool-approval-response
+  tool-result                -> tool-output-available | tool-output-error | tool-output-denied
+  step-finish                -> finish-step
+  step-reset                 -> reset-step (the client drops the step's parts), then a transient data-step-reset
+  step-retry                 -> transient data-retry
+  error                      -> error
+  turn-finish                -> finish {finishReason, messageMetadata: turn id, status, finish reason, usage}
+
+A step reset after content never leaves stale text: `reset-step` removes every part since the step's
+`start-step`, and the retried attempt streams into fresh part ids under that same step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepq.models import Event, EventType, ToolResultStatus
+
+Chunk = dict[str, Any]
+
+# the finish reasons the UI protocol knows; ours that it does not (max-steps, budget, cancelled,
+# awaiting-approval) are "other", and messageMetadata.finishReason keeps our exact value
+_UI_FINISH = {"stop", "length", "content-filter", "tool-calls", "error"}
+
+UI_STREAM_HEADERS = {
+    "x-vercel-ai-ui-message-stream": "v1",
+    "cache-control": "no-cache",
+    "x-accel-buffering": "no",  # proxies must not buffer a stream
+}
+
+
+def sse_frame(chunk: Chunk) -> bytes:
+    """One SSE `data:` frame; the UI protocol carries no event names or ids."""
+    return b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def ui_finish_reason(reason: str | None) -> str:
+    if reason == "awaiting-approval":
+        return "tool-calls"
+    return reason if reason in _UI_FINISH else "other"
+
+
+@dataclass
+class _Step:
+    calls: set[str] = field(default_factory=set)  # tool-call ids of the open step
+    settled: set[str] = field(default_factory=set)  # ...with a result
+    awaiting: set[str] = field(default_factory=set)  # ...with an approval request and no decision yet
+
+
+class UIMessageTranslator:
+    """Turns one turn's events, in seq order, into UI message chunks. Feed every event; read the chunks."""
+
+    def __init__(self, turn_id: str, metadata: dict[str, Any] | None = None) -> None:
+        self.turn_id = turn_id
+        self.metadata = dict(metadata or {})
+        self.started = False
+        self.finished = False
+        self._open_step: int | None = None
+        self._step_finished = False
+        self._text_id: str | None = None
+        self._reasoning_id: str | None = None
+        self._parts = 0
+        self._step = _Step()
+        self._approvals: dict[str, str] = {}  # approval id -> tool call id
+
+    @property
+    def message_id(self) -> str:
+        return self.turn_id
+
+    @property
+    def parked(self) -> bool:
+        """Every tool call of the step has a result or waits on a person, and at least one waits."""
+        step = self._step
+        return bool(step.awaiting) and step.calls <= (step.settled | step.awaiting)
+
+    # ------------------------------------------------------------------ the public edges
+
+    def begin(self) -> list[Chunk]:
+        """The `start` chunk, once; a stream that starts mid-turn (a continuation) begins with it too."""
+        if self.started:
+            return []
+        self.started = True
+        return [{"type": "start", "messageId": self.message_id, "messageMetadata": self._metadata()}]
+
+    def feed(self, event: Event) -> list[Chunk]:
+        out = self.begin()
+        handler = _HANDLERS.get(event.type)
+        if handler is not None:
+            out += handler(self, event)
+        return out
+
+    def end_parked(self) -> list[Chunk]:
+        """Close the message for now: the turn waits for approvals; the next POST continues it."""
+        self.finished = True
+        out = self.begin() + self._close_parts()
+        out.append(
+            {
+                "type": "finish",
+                "finishReason": "tool-calls",
+                "messageMetadata": {"status": "awaiting_approval", "finishReason": "awaiting-approval"},
+            }
+        )
+        return out
+
+    def end_unfinished(self) -> list[Chunk]:
+        """Close a message whose turn ended with no finish event (its writer died after the commit)."""
+        if self.finished:
+            return []
+        self.finished = True
+        return [*self.begin(), *self._close_parts(), {"type": "finish", "finishReason": "other"}]
+
+    # ------------------------------------------------------------------ helpers
+
+    def _metadata(self) -> dict[str, Any]:
+        return {"turnId": self.turn_id, **self.metadata}
+
+    def _new_id(self, kind: str) -> str:
+        self._parts += 1
+        return f"{kind}-{self._parts}"
+
+    def _close_parts(self) -> list[Chunk]:
+        out: list[Chunk] = []
+        if self._text_id is not None:
+            out.append({"type": "text-end", "id": self._text_id})
+            self._text_id = None
+        if self._reasoning_id is not None:
+            out.append({"type": "reasoning-end", "id": self._reasoning_id})
+            self._reasoning_id = None
+        return out
+
+    def _ensure_step(self, step: int) -> list[Chunk]:
+        if self._open_step == step:
+            return []
+        out = self._close_parts() + self._finish_step()
+        self._open_step = step
+        self._step_finished = False
+        self._step = _Step()
+        out.append({"type": "start-step"})
+        return out
+
+    def _finish_step(self) -> list[Chunk]:
+        """`finish-step` once per step (the step's tool calls may still follow it: they stay in the step)."""
+        if self._open_step is None or self._step_finished:
+            return []
+        self._step_finished = True
+        return [{"type": "finish-step"}]
+
+    # ------------------------------------------------------------------ per event type
+
+    def _on_step_start(self, event: Event) -> list[Chunk]:
+        return self._ensure_step(event.step)
+
+    def _on_text(self, event: Event) -> list[Chunk]:
+        delta = str(event.data.get("text", ""))
+        if not delta:
+            return []
+        out = self._ensure_step(event.step)
+        if self._reasoning_id is not None:
+            out.append({"type": "reasoning-end", "id": self._reasoning_id})
+            self._reasoning_id = None
+        if self._text_id is None:
+            self._text_id = self._new_id("text")
+            out.append({"type": "text-start", "id": self._text_id})
+        out.append({"type": "text-delta", "id": self._text_id, "delta": delta})
+        return out
+
+    def _on_reasoning(self, event: Event) -> list[Chunk]:
+        delta = str(event.data.get("text", ""))
+        if not delta:
+            return []
+        out = self._ensure_step(event.step)
+        if self._text_id is not None:
+            out.append({"type": "text-end", "id": self._text_id})
+            self._text_id = None
+        if self._reasoning_id is None:
+            self._reasoning_id = self._new_id("reasoning")
+            out.append({"type": "reasoning-start", "id": self._reasoning_id})
+        out.append({"type": "reasoning-delta", "id": self._reasoning_id, "delta": delta})
+        return out
+
+    def _on_tool_call(self, event: Event) -> list[Chunk]:
+        call_id, name = str(event.data.get("id")), str(event.data.get("name"))
+        out = self._ensure_step(event.step) if self._open_step is None else self._close_parts()
+        self._step.calls.add(call_id)
+        args = event.data.get("args", {})
+        return [
+            *out,
+            {"type": "tool-input-start", "toolCallId": call_id, "toolName": name},
+            {"type": "tool-input-available", "toolCallId": call_id, "toolName": name, "input": args},
+        ]
+
+    def _on_approval_request(self, event: Event) -> list[Chunk]:
+        approval_id, call_id = str(event.data.get("approval_id")), str(event.data.get("tool_call_id"))
+        self._approvals[approval_id] = call_id
+        self._step.awaiting.add(call_id)
+        return [{"type": "tool-approval-request", "approvalId": approval_id, "toolCallId": call_id}]
+
+    def _on_approval_decision(self, event: Event) -> list[Chunk]:
+        approval_id = str(event.data.get("approval_id"))
+        call_id = self._approvals.get(approval_id, str(event.data.get("tool_call_id")))
+        self._step.awaiting.discard(call_id)
+        chunk: Chunk = {
+            "type": "tool-approval-response",
+            "approvalId": approval_id,
+            "approved": event.data.get("decision") == "approved",
+        }
+        if event.data.get("reason"):
+            chunk["reason"] = str(event.data["reason"])
+        elif event.data.get("decision") == "expired":
+            chunk["reason"] = "the approval expired"
+        return [chunk]
+
+    def _on_tool_result(self, event: Event) -> list[Chunk]:
+        call_id = str(event.data.get("id"))
+        self._step.settled.add(call_id)
+        self._step.awaiting.discard(call_id)
+        output = event.data.get("output")
+        if not event.data.get("is_error"):
+            return [{"type": "tool-output-available", "toolCallId": call_id, "output": output}]
+        if event.data.get("status") == ToolResultStatus.DENIED.value:
+            return [{"type": "tool-output-denied", "toolCallId": call_id}]
+        return [{"type": "tool-output-error", "toolCallId": call_id, "errorText": _error_text(output)}]
+
+    def _on_step_finish(self, event: Event) -> list[Chunk]:
+        return [*self._close_parts(), *self._finish_step()]
+
+    def _on_step_reset(self, event: Event) -> list[Chunk]:
+        # the step's start-step part stays (reset-step removes what came after it): keep the step open
+        self._text_id = self._reasoning_id = None
+        out = self._ensure_step(event.step)
+        self._step = _Step()
+        self._step_finished = False
+        out.append({"type": "reset-step"})
+        reason = str(event.data.get("reason", ""))
+        out.append({"type": "data-step-reset", "data": {"step": event.step, "reason": reason}, "transient": True})
+        return out
+
+    def _on_step_retry(self, event: Event) -> list[Chunk]:
+        data = {k: event.data.get(k) for k in ("attempt", "countdown", "error", "status") if k in event.data}
+        return [{"type": "data-retry", "data": {"step": event.step, **data}, "transient": True}]
+
+    def _on_error(self, event: Event) -> list[Chunk]:
+        return [*self._close_parts(), {"type": "error", "errorText": str(event.data.get("message", "error"))}]
+
+    def _on_turn_finish(self, event: Event) -> list[Chunk]:
+        out = self._close_parts() + self._finish_step()
+        reason = event.data.get("finish_reason")
+        meta: dict[str, Any] = {
+            "status": event.data.get("status"),
+            "finishReason": reason,
+            "usage": event.data.get("usage"),
+        }
+        if event.data.get("object") is not None:
+            meta["object"] = event.data["object"]
+        self.finished = True
+        out.append({"type": "finish", "finishReason": ui_finish_reason(reason), "messageMetadata": meta})
+        return out
+
+
+def _error_text(output: Any) -> str:
+    if isinstance(output, dict) and isinstance(output.get("error"), str):
+        return output["error"]
+    return output if isinstance(output, str) else json.dumps(output, default=str)
+
+
+_HANDLERS = {
+    EventType.STEP_START: UIMessageTranslator._on_step_start,
+    EventType.TEXT_DELTA: UIMessageTranslator._on_text,
+    EventType.OBJECT_DELTA: UIMessageTranslator._on_text,
+    EventType.REASONING_DELTA: UIMessageTranslator._on_reasoning,
+    EventType.TOOL_CALL: UIMessageTranslator._on_tool_call,
+    EventType.APPROVAL_REQUEST: UIMessageTranslator._on_approval_request,
+    EventType.APPROVAL_DECISION: UIMessageTranslator._on_approval_decision,
+    EventType.TOOL_RESULT: UIMessageTranslator._on_tool_result,
+    EventType.STEP_FINISH: UIMessageTranslator._on_step_finish,
+    EventType.STEP_RESET: UIMessageTranslator._on_step_reset,
+    EventType.STEP_RETRY: UIMessageTranslator._on_step_retry,
+    EventType.ERROR: UIMessageTranslator._on_error,
+    EventType.TURN_FINISH: UIMessageTranslator._on_turn_finish,
+}

@@ -1,0 +1,95 @@
+"""Agents for the chat tests (the AI SDK conformance test and the browser test), on the scripted provider.
+
+`chat_wait` holds its step until the test releases it (a BLPOP on a key named after the turn), so a test
+can reload a page or drop a connection while a turn is provably still running, with no timing guesses.
+"""
+
+from __future__ import annotations
+
+import redis
+
+from stepq.agents import AgentDefinition, LoopConfig
+from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
+from stepq.tools import ToolContext, tool
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+_redis = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+GATE_TIMEOUT_S = 120
+
+
+def gate_key(tenant: str, turn_id: str) -> str:
+    """The key `chat_wait` waits on; the chat tests give each session a tenant named after its key prefix."""
+    return f"{tenant}:gate:{turn_id}"
+
+
+@tool
+def chat_lookup(key: str) -> dict[str, str]:
+    """Look a word up."""
+    return {"key": key, "value": {"alpha": "the first letter"}.get(key, "unknown")}
+
+
+@tool(is_mutation=True)
+def chat_record(label: str) -> dict[str, str]:
+    """Record a label (a write: needs approval)."""
+    return {"recorded": label}
+
+
+@tool
+def chat_wait(ctx: ToolContext) -> dict[str, bool]:
+    """Wait until the test releases this turn."""
+    released = _redis.blpop([gate_key(str(ctx.metadata.get("tenant")), ctx.turn_id)], timeout=GATE_TIMEOUT_S)
+    return {"released": released is not None}
+
+
+plain = AgentDefinition(
+    id="chat.plain",
+    description="Thinks, then answers in one streamed step.",
+    script=[
+        ScriptStep(
+            reasoning="Thinking it over before answering.",
+            text="Hello from stepq: this answer streams to the chat in several small pieces.",
+            delta_delay_s=0.02,  # model latency: the deltas arrive apart, as a real model's do
+        )
+    ],
+)
+
+tools = AgentDefinition(
+    id="chat.tools",
+    allowed_tools=["chat_lookup"],
+    script=[
+        ScriptStep(text="Looking it up.", tool_calls=[ScriptToolCall(name="chat_lookup", args={"key": "alpha"})]),
+        ScriptStep(text="Alpha is the first letter."),
+    ],
+)
+
+gated = AgentDefinition(
+    id="chat.gated",
+    allowed_tools=["chat_record"],
+    read_only=False,
+    mutation_policy="confirm-required",
+    script=[
+        ScriptStep(text="I will record it.", tool_calls=[ScriptToolCall(name="chat_record", args={"label": "audit"})]),
+        ScriptStep(text="That is settled."),
+    ],
+)
+
+gate = AgentDefinition(
+    id="chat.gate",
+    allowed_tools=["chat_wait"],
+    loop=LoopConfig(max_steps=3),
+    script=[
+        ScriptStep(text="First part, streamed before the gate.", tool_calls=[ScriptToolCall(name="chat_wait")]),
+        ScriptStep(text="Second part, after the gate opened."),
+    ],
+)
+
+reset = AgentDefinition(
+    id="chat.reset",
+    retry_after_emission=True,
+    script=[
+        ScriptStep(
+            text="This sentence streams, breaks, and streams again.",
+            fail=ScriptFailure(when="after-content", status=529, message="overloaded mid-stream"),
+        )
+    ],
+)

@@ -1,0 +1,74 @@
+"""Shared by the chat tests (the Node conformance test and the browser test): a gateway on a real uvicorn
+with a Redis-backed worker, credentials for this session's tenant, and a control server that releases the
+`chat_wait` tool of tests/agents_chat.py."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import redis
+
+from stepq.config import Settings
+from tests.agents_chat import gate_key
+from tests.conftest import REDIS_URL, WorkerProcess, make_settings
+from tests.gateway_support import serve
+
+API_KEY = "k-chat-tests"
+
+
+def chat_settings(prefix: str) -> Settings:
+    """The tenant is the key prefix, so the gate keys fall under the prefix the fixture cleans up."""
+    entry = {"sha256": hashlib.sha256(API_KEY.encode()).hexdigest(), "tenant": prefix, "subject": "tester"}
+    return make_settings(prefix, api_keys=[entry], gateway_rate_limit_rpm=0, gateway_keepalive_s=1.0)
+
+
+@contextmanager
+def control_server(tenant: str) -> Iterator[str]:
+    """POST /release/<turn_id> lets that turn's `chat_wait` return; answers 200."""
+    client = redis.Redis.from_url(REDIS_URL)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the http.server API
+            turn_id = self.path.rsplit("/", 1)[-1]
+            client.rpush(gate_key(tenant, turn_id), "go")
+            client.expire(gate_key(tenant, turn_id), 300)
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        client.close()
+
+
+@dataclass
+class ChatStack:
+    url: str
+    control_url: str
+    settings: Settings
+
+
+@contextmanager
+def chat_stack(prefix: str) -> Iterator[ChatStack]:
+    """Worker process + gateway (real uvicorn) + gate control, all on this test's key prefix."""
+    settings = chat_settings(prefix)
+    worker = WorkerProcess(settings, "chat", beat=True, concurrency=4)
+    try:
+        with serve(settings) as served, control_server(prefix) as control:
+            yield ChatStack(served.url, control, settings)
+    finally:
+        worker.stop()
