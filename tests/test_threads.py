@@ -360,3 +360,131 @@ def test_turns_of_a_thread_record_its_tenant_and_id(client: Client) -> None:
     meta: dict[str, Any] = handle.get().metadata
     assert meta == {"user": "u1", "tenant": "acme", "thread_id": thread.thread_id}
     assert handle.get().thread_id == thread.thread_id
+
+
+# --------------------------------------------------------------------------- over HTTP (real uvicorn)
+
+
+@pytest.fixture
+def served(prefix: str) -> Any:
+    support = pytest.importorskip("tests.gateway_support")
+    settings = make_settings(prefix, api_keys=support.api_keys_setting(), gateway_rate_limit_rpm=0)
+    with support.serve(settings) as served:
+        yield served
+
+
+def _finish_of(served: Any, http: Any, events_url: str) -> dict[str, Any]:
+    """Follow a turn's SSE stream to its end, then read the turn: its status and result."""
+    from tests.gateway_support import sse_events
+
+    with http.stream("GET", events_url) as response:
+        assert response.status_code == 200, response.read()
+        events = list(sse_events(response))
+    assert events[-1].event == "turn-finish"
+    turn = http.get(events_url.removesuffix("/events"))
+    assert turn.status_code == 200, turn.text
+    data: dict[str, Any] = {"status": turn.json()["status"], **turn.json()["result"]}
+    return data
+
+
+def test_http_thread_conversation_and_its_transcript(served: Any, worker: object) -> None:
+    with served.client("k-acme-all") as http:
+        created = http.post("/v1/threads", json={"agent": "thr.chat", "metadata": {"user": "u1"}})
+        assert created.status_code == 201, created.text
+        thread_id = created.json()["thread_id"]
+        assert created.json()["agent"] == "thr.chat"
+
+        first = http.post(f"/v1/threads/{thread_id}/turns", json={"prompt": "hi, I am Ada"})
+        assert first.status_code == 201, first.text
+        body = first.json()
+        assert body["status"] == "queued" and body["events_url"] == f"/v1/turns/{body['turn_id']}/events"
+        assert saw(_finish_of(served, http, body["events_url"])["text"]) == "saw: user:hi, I am Ada"
+
+        second = http.post(
+            f"/v1/threads/{thread_id}/turns", json={"messages": [{"role": "user", "content": "weather in Oslo?"}]}
+        )
+        assert second.status_code == 201, second.text
+        text = _finish_of(served, http, second.json()["events_url"])["text"]
+        assert saw(text).startswith("saw: user:hi, I am Ada | assistant:nice to meet you | user:weather in Oslo?")
+
+        turn = http.get(f"/v1/turns/{second.json()['turn_id']}")  # a thread's turn is a turn of the same tenant
+        assert turn.status_code == 200 and turn.json()["metadata"]["thread_id"] == thread_id
+
+        eventually(lambda: http.get(f"/v1/threads/{thread_id}").json()["running_turn_id"] is None, what="idle")
+        read = http.get(f"/v1/threads/{thread_id}")
+        assert read.status_code == 200
+        thread = read.json()
+        assert "tenant" not in thread and thread["metadata"] == {"user": "u1"}
+        assert [t["status"] for t in thread["turns"]] == ["completed", "completed"]
+        assert [m["role"] for m in thread["messages"]] == [
+            "user",
+            "assistant",
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+        ]
+
+
+def test_http_double_texting(served: Any, worker: object, prefix: str, gate: Gate) -> None:
+    with served.client("k-acme-all") as http:
+        thread_id = http.post("/v1/threads", json={"agent": "thr.gated", "metadata": {"prefix": prefix}}).json()[
+            "thread_id"
+        ]
+        running = http.post(f"/v1/threads/{thread_id}/turns", json={"prompt": "one"}).json()
+        gate.wait_entered()
+        busy = http.post(f"/v1/threads/{thread_id}/turns", json={"prompt": "two"})
+        assert busy.status_code == 409
+        assert busy.json()["error"]["code"] == "thread-busy"
+        assert running["turn_id"] in busy.json()["error"]["message"]
+
+        queued = http.post(f"/v1/threads/{thread_id}/turns", json={"prompt": "two", "multitask": "enqueue"})
+        assert queued.status_code == 201 and queued.json()["status"] == "waiting"
+        urgent = http.post(f"/v1/threads/{thread_id}/turns", json={"prompt": "three", "multitask": "interrupt"})
+        assert urgent.status_code == 201 and urgent.json()["status"] == "waiting"
+        gate.open()
+        assert _finish_of(served, http, running["events_url"])["status"] == "cancelled"
+        assert _finish_of(served, http, urgent.json()["events_url"])["status"] == "completed"
+        last = _finish_of(served, http, queued.json()["events_url"])
+        assert saw(last["text"]).endswith("| user:three | assistant:through the gate | user:two")
+
+
+def test_http_threads_are_tenant_scoped_and_need_their_scopes(served: Any) -> None:
+    with served.client("k-acme-all") as acme, served.client("k-globex-all") as globex:
+        thread_id = acme.post("/v1/threads", json={"agent": "thr.chat"}).json()["thread_id"]
+        unknown = globex.get("/v1/threads/thr_0123")
+        for response in (
+            globex.get(f"/v1/threads/{thread_id}"),
+            globex.post(f"/v1/threads/{thread_id}/turns", json={"prompt": "hi"}),
+        ):
+            assert response.status_code == 404
+            assert response.json()["error"]["code"] == "not-found"
+            assert response.json()["error"]["message"].replace(thread_id, "X") == unknown.json()["error"][
+                "message"
+            ].replace("thr_0123", "X")
+        assert acme.get(f"/v1/threads/{thread_id}").json()["turns"] == []  # globex stored nothing
+
+    with served.client("k-acme-read") as reader, served.client(None) as anonymous:
+        assert reader.get(f"/v1/threads/{thread_id}").status_code == 200
+        refused = reader.post(f"/v1/threads/{thread_id}/turns", json={"prompt": "hi"})
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+        assert reader.post("/v1/threads", json={"agent": "thr.chat"}).status_code == 403
+        assert anonymous.get(f"/v1/threads/{thread_id}").status_code == 401
+
+
+def test_http_thread_input_errors(served: Any) -> None:
+    with served.client("k-acme-all") as http:
+        unknown_agent = http.post("/v1/threads", json={"agent": "thr.nope"})
+        assert unknown_agent.status_code == 400 and "unknown agent" in unknown_agent.json()["error"]["message"]
+        thread_id = http.post("/v1/threads", json={"agent": "thr.chat"}).json()["thread_id"]
+        cases = {
+            "neither": ({}, 400, "exactly one of prompt"),
+            "policy": ({"prompt": "x", "multitask": "rollback"}, 422, "multitask"),
+            "extra": ({"prompt": "x", "agent": "thr.chat"}, 422, "agent"),
+            "system": ({"messages": [{"role": "system", "content": "x"}]}, 400, "system messages"),
+        }
+        for name, (body, status, fragment) in cases.items():
+            response = http.post(f"/v1/threads/{thread_id}/turns", json=body)
+            assert response.status_code == status, (name, response.text)
+            assert fragment in response.json()["error"]["message"], (name, response.text)
+        assert http.get(f"/v1/threads/{thread_id}").json()["turns"] == []
