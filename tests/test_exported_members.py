@@ -58,6 +58,40 @@ def test_every_exported_error_derives_from_stepq_error():
     assert errors and all(issubclass(e, stepq.StepqError) for e in errors)
 
 
+def test_every_error_a_caller_can_catch_is_exported():
+    """Each public class of stepq.errors (the error tree and its code enums) is importable from stepq."""
+    from stepq import errors
+
+    public = {name for name, value in vars(errors).items() if isinstance(value, type) and not name.startswith("_")}
+    public -= {"StrEnum"}  # imported, not defined there
+    assert public <= set(stepq.__all__), sorted(public - set(stepq.__all__))
+
+
+def test_every_error_class_in_the_package_derives_from_stepq_error():
+    """No module defines an exception outside the tree (private helpers, named `_X`, aside)."""
+    import importlib
+    import pkgutil
+
+    outside = []
+    for info in pkgutil.walk_packages(stepq.__path__, "stepq."):
+        if info.name.startswith(("stepq.producer.gateway", "stepq.workers")):
+            continue  # optional extras and worker wiring: not what a library caller catches
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:
+            continue  # an adapter whose SDK extra is not installed
+        for name, value in vars(module).items():
+            if (
+                isinstance(value, type)
+                and issubclass(value, Exception)
+                and value.__module__ == info.name
+                and not name.startswith("_")
+                and not issubclass(value, stepq.StepqError)
+            ):
+                outside.append(f"{info.name}.{name}")
+    assert not outside, outside
+
+
 def test_py_typed_ships_with_the_package():
     assert (ROOT / "shared" / "py.typed").is_file()
     assert '"py.typed"' in (ROOT / "pyproject.toml").read_text()

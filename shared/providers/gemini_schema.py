@@ -61,7 +61,7 @@ def name_map(names: list[str]) -> dict[str, str]:
 # --------------------------------------------------------------------------- schemas
 
 
-class SchemaError(ValueError):
+class _SchemaError(ValueError):
     """A JSON Schema construct Gemini's function parameters cannot express."""
 
     def __init__(self, path: str, problem: str) -> None:
@@ -70,15 +70,15 @@ class SchemaError(ValueError):
 
 def _resolve(ref: str, root: dict[str, Any], path: str) -> dict[str, Any]:
     if not ref.startswith("#/"):
-        raise SchemaError(path, f"$ref {ref!r} points outside the schema; only local refs can be inlined")
+        raise _SchemaError(path, f"$ref {ref!r} points outside the schema; only local refs can be inlined")
     node: Any = root
     for token in ref[2:].split("/"):
         token = token.replace("~1", "/").replace("~0", "~")
         if not isinstance(node, dict) or token not in node:
-            raise SchemaError(path, f"$ref {ref!r} does not resolve")
+            raise _SchemaError(path, f"$ref {ref!r} does not resolve")
         node = node[token]
     if not isinstance(node, dict):
-        raise SchemaError(path, f"$ref {ref!r} is not a schema object")
+        raise _SchemaError(path, f"$ref {ref!r} is not a schema object")
     return node
 
 
@@ -88,24 +88,24 @@ def _note(description: str | None, extra: str) -> str:
 
 def _convert(schema: Any, root: dict[str, Any], path: str, refs: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(schema, dict):
-        raise SchemaError(path, "a schema must be an object (true/false schemas have no Gemini form)")
+        raise _SchemaError(path, "a schema must be an object (true/false schemas have no Gemini form)")
     schema = dict(schema)
     ref = schema.pop("$ref", None)
     if isinstance(ref, str):
         if ref in refs:
-            raise SchemaError(path, f"recursive $ref {ref!r} cannot be inlined for Gemini")
+            raise _SchemaError(path, f"recursive $ref {ref!r} cannot be inlined for Gemini")
         return _convert({**_resolve(ref, root, path), **schema}, root, path, (*refs, ref))
     all_of = schema.pop("allOf", None)
     if all_of is not None:
         if not isinstance(all_of, list) or len(all_of) != 1:
-            raise SchemaError(path, "allOf with several schemas cannot be expressed; merge them into one")
+            raise _SchemaError(path, "allOf with several schemas cannot be expressed; merge them into one")
         return _convert({**all_of[0], **schema}, root, path, refs)
 
     union = schema.pop("anyOf", None) or schema.pop("oneOf", None)
     types = schema.get("type")
     if isinstance(types, list):
         if union is not None:
-            raise SchemaError(path, "a type list together with anyOf/oneOf cannot be expressed")
+            raise _SchemaError(path, "a type list together with anyOf/oneOf cannot be expressed")
         rest = {k: v for k, v in schema.items() if k != "type"}
         union = [{**rest, "type": t} for t in types]
         schema = {k: v for k, v in schema.items() if k in ("description", "default")}
@@ -118,11 +118,11 @@ def _convert_union(
     branches: Any, outer: dict[str, Any], root: dict[str, Any], path: str, refs: tuple[str, ...]
 ) -> dict[str, Any]:
     if not isinstance(branches, list) or not branches:
-        raise SchemaError(path, "anyOf/oneOf must be a non-empty list")
+        raise _SchemaError(path, "anyOf/oneOf must be a non-empty list")
     nullable = any(isinstance(b, dict) and b.get("type") == "null" for b in branches)
     rest = [b for b in branches if not (isinstance(b, dict) and b.get("type") == "null")]
     if not rest:
-        raise SchemaError(path, "a value that can only be null cannot be expressed")
+        raise _SchemaError(path, "a value that can only be null cannot be expressed")
     if len(rest) == 1:
         merged = {**rest[0], **{k: v for k, v in outer.items() if k != "type"}}
         out = _convert(merged, root, path, refs)
@@ -143,18 +143,18 @@ def _infer_type(schema: dict[str, Any], path: str) -> str:
     values = schema.get("enum", [schema["const"]] if "const" in schema else None)
     if isinstance(values, list) and values and all(isinstance(v, str) for v in values):
         return "string"
-    raise SchemaError(path, "has no type; Gemini needs every value to declare one (string, integer, object, ...)")
+    raise _SchemaError(path, "has no type; Gemini needs every value to declare one (string, integer, object, ...)")
 
 
 def _convert_single(schema: dict[str, Any], root: dict[str, Any], path: str, refs: tuple[str, ...]) -> dict[str, Any]:
     json_type = schema.get("type") or _infer_type(schema, path)
     if not isinstance(json_type, str):
-        raise SchemaError(path, f"type must be a string, got {json_type!r}")
+        raise _SchemaError(path, f"type must be a string, got {json_type!r}")
     if json_type == "null":
-        raise SchemaError(path, "a value that can only be null cannot be expressed")
+        raise _SchemaError(path, "a value that can only be null cannot be expressed")
     gem_type = _TYPES.get(json_type)
     if gem_type is None:
-        raise SchemaError(path, f"unknown type {json_type!r}")
+        raise _SchemaError(path, f"unknown type {json_type!r}")
     out: dict[str, Any] = {"type": gem_type}
     description = schema.get("description") if isinstance(schema.get("description"), str) else None
 
@@ -183,9 +183,9 @@ def _convert_single(schema: dict[str, Any], root: dict[str, Any], path: str, ref
                 out[wire] = schema[key]
     elif gem_type == "ARRAY":
         if "prefixItems" in schema:
-            raise SchemaError(path, "tuple arrays (prefixItems) cannot be expressed; use one item type")
+            raise _SchemaError(path, "tuple arrays (prefixItems) cannot be expressed; use one item type")
         if "items" not in schema or not isinstance(schema["items"], dict):
-            raise SchemaError(path, "an array needs an `items` schema for Gemini")
+            raise _SchemaError(path, "an array needs an `items` schema for Gemini")
         out["items"] = _convert(schema["items"], root, f"{path}/items", refs)
         for key in ("minItems", "maxItems"):
             if key in schema:
@@ -193,7 +193,7 @@ def _convert_single(schema: dict[str, Any], root: dict[str, Any], path: str, ref
     elif gem_type == "OBJECT":
         props = schema.get("properties") or {}
         if not props:
-            raise SchemaError(
+            raise _SchemaError(
                 path, "a free-form object (no declared properties) cannot be expressed; declare its fields"
             )
         out["properties"] = {
@@ -224,7 +224,7 @@ def convert_parameters(schema: dict[str, Any]) -> dict[str, Any] | None:
     if isinstance(ref, str):
         top = {**_resolve(ref, root, ""), **top}
     if top.get("type", "object") != "object":
-        raise SchemaError("", "a tool's input schema must be an object")
+        raise _SchemaError("", "a tool's input schema must be an object")
     if not top.get("properties"):
         return None  # Gemini rejects an OBJECT with no properties; a no-argument tool omits `parameters`
     return _convert({**top, "type": "object"}, root, "", ())
@@ -234,7 +234,7 @@ def function_declaration(spec: ToolSpec) -> dict[str, Any]:
     """One functionDeclaration (camelCase, as on the wire). Raises DefinitionError when it cannot be expressed."""
     try:
         parameters = convert_parameters(spec.input_schema)
-    except SchemaError as exc:
+    except _SchemaError as exc:
         raise DefinitionError(f"tool {spec.name!r} cannot be declared to Gemini: {exc}") from None
     decl: dict[str, Any] = {"name": wire_name(spec.name), "description": spec.description}
     if parameters is not None:
