@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from stepq.producer.gateway.errors import GatewayError, error_response
+from stepq.producer.gateway.errors import error_response
 from stepq.producer.gateway.metrics import GatewayMetrics
 
 
@@ -26,17 +26,26 @@ class BodyLimit:
             await error_response(413, "too-large", message)(scope, receive, send)
             return
         seen = 0
+        refused = False
 
         async def limited() -> Message:
-            nonlocal seen
+            # a chunked body over the limit: answer 413 here, and tell the app the client went away
+            # (raising instead would reach the app's body parser, which reports any failure as a 400)
+            nonlocal seen, refused
             msg = await receive()
-            if msg["type"] == "http.request":
+            if msg["type"] == "http.request" and not refused:
                 seen += len(msg.get("body", b""))
                 if seen > self.max_bytes:
-                    raise GatewayError(413, "too-large", message)
+                    refused = True
+                    await error_response(413, "too-large", message)(scope, receive, send)
+                    return {"type": "http.disconnect"}
             return msg
 
-        await self.app(scope, limited, send)
+        async def guarded(msg: Message) -> None:
+            if not refused:  # after our 413, whatever the app answers is dropped
+                await send(msg)
+
+        await self.app(scope, limited, guarded)
 
 
 class CountRequests:
