@@ -44,7 +44,9 @@ stall = AgentDefinition(
     id="anthropic_t.stall",
     default_provider="anthropic",
     default_model="claude-test",
-    provider_options={"stall_timeout_s": 0.5},
+    # longer than any gap in a healthy reply on a loaded machine (a 0.5 s watchdog fired on those), and than
+    # a cancel takes to reach the worker; the stall tests wait this long once
+    provider_options={"stall_timeout_s": 5.0},
 )
 
 no_cache = AgentDefinition(

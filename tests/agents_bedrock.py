@@ -51,5 +51,7 @@ stall = AgentDefinition(
     id="bedrock_t.stall",
     default_provider="bedrock",
     default_model=BEDROCK_MODEL,
-    provider_options={"stall_timeout_s": 0.5},
+    # longer than any gap in a healthy reply on a loaded machine (a 0.5 s watchdog fired on those), and than
+    # a cancel takes to reach the worker; the stall tests wait this long once
+    provider_options={"stall_timeout_s": 5.0},
 )
