@@ -27,6 +27,8 @@ from stepq.errors import (
     ProviderError,
     StepqError,
     SubmitError,
+    ThreadBusyError,
+    ThreadNotFoundError,
     ToolArgumentError,
     TurnNotFoundError,
     UnknownAgentError,
@@ -46,6 +48,7 @@ from stepq.producer.client import ApprovalReceipt, Client, TurnHandle
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
 from stepq.ratelimit import RateLimit
 from stepq.submit import LoopOverrides
+from stepq.threads import Multitask, Thread, ThreadTurn
 from stepq.tools import ToolContext, ToolDefinition, tool
 
 try:
@@ -71,6 +74,7 @@ __all__ = [
     "LoopOverrides",
     "MissingExtraError",
     "MissingFeaturesError",
+    "Multitask",
     "NoWorkerError",
     "OverrideError",
     "ProviderError",
@@ -83,6 +87,10 @@ __all__ = [
     "StepqError",
     "StopWhen",
     "SubmitError",
+    "Thread",
+    "ThreadBusyError",
+    "ThreadNotFoundError",
+    "ThreadTurn",
     "ToolArgumentError",
     "ToolContext",
     "ToolDefinition",
