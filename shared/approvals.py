@@ -2,6 +2,8 @@
 
 The token is `<key id>.<hex mac>`; the key id picks the secret, so old secrets kept
 in `STEPQ_APPROVAL_OLD_SECRETS` still verify pending approvals after a rotation.
+
+Internal (not part of the `stepq` API).
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@ and the item's key, so re-running after an interruption re-uses finished turns i
 
 Workers record each finished batch turn in the batch's counters and its `done` stream;
 a runner anywhere follows that stream, and `stepq batch status` reads the counters.
+
+Internal (not part of the `stepq` API).
 """
 
 from __future__ import annotations

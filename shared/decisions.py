@@ -1,4 +1,7 @@
-"""Deciding an approval (the work of the `approve` task) and sweeping turns nobody is running."""
+"""Deciding an approval (the work of the `approve` task) and sweeping turns nobody is running.
+
+Internal (not part of the `stepq` API).
+"""
 
 from __future__ import annotations
 

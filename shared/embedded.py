@@ -8,6 +8,8 @@ lazily, inside `_Worker.start`: the producer imports `stepq.embedded`, never `st
 One worker per (key prefix, queue) runs at a time, reference-counted: the CLI's `local_worker`
 block and a `Client` that started one on its first submit share it, and it stops when the last
 user releases it (or at interpreter exit).
+
+Internal (not part of the `stepq` API).
 """
 
 from __future__ import annotations

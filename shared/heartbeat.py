@@ -6,6 +6,8 @@ cannot say which key prefix a worker serves. A heartbeat is one pipelined write 
 `HEARTBEAT_INTERVAL_S` under the worker's own prefix, and reading it is instant and broker-independent.
 
 Layout: a ZSET of name -> last beat and a HASH of name -> JSON (`Keys.workers`, `Keys.workers_info`).
+
+Internal (not part of the `stepq` API).
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@
 - `STEPQ_LOG_JSON=true` switches the handlers to `JsonFormatter`: one JSON object per line.
 
 Workers install this on Celery's handlers (workers/signals.py); the CLI calls `configure_logging`.
+
+Internal (not part of the `stepq` API).
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ Counters and histograms are updated in-process on the step path (no Redis round 
 Gauges that describe shared state (queue depth, pending approvals) are read from Redis only when
 `/metrics` is scraped, by `StateCollector`, registered in the process that serves `/metrics`.
 With prefork workers these metrics use prometheus_client's multiprocess mode: see workers/metrics_server.py.
+
+Internal (not part of the `stepq` API).
 """
 
 from __future__ import annotations

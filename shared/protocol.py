@@ -1,6 +1,8 @@
 """What producers and workers agree on without importing each other: task names and Celery settings.
 
 This module builds plain dicts and does not import Celery, so the library layer stays free of it.
+
+Internal (not part of the `stepq` API).
 """
 
 from __future__ import annotations

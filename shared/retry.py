@@ -1,4 +1,7 @@
-"""When to retry a step and how long to wait: only before its first streamed chunk, with jittered backoff."""
+"""When to retry a step and how long to wait: only before its first streamed chunk, with jittered backoff.
+
+Internal (not part of the `stepq` API).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""The per-process bundle of settings, Redis stores and registries that every layer uses."""
+"""The per-process bundle of settings, Redis stores and registries that every layer uses.
+
+Internal (not part of the `stepq` API).
+"""
 
 from __future__ import annotations
 

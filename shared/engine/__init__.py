@@ -1,1 +1,4 @@
-"""The agent loop, one step at a time: model call, tool dispatch, stop conditions, commits."""
+"""The agent loop, one step at a time: model call, tool dispatch, stop conditions, commits.
+
+Internal: import the public names from `stepq`; what is in here may change without notice.
+"""
