@@ -12,7 +12,7 @@ from kombu import Connection
 
 from stepq.models import EventType, TurnStatus
 from stepq.protocol import RUN_STEP
-from tests.conftest import AMQP_URL, REDIS_URL, WorkerProcess, make_settings
+from tests.conftest import AMQP_URL, REDIS_URL, WorkerProcess, eventually, make_settings
 
 
 def _amqp_available() -> bool:
@@ -139,8 +139,10 @@ def test_step_longer_than_visibility_timeout_runs_once(prefix):
     from stepq.metrics import STEP_DELIVERIES
     from stepq.producer.client import Client
     from stepq.workers.app import create_app
+    from tests.agents_engine import gate_key
 
-    # the broker restores the unacked message after ~1 s while the step still streams for ~3 s
+    # the broker restores the unacked message after ~1 s; the step's tool holds it on a gate until the test
+    # has seen that second delivery, so the step outlasts the visibility timeout however slow the machine
     options = {"visibility_timeout": 1, "unacked_restore_interval": 0.2, "unacked_restore_throttle": 1}
     settings = make_settings(prefix, broker_transport_options=options, lease_ttl_s=2.0)
     client = Client(settings)
@@ -148,16 +150,19 @@ def test_step_longer_than_visibility_timeout_runs_once(prefix):
     before = leased._value.get()
     app = create_app(settings)
     with start_worker(app, pool="threads", concurrency=3, perform_ping_check=False, queues=[settings.queue]):
-        handle = client.submit("rt.slow_stream", prompt="go", metadata={"prefix": prefix})
+        handle = client.submit("eng.gated", prompt="go", metadata={"prefix": prefix})
+        try:
+            # the broker did deliver the step again while it ran: that delivery found the live lease
+            eventually(lambda: leased._value.get() > before, 120, "the restored message to find the live lease")
+        finally:
+            client.runtime.redis.rpush(gate_key(prefix, "g"), "open")
         result = handle.wait(timeout=120)
     events = list(handle.events())
-    assert result.status == TurnStatus.COMPLETED
-    # the broker did deliver the step again while it ran: that delivery found the live lease
-    assert leased._value.get() > before
-    starts = [e for e in events if e.type == EventType.STEP_START and e.step == 1]
+    assert result.status == TurnStatus.COMPLETED, result.error
+    starts = [e for e in events if e.type == EventType.STEP_START and e.step == 0]
     assert len(starts) == 1  # never executed twice, concurrently or after
     assert EventType.STEP_RESET not in [e.type for e in events]
-    assert _side_effects(prefix, handle.turn_id, "once") == 1
+    assert len([e for e in events if e.type == EventType.TOOL_RESULT]) == 1  # the tool ran once
 
 
 def test_duplicated_run_step_message_is_a_noop(worker, client, prefix):
