@@ -33,7 +33,7 @@ def control_server(tenant: str) -> Iterator[str]:
     client = redis.Redis.from_url(REDIS_URL)
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the http.server API
+        def do_POST(self) -> None:
             turn_id = self.path.rsplit("/", 1)[-1]
             client.rpush(gate_key(tenant, turn_id), "go")
             client.expire(gate_key(tenant, turn_id), 300)

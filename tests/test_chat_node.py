@@ -5,6 +5,7 @@ rebuilds (text, tools, approvals, resume, step resets). See tests/node/chat.test
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -37,7 +38,7 @@ def test_ai_sdk_client_conformance(prefix: str) -> None:
             "STEPQ_CONTROL_URL": stack.control_url,
         }
         done = subprocess.run(
-            [node, "--test", "--test-reporter=spec", "chat.test.mjs"],
+            [node, "--test", "--test-reporter=tap", "chat.test.mjs"],
             cwd=NODE_DIR,
             env=env,
             capture_output=True,
@@ -45,4 +46,5 @@ def test_ai_sdk_client_conformance(prefix: str) -> None:
             timeout=240,
         )
     assert done.returncode == 0, f"node --test failed:\n{done.stdout}\n{done.stderr}"
-    assert "# fail 0" in done.stdout or "ℹ fail 0" in done.stdout, done.stdout
+    summary = dict(re.findall(r"^# (tests|pass|fail|skipped) (\d+)$", done.stdout, re.MULTILINE))
+    assert int(summary["tests"]) >= 8 and summary["pass"] == summary["tests"], done.stdout

@@ -20,7 +20,7 @@ from stepq.producer.gateway.service import Gateway
 from stepq.producer.gateway.streams import StreamHub
 
 # routers other modules of this package contribute when present (threads, the chat UI)
-OPTIONAL_ROUTERS = ("stepq.producer.gateway.threads", "stepq.producer.gateway.chat")
+OPTIONAL_ROUTERS = ("stepq.producer.gateway.threads", "stepq.producer.gateway.chat", "stepq.producer.gateway.web")
 
 
 def create_app(

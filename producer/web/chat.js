@@ -1,0 +1,450 @@
+// The stepq chat page: plain ES module, no build step, no network beyond this gateway.
+// It speaks the same endpoints any AI SDK client does: POST /v1/chat (a UI message stream back),
+// GET /v1/chat/{id}/stream (resume) and GET /v1/chat/{id}/messages (history). The small reader
+// below applies UI message stream chunks the way the `ai` package's processUIMessageStream does.
+
+const KEY_STORE = 'stepq.apiKey';
+const CHATS_STORE = 'stepq.chats';
+
+const $ = (id) => document.getElementById(id);
+const state = {
+  chatId: null,
+  agent: null,
+  messages: [], // UIMessages
+  busy: false,
+  notice: '',
+};
+
+// ------------------------------------------------------------------ HTTP
+
+function authHeaders() {
+  const key = localStorage.getItem(KEY_STORE);
+  return key ? { Authorization: `Bearer ${key}` } : {};
+}
+
+async function api(path, init = {}) {
+  const response = await fetch(path, { ...init, headers: { ...authHeaders(), ...(init.headers || {}) } });
+  if (response.status === 401) {
+    await askForKey();
+    return api(path, init);
+  }
+  return response;
+}
+
+function askForKey() {
+  return new Promise((resolve) => {
+    const dialog = $('key-dialog');
+    $('key-form').onsubmit = () => {
+      localStorage.setItem(KEY_STORE, $('key').value.trim());
+      resolve();
+    };
+    dialog.showModal();
+  });
+}
+
+async function errorText(response) {
+  try {
+    const body = await response.json();
+    return body.error?.message || response.statusText;
+  } catch {
+    return response.statusText;
+  }
+}
+
+// ------------------------------------------------------------------ the UI message stream reader
+
+/** Yields each JSON chunk of an SSE UI message stream until `[DONE]` or the end of the body. */
+async function* chunks(response) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = '';
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf('\n\n')) >= 0) {
+      const frame = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const data = frame
+        .split('\n')
+        .filter((line) => line.startsWith('data:'))
+        .map((line) => line.slice(5).trimStart())
+        .join('\n');
+      if (!data) continue; // a keep-alive comment
+      if (data === '[DONE]') return;
+      yield JSON.parse(data);
+    }
+  }
+}
+
+/** Applies chunks to one assistant message, as the AI SDK's client does. */
+class MessageBuilder {
+  constructor(message, { replay }) {
+    this.message = message;
+    this.replay = replay; // a resume replays the message from its start: the first `start` resets it
+    this.text = {};
+    this.reasoning = {};
+  }
+
+  currentStep() {
+    const parts = this.message.parts;
+    let i = parts.length - 1;
+    while (i >= 0 && parts[i].type !== 'step-start') i--;
+    return i;
+  }
+
+  tool(toolCallId) {
+    return this.message.parts.findLast((p) => p.toolCallId === toolCallId);
+  }
+
+  apply(chunk) {
+    const m = this.message;
+    switch (chunk.type) {
+      case 'start':
+        if (this.replay) {
+          m.parts = [];
+          this.replay = false;
+        }
+        if (chunk.messageId) m.id = chunk.messageId;
+        m.metadata = { ...(m.metadata || {}), ...(chunk.messageMetadata || {}) };
+        break;
+      case 'start-step':
+        m.parts.push({ type: 'step-start' });
+        break;
+      case 'text-start':
+        this.text[chunk.id] = { type: 'text', text: '', state: 'streaming' };
+        m.parts.push(this.text[chunk.id]);
+        break;
+      case 'text-delta':
+        this.text[chunk.id].text += chunk.delta;
+        break;
+      case 'text-end':
+        this.text[chunk.id].state = 'done';
+        delete this.text[chunk.id];
+        break;
+      case 'reasoning-start':
+        this.reasoning[chunk.id] = { type: 'reasoning', text: '', state: 'streaming' };
+        m.parts.push(this.reasoning[chunk.id]);
+        break;
+      case 'reasoning-delta':
+        this.reasoning[chunk.id].text += chunk.delta;
+        break;
+      case 'reasoning-end':
+        this.reasoning[chunk.id].state = 'done';
+        delete this.reasoning[chunk.id];
+        break;
+      case 'tool-input-start':
+        m.parts.push({ type: `tool-${chunk.toolName}`, toolCallId: chunk.toolCallId, state: 'input-streaming' });
+        break;
+      case 'tool-input-available': {
+        const part = this.tool(chunk.toolCallId);
+        Object.assign(part, { state: 'input-available', input: chunk.input });
+        break;
+      }
+      case 'tool-approval-request':
+        Object.assign(this.tool(chunk.toolCallId), { state: 'approval-requested', approval: { id: chunk.approvalId } });
+        break;
+      case 'tool-approval-response': {
+        const part = m.parts.find((p) => p.approval?.id === chunk.approvalId);
+        if (part) Object.assign(part, { state: 'approval-responded', approval: { ...part.approval, approved: chunk.approved, reason: chunk.reason } });
+        break;
+      }
+      case 'tool-output-available':
+        Object.assign(this.tool(chunk.toolCallId), { state: 'output-available', output: chunk.output });
+        break;
+      case 'tool-output-error':
+        Object.assign(this.tool(chunk.toolCallId), { state: 'output-error', errorText: chunk.errorText });
+        break;
+      case 'tool-output-denied':
+        Object.assign(this.tool(chunk.toolCallId), { state: 'output-denied' });
+        break;
+      case 'reset-step': // a retried step: drop what it streamed before the retry
+        m.parts.splice(this.currentStep() + 1);
+        this.text = {};
+        this.reasoning = {};
+        break;
+      case 'finish-step':
+        this.text = {};
+        this.reasoning = {};
+        break;
+      case 'finish':
+        m.metadata = { ...(m.metadata || {}), ...(chunk.messageMetadata || {}) };
+        break;
+      case 'error':
+        m.error = chunk.errorText;
+        break;
+      case 'data-retry':
+        state.notice = `retrying step ${chunk.data.step + 1} (attempt ${chunk.data.attempt + 1}): ${chunk.data.error || ''}`;
+        break;
+      case 'data-step-reset':
+        state.notice = 'the step restarted; its partial answer was dropped';
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+/** Reads a UI message stream into the last assistant message (or a new one). */
+async function consume(response, { replay = false } = {}) {
+  let message = state.messages.at(-1);
+  if (!message || message.role !== 'assistant' || replay) {
+    message = { id: '', role: 'assistant', parts: [], metadata: {} };
+    state.messages.push(message);
+  }
+  const builder = new MessageBuilder(message, { replay });
+  for await (const chunk of chunks(response)) {
+    builder.apply(chunk);
+    if (chunk.type === 'start') {
+      // a replayed message may already be on the page (the same id): keep one copy
+      const twin = state.messages.findIndex((m) => m !== message && m.id === message.id);
+      if (twin >= 0) state.messages.splice(twin, 1);
+    }
+    render();
+  }
+  state.notice = '';
+}
+
+// ------------------------------------------------------------------ actions
+
+async function send(text) {
+  const user = { id: newId(), role: 'user', parts: [{ type: 'text', text }] };
+  state.messages.push(user);
+  remember(text);
+  await post([...state.messages], 'submit-message');
+}
+
+async function post(messages, trigger, messageId) {
+  state.busy = true;
+  setBanner('');
+  render();
+  try {
+    const response = await api(`/v1/chat?agent=${encodeURIComponent(state.agent)}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ id: state.chatId, messages, trigger, messageId }),
+    });
+    if (!response.ok) {
+      setBanner(await errorText(response), true);
+      return;
+    }
+    await consume(response);
+  } catch (error) {
+    setBanner(`connection lost: ${error.message}; reload to reconnect`, true);
+  } finally {
+    state.busy = false;
+    render();
+  }
+}
+
+async function decide(message, part, approved) {
+  part.state = 'approval-responded';
+  part.approval = { ...part.approval, approved, reason: approved ? undefined : 'denied in the chat page' };
+  render();
+  const others = message.parts.filter((p) => p.state === 'approval-requested');
+  if (others.length) return; // answer every pending call of the step, then send them together
+  await post([...state.messages], 'submit-message', message.id);
+}
+
+async function openChat(chatId, agent) {
+  state.chatId = chatId;
+  state.agent = agent || state.agent;
+  state.messages = [];
+  state.notice = '';
+  location.hash = `chat=${encodeURIComponent(chatId)}`;
+  setBanner('');
+  renderThreads();
+  render();
+  const history = await api(`/v1/chat/${encodeURIComponent(chatId)}/messages`);
+  if (!history.ok) {
+    setBanner(await errorText(history), true);
+    return;
+  }
+  const body = await history.json();
+  if (state.chatId !== chatId) return;
+  state.messages = body.messages;
+  if (body.agent) state.agent = body.agent;
+  render();
+  document.body.dataset.ready = 'yes';
+  if (body.active) await resume(chatId);
+}
+
+async function resume(chatId) {
+  setBanner('Reconnecting to the answer in progress…');
+  state.busy = true;
+  render();
+  try {
+    const response = await api(`/v1/chat/${encodeURIComponent(chatId)}/stream`);
+    if (response.status === 204) return;
+    if (!response.ok) {
+      setBanner(await errorText(response), true);
+      return;
+    }
+    setBanner('Reconnected: following the answer in progress');
+    await consume(response, { replay: true });
+    setBanner('');
+  } finally {
+    state.busy = false;
+    render();
+  }
+}
+
+// ------------------------------------------------------------------ the chat list (kept in this browser)
+
+function chats() {
+  try {
+    return JSON.parse(localStorage.getItem(CHATS_STORE) || '[]');
+  } catch {
+    return [];
+  }
+}
+
+function remember(text) {
+  const list = chats().filter((c) => c.id !== state.chatId);
+  const existing = chats().find((c) => c.id === state.chatId);
+  list.unshift({ id: state.chatId, agent: state.agent, title: existing?.title || text.slice(0, 60), at: Date.now() });
+  localStorage.setItem(CHATS_STORE, JSON.stringify(list.slice(0, 100)));
+  renderThreads();
+}
+
+function newId() {
+  return crypto.randomUUID ? crypto.randomUUID() : `${Date.now().toString(36)}${Math.random().toString(36).slice(2)}`;
+}
+
+// ------------------------------------------------------------------ rendering
+
+function setBanner(text, isError = false) {
+  const banner = $('banner');
+  banner.hidden = !text;
+  banner.textContent = text;
+  banner.classList.toggle('error', isError);
+}
+
+function renderThreads() {
+  const nav = $('threads');
+  nav.replaceChildren(
+    ...chats().map((chat) => {
+      const link = document.createElement('a');
+      link.href = `#chat=${encodeURIComponent(chat.id)}`;
+      link.textContent = chat.title || chat.id;
+      link.dataset.testid = 'thread';
+      link.dataset.chatId = chat.id;
+      link.classList.toggle('current', chat.id === state.chatId);
+      link.onclick = (event) => {
+        event.preventDefault();
+        if (!state.busy) openChat(chat.id, chat.agent);
+      };
+      return link;
+    }),
+  );
+}
+
+let scheduled = false;
+function render() {
+  if (scheduled) return;
+  scheduled = true;
+  requestAnimationFrame(() => {
+    scheduled = false;
+    draw();
+  });
+}
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (name === 'testid') node.dataset.testid = value;
+    else if (name === 'onclick') node.onclick = value;
+    else node.setAttribute(name, value);
+  }
+  node.append(...children.filter((c) => c !== null && c !== undefined));
+  return node;
+}
+
+const json = (value) => (typeof value === 'string' ? value : JSON.stringify(value, null, 2));
+
+function drawTool(message, part) {
+  const name = part.type.slice('tool-'.length);
+  const box = el('div', { class: 'tool', testid: 'tool', 'data-tool': name, 'data-state': part.state },
+    el('span', { class: 'state' }, part.state),
+    el('div', { class: 'name' }, name),
+    part.input !== undefined ? el('pre', { testid: 'tool-input' }, json(part.input)) : null);
+  if (part.state === 'approval-requested') {
+    box.append(
+      el('button', { type: 'button', testid: 'approve', onclick: () => decide(message, part, true) }, 'Approve'),
+      el('button', { type: 'button', testid: 'deny', onclick: () => decide(message, part, false) }, 'Deny'),
+    );
+  } else if (part.state === 'output-available') {
+    box.append(el('pre', { testid: 'tool-output' }, json(part.output)));
+  } else if (part.state === 'output-error') {
+    box.append(el('pre', { class: 'error', testid: 'tool-error' }, part.errorText));
+  } else if (part.state === 'output-denied') {
+    box.append(el('div', { class: 'error', testid: 'tool-denied' }, 'denied'));
+  }
+  return box;
+}
+
+function drawMessage(message) {
+  const box = el('div', { class: `msg ${message.role}`, testid: `message-${message.role}`, 'data-id': message.id });
+  for (const part of message.parts) {
+    if (part.type === 'text') box.append(el('div', { class: 'text', testid: 'text' }, part.text));
+    else if (part.type === 'reasoning') {
+      box.append(el('details', { class: 'reasoning', testid: 'reasoning' }, el('summary', {}, 'Reasoning'), part.text));
+    } else if (part.type.startsWith('tool-')) box.append(drawTool(message, part));
+  }
+  if (message.error) box.append(el('div', { class: 'error', testid: 'error' }, message.error));
+  if (message.role === 'assistant' && message.metadata?.status) box.dataset.status = message.metadata.status;
+  return box;
+}
+
+function draw() {
+  const list = $('messages');
+  list.replaceChildren(...state.messages.map(drawMessage));
+  if (state.notice) list.append(el('div', { class: 'notice', testid: 'notice' }, state.notice));
+  list.scrollTop = list.scrollHeight;
+  $('send').disabled = state.busy;
+  document.body.dataset.busy = state.busy ? 'yes' : 'no';
+}
+
+// ------------------------------------------------------------------ start
+
+async function loadAgents() {
+  const response = await api('/v1/agents');
+  if (!response.ok) return;
+  const { agents } = await response.json();
+  const select = $('agent');
+  select.replaceChildren(...agents.map((a) => el('option', { value: a.id }, a.id)));
+  state.agent = state.agent || agents[0]?.id;
+  select.value = state.agent;
+  select.onchange = () => {
+    if (!state.messages.length) state.agent = select.value;
+  };
+}
+
+async function main() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  const query = new URLSearchParams(location.search);
+  state.agent = query.get('agent');
+  await loadAgents();
+  $('new-chat').onclick = () => {
+    state.agent = $('agent').value;
+    openChat(newId(), state.agent);
+  };
+  $('composer').onsubmit = (event) => {
+    event.preventDefault();
+    const text = $('input').value.trim();
+    if (!text || state.busy) return;
+    $('input').value = '';
+    send(text);
+  };
+  $('input').onkeydown = (event) => {
+    if (event.key === 'Enter' && !event.shiftKey) {
+      event.preventDefault();
+      $('composer').requestSubmit();
+    }
+  };
+  const chatId = params.get('chat');
+  const known = chats().find((c) => c.id === chatId);
+  await openChat(chatId || newId(), known?.agent || state.agent);
+}
+
+main();
