@@ -125,6 +125,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "networkPolicy": {"enabled": True},
     },
     "embedded-beat": {"sweeper": {"enabled": False}},
+    "gateway-existing-secret": {"gateway": {"enabled": True, "auth": {"existingSecret": "gateway-auth"}}},
 }
 
 
@@ -171,6 +172,7 @@ def test_default_render_has_the_core_objects() -> None:
         "PodDisruptionBudget",
     } <= kinds(docs)
     assert not kinds(docs) & {"NetworkPolicy", "HorizontalPodAutoscaler", "ScaledObject", "ServiceMonitor"}
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-gateway")]  # off until it has credentials
 
 
 @pytest.mark.parametrize("values_name", ["default", "all-features"])
@@ -250,6 +252,7 @@ def test_configmap_is_what_settings_reads(monkeypatch: pytest.MonkeyPatch) -> No
     assert settings.visibility_timeout_s == 1200
     assert settings.agent_modules == ["stepq.demo_agents"]
     assert settings.coalesce_window_ms == 20.0
+    assert settings.thread_ttl_s == 30 * 24 * 3600
 
 
 def test_pdb_and_network_policies_select_the_pods_they_protect() -> None:
@@ -372,7 +375,8 @@ def run_stepq(args: list[str]) -> str:
 def test_keda_scales_on_queue_length_and_cpu() -> None:
     values = VARIANTS["all-features"]
     docs = render(values)
-    assert "HorizontalPodAutoscaler" not in kinds(docs)  # KEDA creates and owns the HPA; a second one would fight it
+    worker_hpas = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler" and "worker" in d["metadata"]["name"]]
+    assert worker_hpas == []  # KEDA creates and owns the workers' HPA; a second one would fight it
     worker = one(docs, "Deployment", f"{FULLNAME}-worker")
     assert "replicas" not in worker["spec"]  # the autoscaler owns the replica count, upgrades must not reset it
 
@@ -455,6 +459,11 @@ def test_service_monitor_scrapes_the_worker_metrics_service() -> None:
         ({"config": {"extra": {"NOT_STEPQ": "1"}}}, "NOT_STEPQ"),
         ({"wokrer": {"replicas": 3}}, "wokrer"),
         ({"redis": {"bundled": {"enabled": False}}}, "existingSecret"),
+        ({"gateway": {"auth": {"apiKeys": [{"sha256": "k-plain", "tenant": "a", "subject": "b"}]}}}, "sha256"),
+        ({"gateway": {"auth": {"apiKeys": [{"key": "k-plain", "tenant": "a", "subject": "b"}]}}}, "key"),
+        ({"gateway": {"ingress": {"streamTimeoutSeconds": 30}}}, "/gateway/ingress/streamTimeoutSeconds"),
+        ({"gateway": {"port": 0}}, "/gateway/port"),
+        ({"config": {"threadTtlS": 0}}, "/config/threadTtlS"),
     ],
 )
 def test_values_schema_rejects_bad_values(bad: dict[str, Any], complaint: str) -> None:
@@ -791,3 +800,189 @@ def test_build_context_builds_the_wheel_the_image_installs(tmp_path: Path) -> No
     top_level = {n.split("/", 1)[0] for n in names if not n.startswith("stepq-")}  # stepq-*.dist-info is metadata
     assert top_level == {"stepq"}
     assert re.search(r"^stepq\s*=\s*stepq\.producer\.cli:main$", entry_points, re.M)
+
+
+# --------------------------------------------------------------------------- the gateway
+
+
+GATEWAY_KEY = "secret"  # all-features configures sha256("secret") for tenant acme
+
+
+def gateway_values() -> dict[str, Any]:
+    """All features, minus the JWKS ConfigMap (the operator's own object, not rendered by the chart)."""
+    return merged(all_features(), {"gateway": {"auth": {"jwksConfigMap": ""}}})
+
+
+def test_gateway_objects_select_each_other() -> None:
+    docs = render(VARIANTS["all-features"])
+    deployment = one(docs, "Deployment", f"{FULLNAME}-gateway")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["app.kubernetes.io/component"] == "gateway"
+    assert pod_labels[f"{FULLNAME}-redis-client"] == "true"  # may reach the bundled Redis through its policy
+    c = container(deployment, "gateway")
+    (port,) = c["ports"]
+    assert port["name"] == "http"
+
+    service = one(docs, "Service", f"{FULLNAME}-gateway")
+    assert labels_match(service["spec"]["selector"], pod_labels)
+    assert [(p["name"], p["targetPort"]) for p in service["spec"]["ports"]] == [("http", "http")]
+    assert not labels_match(
+        service["spec"]["selector"], one(docs, "Deployment", f"{FULLNAME}-worker")["metadata"]["labels"]
+    )
+
+    hpa = one(docs, "HorizontalPodAutoscaler", f"{FULLNAME}-gateway")
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": f"{FULLNAME}-gateway",
+    }
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 12)
+    assert "replicas" not in deployment["spec"]  # the HPA owns the count
+
+    np = one(docs, "NetworkPolicy", f"{FULLNAME}-gateway")
+    assert labels_match(np["spec"]["podSelector"]["matchLabels"], pod_labels)
+    (rule,) = np["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}]
+
+    pdb = one(docs, "PodDisruptionBudget", f"{FULLNAME}-gateway")
+    assert labels_match(pdb["spec"]["selector"]["matchLabels"], pod_labels)
+    monitor = one(docs, "ServiceMonitor", f"{FULLNAME}-gateway")
+    assert labels_match(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    assert [(e["port"], e["path"]) for e in monitor["spec"]["endpoints"]] == [("http", "/metrics")]
+
+
+def test_gateway_probes_hit_healthz_and_readyz() -> None:
+    for values in (VARIANTS["all-features"], VARIANTS["gateway-existing-secret"]):
+        c = container(one(render(values), "Deployment", f"{FULLNAME}-gateway"), "gateway")
+        assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+        assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+        assert "command" not in c and c["args"][0] == "serve"
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_gateway_ingress_is_sse_safe() -> None:
+    docs = render(VARIANTS["all-features"])
+    ingress = one(docs, "Ingress", f"{FULLNAME}-gateway")
+    notes = ingress["metadata"]["annotations"]
+    assert notes["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"  # each event passes as it is written
+    assert int(notes["nginx.ingress.kubernetes.io/proxy-read-timeout"]) >= 3600  # a stream outlives nginx's 60 s
+    assert int(notes["nginx.ingress.kubernetes.io/proxy-send-timeout"]) >= 3600
+    assert notes["nginx.ingress.kubernetes.io/proxy-body-size"] == "1000000"  # the gateway's own limit, as bytes
+    assert notes["cert-manager.io/cluster-issuer"] == "letsencrypt"  # the operator's annotations are kept
+    (rule,) = ingress["spec"]["rules"]
+    assert rule["host"] == "stepq.example.com"
+    backends = {p["path"]: p["backend"]["service"] for p in rule["http"]["paths"]}
+    assert backends == {path: {"name": f"{FULLNAME}-gateway", "port": {"name": "http"}} for path in ("/v1", "/healthz")}
+    assert ingress["spec"]["tls"] == [{"secretName": "stepq-tls", "hosts": ["stepq.example.com"]}]
+
+    catch_all = one(
+        render(merged(gateway_values(), {"gateway": {"ingress": {"hosts": []}}})), "Ingress", f"{FULLNAME}-gateway"
+    )
+    (rule,) = catch_all["spec"]["rules"]
+    assert "host" not in rule and [p["path"] for p in rule["http"]["paths"]] == ["/"]
+    assert "Ingress" not in kinds(render(VARIANTS["gateway-existing-secret"]))  # optional
+
+
+def test_gateway_credentials_stay_in_secrets() -> None:
+    docs = render(VARIANTS["all-features"])
+    data = secret_data(one(docs, "Secret", f"{FULLNAME}-gateway"))
+    assert json.loads(data["api-keys"]) == all_features()["gateway"]["auth"]["apiKeys"]
+    assert data["jwt-secret"] == "gateway-jwt-test-secret"
+    env = env_of(container(one(docs, "Deployment", f"{FULLNAME}-gateway"), "gateway"))
+    for name, key in (("STEPQ_API_KEYS", "api-keys"), ("STEPQ_JWT_SECRET", "jwt-secret")):
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": f"{FULLNAME}-gateway", "key": key, "optional": True}
+    assert not {"STEPQ_APPROVAL_SECRET", "ANTHROPIC_API_KEY"} & set(env)  # it never calls a model
+    plain = "\n".join(yaml.safe_dump(d) for d in docs if d["kind"] != "Secret")
+    assert "gateway-jwt-test-secret" not in plain
+
+    docs = render(VARIANTS["gateway-existing-secret"])
+    assert not [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-gateway")]
+    env = env_of(container(one(docs, "Deployment", f"{FULLNAME}-gateway"), "gateway"))
+    assert env["STEPQ_API_KEYS"]["valueFrom"]["secretKeyRef"]["name"] == "gateway-auth"
+
+
+def test_gateway_without_credentials_is_refused() -> None:
+    helm = helm_sdk()
+    with pytest.raises(helm.HelmError, match=r"gateway\.enabled needs credentials"):
+        render({"gateway": {"enabled": True}})
+
+
+def resolved_env(docs: list[Manifest], c: dict[str, Any]) -> dict[str, str]:
+    """A container's environment as the kubelet would build it: the ConfigMap, values, Secret keys."""
+    env: dict[str, str] = {}
+    for source in c.get("envFrom", []):
+        env.update(one(docs, "ConfigMap", source["configMapRef"]["name"])["data"])
+    secrets = {d["metadata"]["name"]: secret_data(d) for d in docs if d["kind"] == "Secret"}
+    for entry in c.get("env", []):
+        if "value" in entry:
+            env[entry["name"]] = entry["value"]
+            continue
+        ref = entry["valueFrom"]["secretKeyRef"]
+        value = secrets.get(ref["name"], {}).get(ref["key"])
+        if value is None:
+            assert ref.get("optional"), f"{entry['name']}: {ref} is missing and not optional"
+            continue
+        env[entry["name"]] = value
+    return env
+
+
+def test_rendered_gateway_starts_and_answers_its_probes(prefix: str) -> None:
+    """Run the container's args with its rendered environment (Redis pointed at the test Redis): the probe paths
+    answer 200, and the API key the chart configured (as a hash) is accepted."""
+    import httpx
+
+    from tests.conftest import REDIS_URL, eventually
+
+    docs = render(gateway_values())
+    c = container(one(docs, "Deployment", f"{FULLNAME}-gateway"), "gateway")
+    env = resolved_env(docs, c)
+    env.update({"STEPQ_REDIS_URL": REDIS_URL, "STEPQ_KEY_PREFIX": prefix, "PATH": "/usr/bin:/bin"})
+    env.update({"PYTHONPATH": str(ROOT), "STEPQ_QUEUE": f"{prefix}.steps"})
+    env.pop("REDIS_PASSWORD", None)
+    with socket_closed_port() as port:
+        pass  # a free port, released for the gateway to bind
+    args = list(c["args"])
+    args[args.index("--port") + 1] = str(port)
+    assert args[args.index("--host") + 1] == "0.0.0.0"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from stepq.producer.cli import main; sys.exit(main())", *args],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def ready() -> bool:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else "the gateway exited"
+            try:
+                return httpx.get(f"{base}/readyz", timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        eventually(ready, timeout=60, what="the rendered gateway to become ready")
+        assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200
+        assert httpx.get(f"{base}/v1/agents", timeout=5).status_code == 401
+        agents = httpx.get(f"{base}/v1/agents", headers={"Authorization": f"Bearer {GATEWAY_KEY}"}, timeout=5)
+        assert agents.status_code == 200, agents.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_compose_gateway_service() -> None:
+    from stepq.producer.cli import build_parser
+
+    services = compose()["services"]
+    gateway = services["gateway"]
+    assert gateway["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert gateway["env_file"] == [{"path": ".env", "required": False}]  # STEPQ_API_KEYS (hashed) comes from .env
+    args = build_parser().parse_args(gateway["command"])
+    assert args.func.__name__ == "cmd_serve"
+    assert args.host == "0.0.0.0" and args.port == 8000 and not args.insecure_dev
+    assert [compose_defaults(p) for p in gateway["ports"]] == ["127.0.0.1:8000:8000"]
+    assert "/readyz" in gateway["healthcheck"]["test"][-1]
+    assert "STEPQ_API_KEYS" not in gateway.get("environment", {})  # an empty value would override .env's
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "stepq-gateway"]
+    assert job["dns_sd_configs"][0]["names"] == ["gateway"] and job["dns_sd_configs"][0]["port"] == 8000
