@@ -402,6 +402,10 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    if args.serve:
+        from stepq.producer.demo_serve import serve_demo
+
+        return serve_demo(settings, host=args.host, port=args.port)
     from stepq.producer.demo import run_demo
 
     return run_demo(settings)
@@ -494,6 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="the embedded tour: no services, no API keys")
+    p.add_argument("--serve", action="store_true", help="serve the web chat page on the demo agents instead")
+    p.add_argument("--host", default="127.0.0.1", help="with --serve: the address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="with --serve: the port (default 8000; 0 picks one)")
     p.set_defaults(func=cmd_demo)
 
     # listed for --help only: main() hands `stepq batch …` to stepq.producer.batch before parsing

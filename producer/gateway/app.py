@@ -28,14 +28,17 @@ def create_app(
     auth: AuthConfig,
     *,
     hub_factory: Callable[[aioredis.Redis], StreamHub] | None = None,
+    embedded: bool = False,
 ) -> FastAPI:
-    """The app. Refuses (ConfigurationError) to build with no credentials configured unless `auth.insecure_dev`."""
+    """The app. Refuses (ConfigurationError) to build with no credentials configured unless `auth.insecure_dev`.
+    `embedded` serves the in-process Redis stand-in when STEPQ_REDIS_URL is unset (`stepq demo --serve`,
+    whose worker runs in the same process)."""
     if not auth.configured and not auth.insecure_dev:
         raise ConfigurationError(
             "no API keys or JWT settings configured: set STEPQ_API_KEYS (or STEPQ_API_KEYS_FILE, "
             "STEPQ_JWT_SECRET, STEPQ_JWT_JWKS_FILE), or pass --insecure-dev for a local trial"
         )
-    gw = Gateway(settings, hub_factory)
+    gw = Gateway(settings, hub_factory, embedded=embedded)
     app = FastAPI(
         title="stepq gateway",
         version="1",

@@ -58,18 +58,28 @@ def gateway_settings(settings: Settings) -> Settings:
 
 
 class Gateway:
-    def __init__(self, settings: Settings, hub_factory: Callable[[aioredis.Redis], StreamHub] | None = None) -> None:
-        self.settings = gateway_settings(settings)
+    def __init__(
+        self,
+        settings: Settings,
+        hub_factory: Callable[[aioredis.Redis], StreamHub] | None = None,
+        *,
+        embedded: bool = False,
+    ) -> None:
+        # embedded (`stepq demo --serve`): this process also runs the worker, so the in-process Redis
+        # stand-in is the one the turns live in; otherwise the gateway needs a real Redis
+        self.settings = settings if embedded and settings.embedded else gateway_settings(settings)
         self.client = Client(self.settings)
         self.metrics = GatewayMetrics()
         url = self.settings.redis_url
-        assert url is not None
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, decode_responses=True, max_connections=self.settings.gateway_redis_pool, timeout=30
-        )
-        self.redis = aioredis.Redis(connection_pool=pool)
-        # the one pub/sub connection: a pool of its own, so it never competes with the commands
-        self._pubsub_redis = aioredis.Redis.from_url(url, decode_responses=True, max_connections=1)
+        if url is None:
+            self.redis, self._pubsub_redis = _embedded_clients(self.client.runtime)
+        else:
+            pool = aioredis.BlockingConnectionPool.from_url(
+                url, decode_responses=True, max_connections=self.settings.gateway_redis_pool, timeout=30
+            )
+            self.redis = aioredis.Redis(connection_pool=pool)
+            # the one pub/sub connection: a pool of its own, so it never competes with the commands
+            self._pubsub_redis = aioredis.Redis.from_url(url, decode_responses=True, max_connections=1)
         self.hub = (hub_factory or StreamHub)(self._pubsub_redis)
         self.reader = EventReader(self.redis, self.runtime.keys)
 
@@ -109,6 +119,17 @@ class Gateway:
         if state is None or state.metadata.get("tenant") != principal.tenant:
             raise not_found_turn(turn_id)
         return state
+
+
+def _embedded_clients(runtime: Runtime) -> tuple[aioredis.Redis, aioredis.Redis]:
+    """Async clients on the embedded mode's in-process Redis stand-in (the server the runtime's client uses)."""
+    import fakeredis
+
+    server = runtime.redis.connection_pool.connection_kwargs["server"]
+    return (
+        fakeredis.FakeAsyncRedis(server=server, decode_responses=True),
+        fakeredis.FakeAsyncRedis(server=server, decode_responses=True),
+    )
 
 
 def not_found_turn(turn_id: str) -> GatewayError:
