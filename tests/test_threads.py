@@ -212,6 +212,28 @@ def test_interrupt_of_a_waiting_queue_puts_the_new_turn_first(
     assert saw(last.text).endswith("| user:c | assistant:through the gate | user:b")
 
 
+def test_cancelling_a_waiting_turn_takes_it_out_of_line(
+    client: Client, worker: object, prefix: str, gate: Gate
+) -> None:
+    thread = client.create_thread("thr.gated", metadata={"prefix": prefix})
+    running = client.continue_thread(thread.thread_id, prompt="one")
+    gate.wait_entered()
+    dropped = client.continue_thread(thread.thread_id, prompt="two", multitask="enqueue")
+    kept = client.continue_thread(thread.thread_id, prompt="three", multitask="enqueue")
+    dropped.cancel()
+    assert dropped.wait(timeout=WAIT_S).status == TurnStatus.CANCELLED
+    assert [t.status for t in client.get_thread(thread.thread_id).turns] == ["running", "cancelled", "waiting"]
+    gate.open()
+    assert running.wait(timeout=WAIT_S).status == TurnStatus.COMPLETED
+    last = kept.wait(timeout=WAIT_S)
+    assert last.status == TurnStatus.COMPLETED
+    assert saw(last.text).endswith("| assistant:through the gate | user:three")  # "two" never reached the model
+    assert [m.content for m in client.get_thread(thread.thread_id).messages if isinstance(m, UserMessage)] == [
+        "one",
+        "three",
+    ]
+
+
 def test_a_turn_ended_with_open_tool_calls_leaves_the_thread_well_formed(client: Client, worker: object) -> None:
     thread = client.create_thread("thr.over_budget")
     first = client.continue_thread(thread.thread_id, prompt="compare Oslo and Rome").wait(timeout=WAIT_S)

@@ -13,7 +13,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from stepq.errors import ApprovalError, StepqError, SubmitError, TurnNotFoundError
+from stepq.errors import (
+    ApprovalError,
+    StepqError,
+    SubmitError,
+    ThreadBusyError,
+    ThreadNotFoundError,
+    TurnNotFoundError,
+)
 
 log = logging.getLogger("stepq.gateway")
 
@@ -49,8 +56,10 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
 
 def from_stepq(exc: StepqError) -> GatewayError:
     """The HTTP answer for an error the library raised on purpose."""
-    if isinstance(exc, TurnNotFoundError):
+    if isinstance(exc, TurnNotFoundError | ThreadNotFoundError):
         return GatewayError(404, "not-found", str(exc))
+    if isinstance(exc, ThreadBusyError):
+        return GatewayError(409, "thread-busy", str(exc))
     if isinstance(exc, SubmitError):
         return GatewayError(400, _code_of(exc), str(exc))
     if isinstance(exc, ApprovalError):

@@ -12,9 +12,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict
 
-from stepq.errors import ThreadBusyError, ThreadNotFoundError
 from stepq.producer.gateway.auth import Principal, require
-from stepq.producer.gateway.errors import GatewayError
 from stepq.producer.gateway.service import Gateway
 from stepq.threads import Multitask, Thread
 
@@ -56,10 +54,6 @@ class Continued(BaseModel):
     events_url: str
 
 
-def _not_found(exc: ThreadNotFoundError) -> GatewayError:
-    return GatewayError(404, "not-found", str(exc))
-
-
 def _describe(thread: Thread) -> dict[str, Any]:
     """What a caller sees: the transcript and turns; the tenant is the caller's own, so it is left out."""
     return thread.model_dump(mode="json", exclude={"tenant"})
@@ -85,10 +79,7 @@ async def read(
     principal: Annotated[Principal, Depends(require("read"))],
 ) -> dict[str, Any]:
     """The thread's transcript (every turn that ended, folded in) and its turns, oldest first."""
-    try:
-        thread = await gw.run_sync(lambda: gw.client.get_thread(thread_id, tenant=principal.tenant))
-    except ThreadNotFoundError as exc:
-        raise _not_found(exc) from None
+    thread = await gw.run_sync(lambda: gw.client.get_thread(thread_id, tenant=principal.tenant))
     return _describe(thread)
 
 
@@ -100,20 +91,15 @@ async def continue_(
     principal: Annotated[Principal, Depends(require("submit"))],
 ) -> Continued:
     """The thread's next turn: the model sees the thread's transcript, then these messages."""
-    try:
-        handle = await gw.run_sync(
-            lambda: gw.client.continue_thread(
-                thread_id,
-                prompt=body.prompt,
-                messages=body.messages,
-                multitask=body.multitask,
-                tenant=principal.tenant,
-            )
+    handle = await gw.run_sync(  # ThreadNotFoundError answers 404, ThreadBusyError 409 (see errors.py)
+        lambda: gw.client.continue_thread(
+            thread_id,
+            prompt=body.prompt,
+            messages=body.messages,
+            multitask=body.multitask,
+            tenant=principal.tenant,
         )
-    except ThreadNotFoundError as exc:
-        raise _not_found(exc) from None
-    except ThreadBusyError as exc:
-        raise GatewayError(409, "thread-busy", str(exc)) from None
+    )
     stored = await gw.run_sync(gw.runtime.threads.load, thread_id)
     status = "waiting" if stored is not None and handle.turn_id in stored.queue else "queued"
     return Continued(
