@@ -13,14 +13,16 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from celery import Celery
 
 from stepq import embedded, threads
 from stepq.config import Settings, get_settings
-from stepq.errors import ApprovalError, NoWorkerError, TurnNotFoundError
+from stepq.errors import ApprovalError, NoWorkerError, StoreUnavailableError, TurnNotFoundError
 from stepq.models import Event, EventType, TurnResult, TurnState
 from stepq.protocol import APPROVE, RUN_STEP, celery_config, queue_for
 from stepq.runtime import Runtime, get_runtime
@@ -43,7 +45,13 @@ class ApprovalReceipt:
             or the `approve` task still queued).
         """
         rt = self.client.runtime
-        popped = rt.redis.blpop([rt.keys.approval_reply(self.request_id)], timeout=max(1, int(timeout + 0.999)))
+        deadline = time.monotonic() + timeout
+        # blocking slices shorter than the socket timeout, so a long wait is never taken for a dead connection
+        slice_s = max(0.1, rt.settings.redis_socket_timeout_s / 2)
+        popped = None
+        with store_outage(rt.settings):
+            while popped is None and (left := deadline - time.monotonic()) > 0:
+                popped = rt.redis.blpop([rt.keys.approval_reply(self.request_id)], timeout=round(min(left, slice_s), 3))
         if popped is None:
             raise TimeoutError(f"no worker answered approval {self.approval_id} within {timeout}s")
         reply = json.loads(popped[1])
@@ -81,6 +89,24 @@ class TurnHandle:
 
 
 _FINISH_MARK = f'"type":"{EventType.TURN_FINISH.value}"'
+
+
+@contextmanager
+def store_outage(settings: Settings) -> Iterator[None]:
+    """Redis calls already retry through an outage (STEPQ_REDIS_OUTAGE_S); one that still fails raises
+    our own StoreUnavailableError instead of redis-py's error."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise StoreUnavailableError(
+            f"Redis ({settings.redis_url}) did not answer for {settings.redis_outage_s:.0f} s "
+            f"(STEPQ_REDIS_OUTAGE_S): {type(exc).__name__}: {exc}; check that Redis is up, then retry"
+        ) from exc
+
+
+def _outage_checked(events: Iterator[Event], settings: Settings) -> Iterator[Event]:
+    with store_outage(settings):
+        yield from events
 
 
 class Client:
@@ -245,7 +271,8 @@ class Client:
         return batch_id, handles
 
     def get(self, turn_id: str) -> TurnState:
-        state = self.runtime.turns.load(turn_id)
+        with store_outage(self.settings):
+            state = self.runtime.turns.load(turn_id)
         if state is None:
             raise TurnNotFoundError(f"no turn {turn_id!r} (unknown, or expired after its TTL)")
         return state
@@ -271,7 +298,9 @@ class Client:
             self._check_served(turn_id, unserved_since)
             return False
 
-        return self.runtime.events.follow(turn_id, after=after, idle_timeout=idle_timeout, is_finished=finished)
+        with store_outage(self.settings):
+            followed = self.runtime.events.follow(turn_id, after=after, idle_timeout=idle_timeout, is_finished=finished)
+        return _outage_checked(followed, self.settings)
 
     def wait(self, turn_id: str, timeout: float | None = None) -> TurnResult:
         """Block until the turn ends and return its result (text or object, finish reason, usage, trace).
@@ -283,6 +312,10 @@ class Client:
         Raises TurnNotFoundError for an unknown turn, and in embedded mode NoWorkerError when no worker
         in this process can run the turn.
         """
+        with store_outage(self.settings):
+            return self._wait(turn_id, timeout)
+
+    def _wait(self, turn_id: str, timeout: float | None) -> TurnResult:
         deadline = None if timeout is None else time.monotonic() + timeout
         pubsub = self.runtime.redis.pubsub(ignore_subscribe_messages=True)
         pubsub.subscribe(self.runtime.keys.channel(turn_id))

@@ -59,8 +59,9 @@ class Settings(BaseSettings):
     redis_outage_s: float = Field(default=60.0, ge=0)  # how long Redis calls retry through an outage before failing
     redis_socket_timeout_s: float = Field(default=10.0, gt=0)  # per Redis read/write; a stalled call then retries
     visibility_timeout_s: int = Field(default=3600, ge=1)
-    lease_ttl_s: float = Field(default=30.0, gt=0)
-    sweep_interval_s: float = Field(default=10.0, gt=0)
+    # a dead worker's step is taken over within about lease_ttl_s + sweep_interval_s (renewed every third of it)
+    lease_ttl_s: float = Field(default=6.0, gt=0)
+    sweep_interval_s: float = Field(default=1.5, gt=0)
     reschedule_countdown_s: float | None = Field(default=None, ge=0)  # default: lease_ttl_s / 2
     queue: str = Field(default="stepq", min_length=1)
     broker_transport_options: dict[str, Any] = Field(default_factory=dict)

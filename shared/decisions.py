@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from stepq.approvals import ApprovalClaim, canonical_args_hash
 from stepq.errors import ApprovalError, ApprovalRefusal
 from stepq.metrics import untrack_pending
-from stepq.models import EventType, TurnStatus
+from stepq.models import EventType, TurnState, TurnStatus
 from stepq.runtime import Runtime
+from stepq.store.approvals import ApprovalRecord
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ def _decide(
             ApprovalRefusal.CHANGED_ARGS, f"approval {approval_id}: the arguments differ from the ones requested"
         )
     now = time.time()
+    if record.status == "pending":
+        _check_turn_waits(rt, record, now)
     refusal, status = rt.approvals.decide(approval_id, approved, reviewer[:200], reason[:2000], now)
     if refusal in (None, ApprovalRefusal.EXPIRED):
         untrack_pending(rt, approval_id)  # no longer waiting for a person (stepq_pending_approvals)
@@ -80,12 +83,29 @@ def _decide(
             f"approval {approval_id} expired; it resolves as a denial",
             resume=_resume_target(rt, record.turn_id, record.step),
         )
+    if refusal == ApprovalRefusal.TURN_NOT_WAITING:
+        raise ApprovalError(refusal, f"approval {approval_id} was cancelled: its turn ended before the decision")
     if refusal is not None:
         raise ApprovalError(refusal, f"approval {approval_id} is already {status}")
     decision = "approved" if approved else "denied"
     _publish_decision(rt, record.turn_id, record.step, approval_id, record.tool_call_id, decision, reviewer, reason)
     return ApprovalOutcome(
         True, decision, f"approval {approval_id} {decision}", resume=_resume_target(rt, record.turn_id, record.step)
+    )
+
+
+def _check_turn_waits(rt: Runtime, record: ApprovalRecord, now: float) -> None:
+    """A decision counts only while its turn is parked on the approval's step. The turn's end cancels its
+    approvals; this catches one whose turn ended some other way (or just now), and cancels it too."""
+    state = rt.turns.load(record.turn_id)
+    if state is not None and state.status == TurnStatus.AWAITING_APPROVAL and state.step == record.step:
+        return
+    rt.approvals.cancel([record.approval_id], now, "turn no longer waiting")
+    untrack_pending(rt, record.approval_id)
+    where = "gone (expired)" if state is None else state.status.value
+    raise ApprovalError(
+        ApprovalRefusal.TURN_NOT_WAITING,
+        f"approval {record.approval_id}: turn {record.turn_id} is {where} and no longer waits for a decision",
     )
 
 
@@ -110,15 +130,25 @@ def _publish_decision(
 def _resume_target(rt: Runtime, turn_id: str, step: int) -> tuple[str, int, str] | None:
     """The step to resume when none of its approvals is still pending."""
     state = rt.turns.load(turn_id)
-    if state is None or state.status != TurnStatus.AWAITING_APPROVAL or state.parked is None or state.step != step:
+    if state is None or state.step != step or not _fully_decided(rt, state):
         return None
+    # owed a resume from now on: the sweeper watches it (a worker killed while the approved tool runs, or a
+    # lost message) until the resumed step commits and moves it on
+    rt.redis.zadd(rt.keys.active, {turn_id: time.time()})
+    return (turn_id, step, state.priority)
+
+
+def _fully_decided(rt: Runtime, state: TurnState) -> bool:
+    """A parked turn none of whose approvals still waits for a person (decided or expired)."""
+    if state.status != TurnStatus.AWAITING_APPROVAL or state.parked is None:
+        return False
     records = rt.approvals.get_many([a.approval_id for a in state.parked.approvals])
     now = time.time()
     for pending in state.parked.approvals:
         rec = records.get(pending.approval_id)
         if rec is not None and rec.status == "pending" and now < rec.expires_at:
-            return None
-    return (turn_id, step, state.priority)
+            return False
+    return True
 
 
 def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int, str]]:
@@ -130,15 +160,18 @@ def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int, str]]:
     found: list[tuple[str, int, str]] = []
     for turn_id in rt.turns.stale_active(now - min(rt.settings.lease_ttl_s, queued_grace_s)):
         state = rt.turns.load(turn_id)
-        if state is None or state.status.terminal or state.status == TurnStatus.AWAITING_APPROVAL:
-            rt.redis.zrem(rt.keys.active, turn_id)
+        parked = state is not None and state.status == TurnStatus.AWAITING_APPROVAL
+        if state is None or state.status.terminal or (parked and not _fully_decided(rt, state)):
+            rt.redis.zrem(rt.keys.active, turn_id)  # ended, or waiting for a person (the awaiting index's job)
             continue
         if rt.redis.exists(rt.keys.lease(turn_id)):
             continue
         if state.not_before and state.not_before > now:
             continue
         crashed = rt.leases.started_step(turn_id) == state.step
-        if crashed or state.updated_at < now - queued_grace_s:
+        # a decided parked turn was last touched when its decision enqueued the resume (its index score)
+        touched = (rt.redis.zscore(rt.keys.active, turn_id) or now) if parked else state.updated_at
+        if crashed or touched < now - queued_grace_s:
             found.append((turn_id, state.step, state.priority))
             rt.redis.zadd(rt.keys.active, {turn_id: now}, xx=True)
     for turn_id in rt.turns.expired_awaiting(now):

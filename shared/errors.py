@@ -16,6 +16,7 @@ them all. The tree (a second base in brackets keeps older `except ValueError` co
     ├── ThreadBusyError              a turn of the thread is running and the policy is `reject`
     ├── EventCursorError [ValueError]    an events cursor is negative, not a number, or past the end
     ├── NoWorkerError [TimeoutError] embedded mode: no worker in this process serves the turn
+    ├── StoreUnavailableError [ConnectionError]  Redis stayed unreachable for the whole outage window
     ├── ApprovalError               a decision was refused; `.code` is an `ApprovalRefusal`
     ├── ToolArgumentError [ValueError]   the model's tool arguments do not match the schema
     ├── InvalidOutputError [ValueError]  an object-mode answer does not match the output schema
@@ -92,6 +93,13 @@ class NoWorkerError(StepqError, TimeoutError):
     """Embedded mode: the turn is not finished and no worker runs in this process to finish it."""
 
 
+class StoreUnavailableError(StepqError, ConnectionError):
+    """Redis did not answer for the whole outage window (STEPQ_REDIS_OUTAGE_S): a real outage, not a blip.
+
+    Raised by the client instead of redis-py's own errors; inside a worker it is never taken for a
+    provider failure (the step is left to the sweeper, which re-runs it once Redis is back)."""
+
+
 class ApprovalRefusal(StrEnum):
     """Why an approval decision was refused (the `code` of ApprovalError, the CLI's and the API's reply).
 
@@ -104,6 +112,7 @@ class ApprovalRefusal(StrEnum):
     CHANGED_ARGS = "changed-args"  # the decision names arguments other than the requested ones
     NOT_PENDING = "not-pending"  # already approved, denied or expired
     EXPIRED = "expired"  # it expired before this decision; it resolves as a denial
+    TURN_NOT_WAITING = "turn-not-waiting"  # its turn was cancelled or finished: the approval was cancelled
 
 
 class ApprovalError(StepqError):

@@ -26,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from stepq.config import Settings
-from stepq.models import ToolResultStatus
+from stepq.models import StepLoss, ToolResultStatus
 from stepq.protocol import celery_config, worker_queues
 from stepq.store.keys import Keys
 
@@ -124,9 +124,9 @@ def step_outcome(action: str, reason: str, status: str) -> str | None:
         return "ok"
     if action == "reschedule":
         return None  # the model was not called (rate limit): counted by stepq_rate_limiter_waits_total
-    if reason.startswith("commit lost"):
+    if reason == StepLoss.COMMIT_LOST:
         return "conflict"
-    if reason.startswith("lease lost"):
+    if reason == StepLoss.LEASE_LOST:
         return "lost"
     return {"completed": "ok", "failed": "failed", "cancelled": "cancelled", "awaiting_approval": "parked"}.get(
         status, "other"

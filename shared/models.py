@@ -137,6 +137,13 @@ class TurnStatus(StrEnum):
         return self in (TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.CANCELLED)
 
 
+class StepLoss(StrEnum):
+    """Why a delivery gave its step up to another one: a Decision's reason that metrics count apart."""
+
+    COMMIT_LOST = "commit lost to a concurrent writer"  # another delivery committed the step first
+    LEASE_LOST = "lease lost mid-step; another delivery owns the turn"  # the heartbeat could not renew it
+
+
 class FinishReason(StrEnum):
     STOP = "stop"
     LENGTH = "length"

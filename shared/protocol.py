@@ -27,6 +27,17 @@ def worker_queues(settings: Settings) -> list[str]:
     return [settings.queue, f"{settings.queue}.batch"]
 
 
+def publish_retry_policy(settings: Settings) -> dict[str, Any]:
+    """kombu's publish retry covering the outage window (its default gives up after about half a second)."""
+    interval_max = 1.0
+    return {
+        "max_retries": max(3, int(settings.redis_outage_s / interval_max) + 3),
+        "interval_start": 0.0,
+        "interval_step": 0.2,
+        "interval_max": interval_max,
+    }
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings for at-least-once steps: late acks, requeue on worker loss, prefetch 1, JSON only."""
     url = settings.effective_broker_url
@@ -39,11 +50,17 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         }
     elif url.startswith("memory://"):
         transport = {"polling_interval": settings.memory_polling_interval_s}
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        # bounded socket waits, so a stalled broker connection is noticed and re-established
+        transport.update(socket_timeout=settings.redis_socket_timeout_s, socket_connect_timeout=5.0)
     transport.update(settings.broker_transport_options)
     return {
         "broker_url": url,
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,  # a worker waits out a broker outage of any length
+        # sending a task (the next step, a retry) waits out a broker outage instead of failing the step
+        "task_publish_retry_policy": publish_retry_policy(settings),
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,

@@ -107,7 +107,13 @@ class WorkerProcess:
     running: ClassVar[set[WorkerProcess]] = set()
 
     def __init__(
-        self, settings: Settings, name: str, beat: bool = True, concurrency: int = 2, pool: str = "threads"
+        self,
+        settings: Settings,
+        name: str,
+        beat: bool = True,
+        concurrency: int = 2,
+        pool: str = "threads",
+        log_path: str | None = None,
     ) -> None:
         self.name = name
         cmd = [
@@ -122,7 +128,7 @@ class WorkerProcess:
             env=settings_env(settings),
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=open(log_path, "ab") if log_path else subprocess.DEVNULL,  # noqa: SIM115 (the child owns it)
             start_new_session=True,
         )
         WorkerProcess.running.add(self)

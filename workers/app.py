@@ -6,10 +6,12 @@ from celery import Celery
 
 from stepq.config import Settings, get_settings
 from stepq.protocol import celery_config
+from stepq.workers import kombu_fixes
 
 
 def create_app(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
+    kombu_fixes.install()  # a worker must survive its broker connection going away (see the module)
     app = Celery("stepq")
     app.conf.update(celery_config(settings))
     app.conf.stepq_settings = settings

@@ -12,8 +12,11 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
+
+import redis
 
 from stepq import threads
 from stepq.agents import AgentDefinition
@@ -23,7 +26,7 @@ from stepq.engine import structured
 from stepq.engine.dispatch import PreparedCall, StepDispatcher
 from stepq.engine.emitter import StepEmitter
 from stepq.engine.output import parse_object, repair_note
-from stepq.errors import InvalidOutputError
+from stepq.errors import InvalidOutputError, StoreUnavailableError
 from stepq.logging import bind as bind_log_context
 from stepq.metrics import (
     RATE_LIMIT_WAITS,
@@ -41,6 +44,7 @@ from stepq.models import (
     ParkedStep,
     PendingApproval,
     ReasoningPart,
+    StepLoss,
     StepOutput,
     StepTrace,
     TextPart,
@@ -61,7 +65,7 @@ from stepq.runtime import Runtime
 from stepq.store.approvals import ApprovalRecord
 from stepq.store.leases import StepLease
 from stepq.store.tool_results import ToolResultStore
-from stepq.store.turns import PreparedWrite, StepStart
+from stepq.store.turns import LeaseHeld, PreparedWrite, StepStart
 
 
 def worker_id() -> str:
@@ -108,10 +112,9 @@ class StepRunner:
         rt = self.rt
         token = rt.leases.new_token()
         start = rt.turns.begin_step(turn_id, step, token, rt.leases.ttl_ms)
-        if start is None:
-            return Decision(
-                "reschedule", step=step, countdown=rt.settings.effective_reschedule_countdown_s, reason="leased"
-            )
+        if isinstance(start, LeaseHeld):  # look again just after the lease would lapse (its holder may be dead)
+            countdown = min(rt.settings.effective_reschedule_countdown_s, start.remaining_s + 0.05)
+            return Decision("reschedule", step=step, countdown=countdown, reason="leased")
         lease = rt.leases.adopt(turn_id, token)
         self._lease = lease
         try:
@@ -176,7 +179,7 @@ class StepRunner:
             state.status = TurnStatus.RUNNING
             state.started_at = state.started_at or time.time()
             if not self._commit(state, release=False):
-                return _none("commit lost to a concurrent writer")
+                return _none(StepLoss.COMMIT_LOST)
         started, traced = time.monotonic(), len(state.trace.steps)
         decision = self._model_step(state, agent, emitter, lease)
         record_step(state, decision.action, decision.reason, time.monotonic() - started, state.trace.steps[traced:])
@@ -313,16 +316,21 @@ class StepRunner:
                 )
         self._defer_step_start(state, emitter, specs, granted_at=grant.at if grant is not None else None)
         used: int | None = None
-        probe = FirstChunkProbe(emitter.emit)  # times the first content delta (stepq_time_to_first_chunk_seconds)
+        guard = _EventWriteGuard(emitter.emit)
+        probe = FirstChunkProbe(guard)  # times the first content delta (stepq_time_to_first_chunk_seconds)
         try:
             output = adapter.stream_step(request, probe, lambda: lease.should_stop)
             used = output.usage.total_tokens
         except ProviderError as exc:
+            guard.raise_if_failed()  # our event write failed inside the stream: not the provider's error
             emitter.flush()
             if exc.status == 429:
                 rt.limiter.penalize(scope, limit, exc.retry_after_s)
             return self._provider_failure(state, agent, emitter, exc)
         except Exception as exc:  # an adapter bug must not leave the turn hanging
+            guard.raise_if_failed()
+            if isinstance(exc, redis.RedisError):
+                raise
             emitter.flush()
             err = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False)
             return self._provider_failure(state, agent, emitter, err)
@@ -331,7 +339,7 @@ class StepRunner:
             if grant is not None:
                 rt.limiter.release(scope, grant, used)
         if lease.lost.is_set():  # the heartbeat lost it; the commit is fenced on the lease anyway
-            return _none("lease lost mid-step; another delivery owns the turn")
+            return _none(StepLoss.LEASE_LOST)
         if lease.cancelled.is_set():
             state.text = emitter_text(emitter)
             return self._finish(state, emitter, TurnStatus.CANCELLED, FinishReason.CANCELLED)
@@ -451,7 +459,7 @@ class StepRunner:
         state.parked = None
         state.status = TurnStatus.RUNNING
         if not self._commit(state):
-            return _none("commit lost to a concurrent writer")
+            return _none(StepLoss.COMMIT_LOST)
         return Decision("next", step=state.step)
 
     # ------------------------------------------------------------------ endings
@@ -478,8 +486,11 @@ class StepRunner:
         state.finish_reason = reason
         state.finished_at = time.time()
         parked, state.parked = state.parked, None
+        if parked is not None:  # ended while parked: a decision arriving from now on is refused
+            ids = [a.approval_id for a in parked.approvals]
+            self.rt.approvals.cancel(ids, time.time(), f"turn {status.value}")
         if not self._commit(state):
-            return _none("commit lost to a concurrent writer")
+            return _none(StepLoss.COMMIT_LOST)
         start_next = threads.turn_finished(self.rt, state)  # before turn-finish: a reader may continue at once
         TURNS.labels(state.agent, status.value).inc()
         if parked is not None:  # cancelled while parked: its approvals no longer wait for anyone
@@ -537,7 +548,7 @@ class StepRunner:
         if state.status == TurnStatus.QUEUED:
             state.status = TurnStatus.RUNNING
         if not self._commit(state):
-            return _none("commit lost to a concurrent writer")
+            return _none(StepLoss.COMMIT_LOST)
         record_retry(state.provider, state.model, exc)
         return Decision("retry", step=state.step, countdown=countdown, attempt=attempt)
 
@@ -602,7 +613,7 @@ class StepRunner:
         state.messages.pop()  # the assistant message is re-added with the results on resume
         state.status = TurnStatus.AWAITING_APPROVAL
         if not self._commit(state):
-            return _none("commit lost to a concurrent writer")
+            return _none(StepLoss.COMMIT_LOST)
         track_pending(rt, pending)  # stepq_pending_approvals counts this index
         for req in requests:
             emitter.publish(EventType.APPROVAL_REQUEST, req)
@@ -644,8 +655,10 @@ class StepRunner:
                 continue
             record = by_call[call.id]
             prepared = dispatcher.prepare(call)
-            if record is None or record.status == "expired":
-                result = dispatcher.record(_refusal(call, "approval expired: the tool was not run"))
+            if record is None or record.status in ("expired", "cancelled"):
+                result = dispatcher.record(
+                    _refusal(call, f"approval {record.status if record else 'expired'}: the tool was not run")
+                )
             elif record.status == "denied":
                 reason = record.reason or "no reason given"
                 result = dispatcher.record(_refusal(call, f"denied by reviewer: {reason}", do_not_retry=True))
@@ -661,6 +674,29 @@ class StepRunner:
         state.parked = None
         state.status = TurnStatus.RUNNING
         return self._after_tools(state, agent, emitter, calls)
+
+
+class _EventWriteGuard:
+    """The adapter's `emit`, remembering a failed event write. An adapter may wrap whatever its stream loop
+    raises into a ProviderError; a Redis outage outlasting the retry window must still surface as what it is,
+    so the step is left to the sweeper and never fails the turn as `provider error after content`."""
+
+    def __init__(self, emit: Callable[[Delta], None]) -> None:
+        self._emit = emit
+        self.failure: redis.RedisError | None = None
+
+    def __call__(self, delta: Delta) -> None:
+        try:
+            self._emit(delta)
+        except redis.RedisError as exc:
+            self.failure = exc
+            raise
+
+    def raise_if_failed(self) -> None:
+        if self.failure is not None:
+            raise StoreUnavailableError(
+                f"Redis was unreachable while the step streamed: {type(self.failure).__name__}: {self.failure}"
+            ) from self.failure
 
 
 def _refusal(call: ToolCall, error: str, **extra: object) -> ToolResult:

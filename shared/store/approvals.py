@@ -15,6 +15,7 @@ from stepq.store.keys import Keys
 _DECIDE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown', ''} end
 local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'cancelled' then return {'turn-not-waiting', status} end
 if status ~= 'pending' then return {'not-pending', status} end
 if tonumber(ARGV[1]) >= tonumber(redis.call('HGET', KEYS[1], 'expires_at')) then
   redis.call('HSET', KEYS[1], 'status', 'expired', 'decided_at', ARGV[1])
@@ -34,7 +35,7 @@ class ApprovalRecord(BaseModel):
     args: dict[str, Any]
     args_hash: str
     expires_at: float
-    status: str = "pending"  # pending | approved | denied | expired
+    status: str = "pending"  # pending | approved | denied | expired | cancelled (its turn ended first)
     reviewer: str = ""
     reason: str = ""
     # the signed capability: kept here, never in an event; approve paths send it on behalf of a caller
@@ -77,6 +78,16 @@ class ApprovalStore:
             args=[f"{now:.6f}", "approved" if approved else "denied", reviewer, reason],
         )
         return (ApprovalRefusal(refusal) if refusal else None), str(status)
+
+    def cancel(self, approval_ids: list[str], now: float, reason: str) -> None:
+        """Resolve still-pending approvals as cancelled: their turn ended (cancelled or finished) first. A later
+        decision on one is refused as `turn-not-waiting`; one decided before keeps its decision."""
+        pipe = self.client.pipeline(transaction=False)
+        for approval_id in approval_ids:
+            self._decide(
+                keys=[self.keys.approval(approval_id)], args=[f"{now:.6f}", "cancelled", "", reason], client=pipe
+            )
+        pipe.execute()
 
     def expire(self, approval_id: str, now: float) -> None:
         """Resolve a pending approval past its expiry as expired (a denial)."""

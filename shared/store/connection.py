@@ -1,11 +1,25 @@
-"""Redis clients: a real server from `STEPQ_REDIS_URL`, or one in-process fakeredis for the embedded mode."""
+"""Redis clients: a real server from `STEPQ_REDIS_URL`, or one in-process fakeredis for the embedded mode.
+
+Outages are waited out, not died of: every client has explicit socket timeouts, and a command that
+fails with a connection error or a timeout is retried with capped exponential backoff until the
+outage window (`STEPQ_REDIS_OUTAGE_S`) has passed since its first failure. A Redis restart or a
+failover (tens of seconds) then costs a pause, not a failed turn; only a longer outage raises.
+"""
 
 from __future__ import annotations
 
+import random
+import socket
 import threading
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
 
 from stepq.config import Settings
 from stepq.errors import MissingExtraError
@@ -20,6 +34,52 @@ _fake_server: fakeredis.FakeServer | None = None
 # step thread (plus pub/sub followers), so `--concurrency` above ~100 failed steps. Redis's own default maxclients;
 # `?max_connections=N` in STEPQ_REDIS_URL overrides it.
 MAX_CONNECTIONS = 10_000
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, socket.timeout)
+BACKOFF_BASE_S = 0.05
+BACKOFF_CAP_S = 1.0
+
+T = TypeVar("T")
+
+
+class OutageRetry(Retry):
+    """redis-py's Retry bounded by time, not by a count: retry transient errors (capped exponential backoff
+    with jitter) until `window_s` have passed since the first failure of this call, then raise the last."""
+
+    def __init__(self, window_s: float) -> None:
+        super().__init__(NoBackoff(), -1, TRANSIENT_ERRORS)
+        self.window_s = window_s
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, OutageRetry) and other.window_s == self.window_s
+
+    __hash__ = Retry.__hash__
+
+    def call_with_retry(
+        self,
+        do: Callable[[], T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        failures = 0
+        deadline: float | None = None
+        while True:
+            try:
+                return do()
+            except self._supported_errors as error:
+                if is_retryable and not is_retryable(error):
+                    raise
+                failures += 1
+                if with_failure_count:
+                    fail(error, failures)
+                else:
+                    fail(error)
+                now = time.monotonic()
+                deadline = deadline if deadline is not None else now + self.window_s
+                if now >= deadline:
+                    raise error
+                pause = random.uniform(0.5, 1.0) * min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**failures)
+                time.sleep(min(pause, max(deadline - now, 0.0)))  # backoff between attempts, not synchronization
 
 
 def get_redis(settings: Settings) -> redis.Redis:
@@ -33,11 +93,23 @@ def get_redis(settings: Settings) -> redis.Redis:
         return client
 
 
+def client_options(settings: Settings) -> dict[str, Any]:
+    """Timeouts and the outage retry every stepq Redis client gets (the gateway's async client too)."""
+    return {
+        "socket_timeout": settings.redis_socket_timeout_s,
+        "socket_connect_timeout": min(settings.redis_socket_timeout_s, 5.0),
+        "socket_keepalive": True,
+        "retry": OutageRetry(settings.redis_outage_s),
+        "retry_on_error": list(TRANSIENT_ERRORS),
+        "health_check_interval": 30,
+    }
+
+
 def _make_client(settings: Settings) -> redis.Redis:
     global _fake_server
     if settings.redis_url:
         return redis.Redis.from_url(
-            settings.redis_url, decode_responses=True, health_check_interval=30, max_connections=MAX_CONNECTIONS
+            settings.redis_url, decode_responses=True, max_connections=MAX_CONNECTIONS, **client_options(settings)
         )
     try:
         import fakeredis

@@ -92,7 +92,12 @@ class LeaseManager:
             try:
                 self._tick(leases)
             except redis.RedisError:
-                continue  # a dropped connection: the lease may lapse, and the sweeper recovers the turn
+                # Redis unreachable (past the outage window): a lease not renewed for its whole TTL may be
+                # someone else's by now, so its step stops rather than run on beside a new holder
+                now = time.monotonic()
+                for lease in leases:
+                    if (now - lease.renewed_at) * 1000 >= lease.ttl_ms:
+                        lease.lost.set()
 
     def _tick(self, leases: list[StepLease]) -> None:
         now = time.monotonic()

@@ -77,7 +77,7 @@ return 1
 # KEYS: lease, started, emitted, cancel, checkpoint, turn, messages, trace
 # ARGV: token, lease ttl ms, step, messages already parsed here, trace steps already parsed here
 _BEGIN = """
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {0} end
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end
 redis.call('SET', KEYS[2], ARGV[3])
 return {1, redis.call('GET', KEYS[3]), redis.call('EXISTS', KEYS[4]), redis.call('GET', KEYS[5]),
         redis.call('GET', KEYS[6]), redis.call('LRANGE', KEYS[7], ARGV[4], -1),
@@ -108,6 +108,13 @@ class StepStart:
     emitted_step: int | None  # content of this step went out before a crash: subscribers need a reset
     cancel_requested: bool
     checkpoint: StepOutput | None
+
+
+@dataclass(frozen=True)
+class LeaseHeld:
+    """Another delivery holds the turn's lease; it lapses in `remaining_s` unless its holder renews it."""
+
+    remaining_s: float
 
 
 _HISTORY_FIELDS = {"messages": True, "trace": True}
@@ -197,8 +204,8 @@ class TurnStore:
             return self.load(turn_id)
         return self._assemble(turn_id, raw, messages, new_messages, trace, new_trace)
 
-    def begin_step(self, turn_id: str, step: int, token: str, ttl_ms: int) -> StepStart | None:
-        """Take the lease and read everything a step needs, in one round trip; None when another holds it."""
+    def begin_step(self, turn_id: str, step: int, token: str, ttl_ms: int) -> StepStart | LeaseHeld:
+        """Take the lease and read everything a step needs, in one round trip; LeaseHeld when another holds it."""
         k = self.keys
         messages, trace = self._history.get(turn_id)
         reply = self._begin(
@@ -215,7 +222,7 @@ class TurnStore:
             args=[token, ttl_ms, step, len(messages), len(trace)],
         )
         if not reply[0]:
-            return None
+            return LeaseHeld(max(int(reply[1]), 0) / 1000)
         _, emitted, cancel, checkpoint, raw, new_messages, new_trace, total = reply
         state = None
         if raw:

@@ -1,0 +1,160 @@
+"""Real outages for tests: a private redis-server that can be restarted or paused, and a TCP proxy in front
+of the shared RabbitMQ whose "restart" drops every connection through it (the shared broker stays up for
+everyone else, and its queues keep their messages, as a restarted durable broker would)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_for(condition: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+class RedisServer:
+    """`redis-server --port P --save '' --appendonly no` on a free port, in its own directory.
+
+    `restart()` stops it with `SHUTDOWN SAVE` (every client's connection drops, the server exits, its
+    data survives in a snapshot the way a managed Redis or a failover keeps it) and starts it again on
+    the same port. Without the snapshot a restart would erase every turn, which no durability can survive.
+    """
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="stepq-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=30)
+
+    def start(self) -> None:
+        cmd = ["redis-server", "--port", str(self.port), "--save", "", "--appendonly", "no", "--dir", self.dir]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for(self._answers, 30, f"redis-server on port {self.port}")
+
+    def _answers(self) -> bool:
+        try:
+            with self.client() as c:
+                return bool(c.ping())
+        except redis.ConnectionError:
+            return False
+
+    def stop(self, save: bool = True) -> None:
+        if self.proc is None:
+            return
+        if save:
+            with contextlib.suppress(redis.ConnectionError), self.client() as c:
+                c.shutdown(save=True)
+        else:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop(save=True)
+        self.start()
+
+    def pause(self, ms: int) -> None:
+        """`CLIENT PAUSE ms ALL`: every client's commands (writes and reads) wait that long."""
+        with self.client() as c:
+            c.execute_command("CLIENT", "PAUSE", ms, "ALL")
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+            self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:<port> to a target; `restart()` drops every connection and refuses new ones
+    until it listens again (what clients see when their broker restarts)."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self.listen()
+
+    def listen(self) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        sock.listen(64)
+        self._listener = sock
+        threading.Thread(target=self._accept, args=(sock,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # closed by drop()
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._conns += [client, upstream]
+            threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def drop(self) -> None:
+        """Stop listening and cut every connection."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for s in conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def restart(self) -> None:
+        self.drop()
+        self.listen()
+
+    def close(self) -> None:
+        self.drop()

@@ -1,0 +1,93 @@
+"""Fast recovery at default settings: kill -9 a worker while an approved mutation runs, on each broker; the
+turn completes (the sweeper covers approved-but-not-resumed parked steps, a redelivery waits only for the
+dead worker's lease to lapse). Real worker processes; the default lease and sweep interval."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import redis
+from kombu import Connection
+
+from stepq.config import Settings
+from stepq.models import EventType, TurnStatus
+from tests.agents_recovery import execution_key
+from tests.conftest import AMQP_URL, REDIS_URL, WorkerProcess, eventually, make_settings
+from tests.test_durability import _amqp_available
+
+DEFAULTS = {name: Settings.model_fields[name].default for name in ("lease_ttl_s", "sweep_interval_s")}
+
+
+def _counter(prefix: str, turn_id: str, what: str) -> str | None:
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as client:
+        value: str | None = client.get(execution_key(prefix, turn_id, "gated", what))
+        return value
+
+
+def _kill_during_approved_mutation(settings: Settings, prefix: str) -> None:
+    from stepq.producer.client import Client
+
+    client = Client(settings)
+    workers = [WorkerProcess(settings, "r1"), WorkerProcess(settings, "r2")]
+    try:
+        handle = client.submit("rc.approved_slow_mutation", prompt="go", metadata={"prefix": prefix})
+        request = next(e for e in handle.events(idle_timeout=120) if e.type == EventType.APPROVAL_REQUEST)
+        assert client.approve(request.data["approval_id"], True, reviewer="ops").wait(timeout=60)
+        eventually(lambda: _counter(prefix, handle.turn_id, "started"), timeout=120, what="the approved tool to start")
+        pid = int(_counter(prefix, handle.turn_id, "pid") or 0)
+        victim = next(w for w in workers if w.proc.pid == pid)
+        victim.kill()  # SIGKILL to its process group, while the approved mutation runs
+        assert _counter(prefix, handle.turn_id, "done") is None  # killed mid-tool, not after
+        result = handle.wait(timeout=240)
+    finally:
+        for w in workers:
+            w.stop()
+    assert result.status == TurnStatus.COMPLETED, result.error
+    assert result.text == "written"
+    # the interrupted mutation ran again, with the same idempotency key, and finished once
+    assert _counter(prefix, handle.turn_id, "started") == "2"
+    assert _counter(prefix, handle.turn_id, "done") == "1"
+    results = [e for e in handle.events() if e.type == EventType.TOOL_RESULT]
+    assert len(results) == 1 and results[0].data["output"]["attempt"] == 2
+
+
+def test_kill_during_approved_mutation_redis_broker(prefix: str) -> None:
+    # the broker would redeliver only after its visibility timeout (an hour): the sweeper must find the step
+    _kill_during_approved_mutation(make_settings(prefix, **DEFAULTS), prefix)
+
+
+@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+def test_kill_during_approved_mutation_rabbitmq_broker(prefix: str) -> None:
+    settings = make_settings(prefix, broker_url=AMQP_URL, **DEFAULTS)
+    try:
+        _kill_during_approved_mutation(settings, prefix)
+    finally:
+        with Connection(AMQP_URL) as conn:
+            channel = conn.channel()
+            for name in (settings.queue, f"{settings.queue}.batch"):
+                with contextlib.suppress(Exception):
+                    channel.queue_delete(name)
+                    channel.exchange_delete(name)
+
+
+def test_sweeper_leaves_a_parked_turn_alone_while_a_person_decides(prefix: str) -> None:
+    """The sweeper watches a parked turn only once its approvals are decided: before that, nothing runs."""
+    from stepq.decisions import sweep
+    from stepq.producer.client import Client
+    from stepq.runtime import get_runtime
+
+    settings = make_settings(prefix, **DEFAULTS)
+    client = Client(settings)
+    rt = get_runtime(settings)
+    worker = WorkerProcess(settings, "p1", beat=False)
+    try:
+        handle = client.submit("rc.approved_slow_mutation", prompt="go", metadata={"prefix": prefix})
+        next(e for e in handle.events(idle_timeout=120) if e.type == EventType.APPROVAL_REQUEST)
+        eventually(lambda: client.get(handle.turn_id).status == TurnStatus.AWAITING_APPROVAL, what="parked")
+    finally:
+        worker.stop()
+    rt.redis.zadd(rt.keys.active, {handle.turn_id: 0})  # as if watched long ago
+    rt.redis.delete(rt.keys.sweep_lock)
+    assert sweep(rt, settings.queued_grace_s) == []
+    assert rt.redis.zscore(rt.keys.active, handle.turn_id) is None
