@@ -1,0 +1,373 @@
+"""Many concurrent SSE streams on ONE gateway process: the shared pub/sub hub vs one connection per stream.
+
+For each design, in the same run: a `stepq serve` app (real uvicorn, its own process) serves N SSE
+clients (asyncio + httpx, in separate client processes), each following its own running turn. The
+turns' events are synthetic: this process writes them with the real event-log writer (`EventLog`,
+the same Lua script a worker's emitter uses) at a paced rate per turn, because N real model turns
+would measure the workers, not the gateway. Each text-delta event carries the `ts` the writer
+stamps; a client records receive time minus `ts` (publish -> client). Reported per design:
+publish->client p50/p99, events delivered, gateway CPU (per cent of one core while publishing),
+and the Redis connections the gateway holds (CLIENT LIST, filtered by its client name) — once
+with few streams open and once with all N. Every client also checks its stream: seqs 1..last,
+each once, in order, ending with `turn-finish`.
+
+Target: >= 2,000 concurrent streams on one gateway with p99 <= 250 ms, and the gateway's Redis
+connections independent of N (the naive design holds one per stream).
+
+    .venv/bin/python -m bench.gateway_streams --streams 2000 --rate 5 --seconds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing as mp
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from bench._common import (
+    DEFAULT_REDIS_URL,
+    bench_settings,
+    cleanup,
+    percentile,
+    process_cpu_seconds,
+    settings_env,
+    stop_process,
+    table,
+    unique_prefix,
+)
+from stepq.models import EventType
+from stepq.producer.gateway.streams import Listener, RawEvent, StreamHub
+from stepq.runtime import get_runtime
+from stepq.submit import create_turn
+
+AGENT = "bench.overhead"
+TARGET_STREAMS = 2000
+TARGET_P99_MS = 250.0
+POOL = 16  # the gateway's async command pool (STEPQ_GATEWAY_REDIS_POOL); plus ONE pub/sub connection
+GROUPS = 10  # turns publish in staggered groups across each tick, not all in one burst
+
+
+class NaiveHub(StreamHub):
+    """The design the hub replaces: every stream opens its own pub/sub connection and reader task."""
+
+    def __init__(self, pubsub_client: aioredis.Redis) -> None:
+        super().__init__(pubsub_client)
+        kwargs = dict(pubsub_client.connection_pool.connection_kwargs)
+        self._own = aioredis.Redis(connection_pool=aioredis.ConnectionPool(max_connections=100_000, **kwargs))
+        self._count = 0
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        await self._own.aclose()
+
+    @property
+    def subscribed_channels(self) -> int:
+        return self._count
+
+    @contextlib.asynccontextmanager
+    async def listen(self, channel: str) -> AsyncIterator[Listener]:
+        listener = Listener()
+        pubsub = self._own.pubsub()
+        await pubsub.subscribe(channel)
+        while True:  # wait for the confirmation, as the shared hub does
+            message = await pubsub.get_message(timeout=30)
+            if message is not None and message["type"] == "subscribe":
+                break
+
+        async def pump() -> None:
+            while True:
+                message = await pubsub.get_message(timeout=None)
+                if message is not None and message["type"] == "message":
+                    listener.push(RawEvent.parse(message["data"]))
+
+        task = asyncio.create_task(pump())
+        self._count += 1
+        try:
+            yield listener
+        finally:
+            self._count -= 1
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+
+# --------------------------------------------------------------------------- the gateway process
+
+
+def run_gateway(mode: str, port: int) -> None:
+    """Entry point of the gateway subprocess (settings come from the STEPQ_* environment)."""
+    import uvicorn
+
+    from stepq.config import Settings
+    from stepq.producer.gateway.app import create_app
+    from stepq.producer.gateway.auth import AuthConfig
+
+    raise_fd_limit()
+    settings = Settings()
+    app = create_app(settings, AuthConfig(insecure_dev=True), hub_factory=NaiveHub if mode == "naive" else None)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", backlog=8192, timeout_keep_alive=600)
+
+
+def raise_fd_limit() -> None:
+    """Thousands of sockets per process: the soft open-files limit up to the hard one."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- the client processes
+
+
+async def _follow(http: Any, turn_id: str, ready: asyncio.Event, out: dict[str, Any]) -> None:
+    """One SSE client: split the byte stream into frames, check the seqs, record publish->client latency of
+    text deltas. (Frames are parsed by hand rather than line by line: the clients must not be the bottleneck.)"""
+    expected = 1
+    buffer = b""
+    async with http.stream("GET", f"/v1/turns/{turn_id}/events") as response:
+        if response.status_code != 200:
+            out["errors"].append(f"{turn_id}: HTTP {response.status_code}")
+            ready.set()
+            return
+        async for chunk in response.aiter_raw():
+            received = time.time()
+            buffer += chunk
+            *frames, buffer = buffer.split(b"\n\n")
+            for frame in frames:
+                if frame.startswith(b":"):
+                    continue  # a comment (the opening line, keep-alives)
+                head, _, data = frame.partition(b"\ndata: ")
+                id_line, _, event_line = head.partition(b"\n")
+                seq, kind = int(id_line[4:]), event_line[7:].decode()
+                if seq != expected:
+                    out["errors"].append(f"{turn_id}: seq {seq}, expected {expected}")
+                expected = seq + 1
+                if kind == EventType.TEXT_DELTA:
+                    ts = float(data[data.rindex(b'"ts":') + 5 : -1])
+                    out["latencies"].append(received - ts)
+                elif kind == EventType.TURN_START:
+                    ready.set()
+                elif kind == EventType.TURN_FINISH:
+                    out["finished"] += 1
+                    return
+    out["errors"].append(f"{turn_id}: stream ended before turn-finish")
+
+
+def run_clients(url: str, turn_ids: list[str], ready_q: Any, result_q: Any) -> None:
+    """Entry point of one client process: follow its share of the turns, report when all end."""
+    import httpx
+
+    raise_fd_limit()
+
+    async def main() -> dict[str, Any]:
+        out: dict[str, Any] = {"latencies": [], "errors": [], "finished": 0}
+        limits = httpx.Limits(max_connections=len(turn_ids) + 10, max_keepalive_connections=0)
+        timeout = httpx.Timeout(600.0, connect=120.0)
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as http:
+            readies = [asyncio.Event() for _ in turn_ids]
+            tasks = []
+            for turn_id, ready in zip(turn_ids, readies, strict=True):
+                tasks.append(asyncio.create_task(_follow(http, turn_id, ready, out)))
+            await asyncio.gather(*(r.wait() for r in readies))
+            ready_q.put(len(turn_ids))
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            out["errors"] += [repr(r) for r in results if isinstance(r, BaseException)]
+        return out
+
+    result_q.put(asyncio.run(main()))
+
+
+# --------------------------------------------------------------------------- one design, measured
+
+
+def gateway_connections(rt: Any, name: str) -> int:
+    return sum(1 for c in rt.redis.client_list() if c.get("name") == name)
+
+
+def measure(mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    from stepq.producer.gateway.service import client_name
+
+    prefix = unique_prefix(f"gw-{mode}")
+    settings = bench_settings(
+        args.redis_url, prefix, gateway_rate_limit_rpm=0, gateway_redis_pool=POOL, event_ttl_s=600
+    )
+    rt = get_runtime(settings)
+    name = client_name(settings)
+    turn_ids = [create_turn(rt, AGENT, prompt="go", metadata={"tenant": "dev"})[0].turn_id for _ in range(args.streams)]
+    port = free_port()
+    env = settings_env(settings)
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "bench.gateway_streams", "--serve", mode, "--port", str(port)], env=env
+    )
+    ctx = mp.get_context("spawn")
+    ready_q, result_q = ctx.Queue(), ctx.Queue()
+    clients: list[Any] = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_listening(port, gateway)
+        idle = gateway_connections(rt, name)
+        shares = [turn_ids[i :: args.client_procs] for i in range(args.client_procs)]
+        # a few streams first: the connection count with almost nothing open
+        clients.append(ctx.Process(target=run_clients, args=(url, shares[0][:10], ready_q, result_q)))
+        clients[-1].start()
+        ready_q.get(timeout=300)
+        few = gateway_connections(rt, name)
+        rest = [shares[0][10:], *shares[1:]]
+        for share in rest:
+            if share:
+                clients.append(ctx.Process(target=run_clients, args=(url, share, ready_q, result_q)))
+                clients[-1].start()
+        for share in rest:
+            if share:
+                ready_q.get(timeout=600)
+        held = gateway_connections(rt, name)
+        cpu0, t0 = process_cpu_seconds(gateway.pid), time.monotonic()
+        published = publish(rt, turn_ids, args.rate, args.seconds)
+        cpu = (process_cpu_seconds(gateway.pid) - cpu0) / (time.monotonic() - t0)
+        held = max(held, gateway_connections(rt, name))
+        finals = [rt.events.submit(t, EventType.TURN_FINISH, 1, {"finish_reason": "stop"}) for t in turn_ids]
+        for pending in finals:
+            rt.events.wait(pending)
+        results = [result_q.get(timeout=600) for _ in clients]
+    finally:
+        for proc in clients:
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.kill()
+        stop_process(gateway)
+        cleanup(args.redis_url, prefix)
+    latencies = [x for r in results for x in r["latencies"]]
+    errors = [e for r in results for e in r["errors"]]
+    return {
+        "mode": mode,
+        "streams": args.streams,
+        "finished": sum(r["finished"] for r in results),
+        "published": published,
+        "delivered": len(latencies),
+        "p50_ms": percentile(latencies, 50) * 1000,
+        "p99_ms": percentile(latencies, 99) * 1000,
+        "max_ms": max(latencies) * 1000 if latencies else float("nan"),
+        "cpu": cpu * 100,
+        "conn_idle": idle,
+        "conn_few": few,
+        "conn_all": held,
+        "errors": errors,
+    }
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[Any]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the gateway exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.05)
+    raise SystemExit("the gateway did not start listening")
+
+
+def publish(rt: Any, turn_ids: list[str], rate: float, seconds: float) -> int:
+    """Every turn gets `rate` text deltas a second for `seconds`, its group offset within each tick.
+
+    Each group's events go out the way a worker's do: queued on the event log's group commit and
+    written in one pipelined round trip."""
+    groups = [turn_ids[i::GROUPS] for i in range(GROUPS)]
+    interval = 1.0 / rate / GROUPS
+    ticks = int(rate * seconds * GROUPS)
+    start = time.monotonic()
+    count = 0
+    for tick in range(ticks):
+        delay = start + tick * interval - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        pending = [rt.events.submit(t, EventType.TEXT_DELTA, 1, {"text": "abcd"}) for t in groups[tick % GROUPS]]
+        for p in pending:
+            rt.events.wait(p)
+        count += len(pending)
+    return count
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", type=int, default=TARGET_STREAMS, help="concurrent SSE clients per design")
+    parser.add_argument("--rate", type=float, default=5.0, help="text-delta events per second per turn")
+    parser.add_argument("--seconds", type=float, default=20.0, help="how long every turn streams")
+    parser.add_argument("--client-procs", type=int, default=2, help="processes the clients are spread over")
+    parser.add_argument("--modes", default="shared,naive", help="designs to run, in order")
+    parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        run_gateway(args.serve, args.port)
+        return 0
+    raise_fd_limit()
+    print(
+        f"{args.streams} SSE streams on one gateway process, {args.rate:g} text-delta events/s per turn for "
+        f"{args.seconds:g} s; events are synthetic (written with the event-log writer, no model, no worker); "
+        f"clients in {args.client_procs} processes; machine: {os.cpu_count()} cores",
+        flush=True,
+    )
+    rows = []
+    results = []
+    for mode in args.modes.split(","):
+        result = measure(mode, args)
+        results.append(result)
+        rows.append(
+            [
+                result["mode"],
+                str(result["streams"]),
+                f"{result['finished']}/{result['streams']}",
+                f"{result['delivered']}/{result['published']}",
+                f"{result['p50_ms']:.1f}",
+                f"{result['p99_ms']:.1f}",
+                f"{result['max_ms']:.0f}",
+                f"{result['cpu']:.0f}%",
+                f"{result['conn_idle']}/{result['conn_few']}/{result['conn_all']}",
+                str(len(result["errors"])),
+            ]
+        )
+        print(f"  {mode}: done", flush=True)
+        for error in result["errors"][:5]:
+            print(f"    error: {error}")
+    headers = ["design", "streams", "ended", "delivered", "p50 ms", "p99 ms", "max ms", "gw CPU", "redis conns"]
+    print(table([*headers, "errors"], rows))
+    print(
+        "redis conns: the gateway's connections (CLIENT LIST by its client name) idle / 10 streams / all streams; "
+        f"the shared design is bounded by its pool ({POOL}) + 1 pub/sub connection, whatever N"
+    )
+    shared = next((r for r in results if r["mode"] == "shared"), None)
+    if shared is not None:
+        ok = (
+            shared["streams"] >= TARGET_STREAMS
+            and shared["p99_ms"] <= TARGET_P99_MS
+            and shared["conn_all"] <= POOL + 1
+            and not shared["errors"]
+        )
+        print(
+            f"target (>= {TARGET_STREAMS} streams, p99 <= {TARGET_P99_MS:.0f} ms, <= {POOL + 1} connections at any N): "
+            f"{'met' if ok else 'NOT met'}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
