@@ -373,6 +373,9 @@ class Client:
         """The thread's next turn: the model sees the thread's transcript, then these messages. While a turn
         of the thread runs, `multitask` says what happens: `reject` (ThreadBusyError), `enqueue` (run after
         it) or `interrupt` (cancel it at its next step boundary, then run this one)."""
+        started = threads.settle(self.runtime, thread_id)  # a turn that ended before its finish hook ran
+        if started is not None:
+            self._send_step(started, 0, self.get(started).priority)
         continued = threads.continue_thread(
             self.runtime,
             thread_id,

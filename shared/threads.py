@@ -74,9 +74,8 @@ class Thread(BaseModel):
 
 @dataclass(frozen=True)
 class Continued:
-    """A new turn of a thread, stored. The caller sends step 0 of every turn in `send` (the new turn when
-    it runs now; a waiting turn whose predecessor had ended) and cancels `interrupt` (the running turn,
-    under the interrupt policy)."""
+    """A new turn of a thread, stored. The caller sends step 0 of every turn in `send` (the new turn, when
+    it runs now) and cancels `interrupt` (the running turn, under the interrupt policy)."""
 
     state: TurnState
     send: tuple[str, ...] = ()
@@ -155,9 +154,6 @@ def continue_thread(
     stored = rt.threads.load(thread_id) if isinstance(thread_id, str) else None
     if stored is None or (tenant is not None and stored.tenant != tenant):
         raise _not_found(thread_id)
-    # the running turn may have ended with its worker not yet through the finish hook (or dead before it):
-    # finish it here, so a caller that saw the turn end never finds the thread busy with it
-    send = [] if stored.running is None else _settle(rt, thread_id, stored.running)
     if metadata is not None and not isinstance(metadata, dict):
         raise SubmitError("metadata must be a JSON object")
     turn_metadata = {**stored.metadata, **(metadata or {}), "thread_id": thread_id}
@@ -197,10 +193,9 @@ def continue_thread(
             "thread_id": thread_id,
         },
     )
-    if outcome == "started":
-        send.append(state.turn_id)
+    send = (state.turn_id,) if outcome == "started" else ()
     interrupt = running if policy is Multitask.INTERRUPT and outcome == "queued" else None
-    return Continued(state, tuple(send), interrupt)
+    return Continued(state, send, interrupt)
 
 
 def turn_finished(rt: Runtime, state: TurnState) -> str | None:
@@ -212,14 +207,19 @@ def turn_finished(rt: Runtime, state: TurnState) -> str | None:
     return rt.threads.finish(state.thread_id, state.turn_id, messages, time.time())
 
 
-def _settle(rt: Runtime, thread_id: str, running: str) -> list[str]:
-    """Run the finish hook of the thread's running turn if that turn has ended (or expired)."""
+def settle(rt: Runtime, thread_id: str) -> str | None:
+    """Run the finish hook of the thread's running turn if that turn has ended (or expired) and the hook has
+    not run: its worker is not there yet, or died right after committing the end. Returns the waiting turn
+    this started, to send. Call it before `continue_thread`, so a caller that saw a turn end never finds the
+    thread busy with it."""
+    running = rt.threads.running(thread_id) if isinstance(thread_id, str) else None
+    if running is None:
+        return None
     state = rt.turns.load(running)
     if state is not None and not state.status.terminal:
-        return []
+        return None
     messages = [] if state is None else [_MESSAGE.dump_json(m).decode() for m in well_formed(state.messages)]
-    started = rt.threads.finish(thread_id, running, messages, time.time())
-    return [started] if started else []
+    return rt.threads.finish(thread_id, running, messages, time.time())
 
 
 def well_formed(messages: list[Message]) -> list[Message]:

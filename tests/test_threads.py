@@ -323,6 +323,23 @@ def test_continuing_after_the_running_turn_ended_never_finds_the_thread_busy(cli
     assert client.get_thread(thread.thread_id).running_turn_id == nxt.turn_id
 
 
+def test_continuing_starts_the_waiting_turn_an_unfinished_hook_left_behind(client: Client, rt: Runtime) -> None:
+    """The running turn ended and its hook never ran, with a turn waiting behind it: continuing the thread
+    starts the waiting turn (its input built from the ended turn's transcript), and a `reject` then meets
+    that turn."""
+    thread = client.create_thread("thr.chat")
+    first = client.continue_thread(thread.thread_id, prompt="one")
+    waiting = client.continue_thread(thread.thread_id, prompt="two", multitask="enqueue")
+    state = client.get(first.turn_id)
+    state.status = TurnStatus.CANCELLED
+    assert rt.turns.commit(state)
+    with pytest.raises(ThreadBusyError) as busy:
+        client.continue_thread(thread.thread_id, prompt="three")
+    assert busy.value.running_turn_id == waiting.turn_id
+    assert [m.role for m in client.get(waiting.turn_id).messages] == ["user", "user"]
+    assert turn_ids(client.get_thread(thread.thread_id)) == [first.turn_id, waiting.turn_id]
+
+
 # --------------------------------------------------------------------------- TTLs and tenants
 
 

@@ -145,6 +145,10 @@ class ThreadStore:
             queue=queue,
         )
 
+    def running(self, thread_id: str) -> str | None:
+        """The turn the thread runs now (None when idle or unknown)."""
+        return str(self.client.hget(self.keys.thread(thread_id), "running") or "") or None
+
     def turn_states(self, turn_ids: list[str]) -> list[str | None]:
         """The stored state JSON of each turn (None once it expired), in one round trip."""
         if not turn_ids:
