@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
+import httpx
 import redis
 
 from stepq.config import Settings
@@ -18,13 +21,35 @@ from tests.agents_chat import gate_key
 from tests.conftest import REDIS_URL, WorkerProcess, make_settings
 from tests.gateway_support import serve
 
-API_KEY = "k-chat-tests"
+API_KEY = "k-chat-tests"  # this session's tenant, every scope
+SUBMIT_ONLY_KEY = "k-chat-submit"  # the same tenant, without the approve scope
+OTHER_TENANT_KEY = "k-chat-other"  # another tenant, every scope
 
 
 def chat_settings(prefix: str) -> Settings:
     """The tenant is the key prefix, so the gate keys fall under the prefix the fixture cleans up."""
-    entry = {"sha256": hashlib.sha256(API_KEY.encode()).hexdigest(), "tenant": prefix, "subject": "tester"}
-    return make_settings(prefix, api_keys=[entry], gateway_rate_limit_rpm=0, gateway_keepalive_s=1.0)
+
+    def entry(key: str, tenant: str, scopes: list[str]) -> dict[str, object]:
+        return {"sha256": hashlib.sha256(key.encode()).hexdigest(), "tenant": tenant, "subject": key, "scopes": scopes}
+
+    keys = [
+        entry(API_KEY, prefix, ["submit", "read", "approve"]),
+        entry(SUBMIT_ONLY_KEY, prefix, ["submit", "read"]),
+        entry(OTHER_TENANT_KEY, f"{prefix}-other", ["submit", "read", "approve"]),
+    ]
+    return make_settings(prefix, api_keys=keys, gateway_rate_limit_rpm=0, gateway_keepalive_s=1.0)
+
+
+def ui_chunks(response: httpx.Response) -> list[dict[str, Any]]:
+    """The JSON chunks of a UI message stream, up to `data: [DONE]`."""
+    assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
+    out = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            if line == "data: [DONE]":
+                return out
+            out.append(json.loads(line[6:]))
+    raise AssertionError(f"the stream ended without [DONE] after {out}")
 
 
 @contextmanager

@@ -11,11 +11,11 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
 
+from tests.chat_support import ui_chunks
 from tests.conftest import ROOT
 
 TIMEOUT = 60.0
@@ -48,18 +48,6 @@ def demo_url() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-
-
-def ui_chunks(response: httpx.Response) -> list[dict[str, Any]]:
-    """The JSON chunks of a UI message stream, up to `data: [DONE]`."""
-    assert response.headers["x-vercel-ai-ui-message-stream"] == "v1"
-    out = []
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            if line == "data: [DONE]":
-                return out
-            out.append(json.loads(line[6:]))
-    raise AssertionError(f"the stream ended without [DONE] after {out}")
 
 
 def test_demo_serve_chats_offline_with_an_approval(demo_url: str) -> None:

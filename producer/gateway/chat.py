@@ -99,14 +99,14 @@ async def chat(
             )
         if not principal.may("approve"):
             raise GatewayError(403, "forbidden", "this credential lacks the 'approve' scope")
-        thread = await _existing_thread(gw, principal, body.id)
+        known = await _existing_thread(gw, principal, body.id)
         turn_id = str(last.get("id", ""))
-        if thread is None or turn_id not in {t.turn_id for t in thread.turns}:
+        if known is None or turn_id not in {t.turn_id for t in known.turns}:
             raise GatewayError(404, "not-found", f"no turn {turn_id!r} in chat {body.id!r}")
         cursor = await _park_cursor(gw, turn_id)
         for decision in decisions:
             await _decide(gw, principal, turn_id, decision)
-        return _stream_response(gw, turn_id, cursor, _metadata(body.id, thread))
+        return _stream_response(gw, turn_id, cursor, _metadata(body.id, known))
     raise GatewayError(422, "invalid-request", "the last message must have role 'user' or 'assistant'")
 
 
@@ -152,7 +152,7 @@ async def _existing_thread(gw: Gateway, principal: Principal, chat_id: str) -> T
     if not 0 < len(chat_id) <= MAX_CHAT_ID:
         raise GatewayError(422, "invalid-request", f"a chat id has 1 to {MAX_CHAT_ID} characters")
     thread_id = await gw.redis.get(gw.runtime.keys.chat(principal.tenant, chat_id))
-    if not thread_id:
+    if not isinstance(thread_id, str) or not thread_id:
         return None
     try:
         return await gw.run_sync(lambda: gw.client.get_thread(thread_id, tenant=principal.tenant))
@@ -301,8 +301,8 @@ async def _ui_stream(gw: Gateway, turn_id: str, cursor: int, metadata: dict[str,
         for chunk in translator.begin():
             yield sse_frame(chunk)
         if await _waits_on_people(gw, turn_id):  # parked: what there is, then the message closes
-            for raw in await gw.reader.read(turn_id, cursor):
-                for chunk in translator.feed(Event.model_validate_json(raw.payload)):
+            for logged in await gw.reader.read(turn_id, cursor):
+                for chunk in translator.feed(Event.model_validate_json(logged.payload)):
                     yield sse_frame(chunk)
             for chunk in translator.end_parked():
                 yield sse_frame(chunk)
