@@ -30,8 +30,11 @@ class Rule:
     forbidden: tuple[str, ...]  # what they may not import ...
     allowed: tuple[str, ...] = ()  # ... except these
     exempt: tuple[str, ...] = ()  # importers the rule does not constrain
-    violation: tuple[str, str] = ("", "")  # an edge the rule must refuse (the self-check feeds it in)
+    scopes: tuple[str, ...] = ("module", "function", "type-checking")  # where in a module the rule looks
+    violation: tuple[str, str] = ("", "")  # an edge the rule must refuse (the self-check feeds it in) ...
+    violation_scope: str = "function"  # ... from this scope: a lazy import counts as much as a top-level one
     permitted: tuple[str, str] | None = None  # a nearby edge the rule must let through
+    permitted_scope: str = "module"
 
 
 RULES: list[Rule] = [
@@ -95,6 +98,25 @@ RULES: list[Rule] = [
         permitted=("stepq.embedded", "stepq.workers.app"),
     ),
     Rule(
+        "facade",
+        "the facade (stepq/__init__.py) re-exports the producer's Client, never worker code or Celery",
+        importers=("stepq",),
+        forbidden=("celery.*", "stepq.workers.*"),
+        violation=("stepq", "stepq.workers.tasks"),
+        permitted=("stepq", "stepq.producer.client"),
+    ),
+    Rule(
+        "embedded-lazy",
+        "stepq.embedded imports worker code only lazily, inside the function that starts the in-process worker",
+        importers=("stepq.embedded",),
+        forbidden=("stepq.workers.*",),
+        scopes=("module",),
+        violation=("stepq.embedded", "stepq.workers.app"),
+        violation_scope="module",
+        permitted=("stepq.embedded", "stepq.workers.app"),
+        permitted_scope="function",
+    ),
+    Rule(
         "producer-no-workers",
         "the producer never imports worker code (it sends tasks by name)",
         importers=("stepq.producer.*",),
@@ -134,6 +156,8 @@ def matches(module: str, pattern: str) -> bool:
 
 
 def broken(rule: Rule, edge: Edge) -> bool:
+    if edge.scope not in rule.scopes:
+        return False
     if not any(matches(edge.importer, p) for p in rule.importers):
         return False
     if any(matches(edge.importer, p) for p in rule.exempt):
@@ -250,11 +274,11 @@ def test_rule_holds(rule: Rule, graph: list[Edge]) -> None:
 def test_rule_fires_on_a_forbidden_edge(rule: Rule) -> None:
     """Each rule refuses its example edge (and lets its nearby permitted edge through): no rule is dead."""
     importer, target = rule.violation
-    fake = Edge(importer, target, "fake.py:1", "function")
+    fake = Edge(importer, target, "fake.py:1", rule.violation_scope)
     [message] = violations(rule, [fake])
     assert f"{importer} imports {target}" in message and rule.name in message
     if rule.permitted is not None:
-        assert violations(rule, [Edge(*rule.permitted, "fake.py:1", "module")]) == []
+        assert violations(rule, [Edge(*rule.permitted, "fake.py:1", rule.permitted_scope)]) == []
 
 
 def test_walker_sees_every_kind_of_import() -> None:
