@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from stepq.config import Settings
 from stepq.models import EventType, TurnStatus
 from stepq.runtime import Runtime
-from tests.conftest import ROOT, settings_env
+from tests.conftest import ROOT, eventually, settings_env
 from tests.test_cli import stepq_cmd
 
 TIMEOUT = 60.0
@@ -144,7 +144,16 @@ def test_metrics_count_retries_approvals_and_tool_errors(metrics_worker, client,
     for handle in (retried, failing_tools, gated):
         assert handle.wait(timeout=TIMEOUT).status == TurnStatus.COMPLETED
 
-    after = scrape(port)
+    # a step is counted when its delivery returns, just after the turn-finish event a waiter sees
+    scraped: list[dict[tuple[str, frozenset[tuple[str, str]]], float]] = []
+
+    def last_steps_counted() -> bool:
+        scraped[:] = [scrape(port)]
+        count = "stepq_step_duration_seconds_count"
+        return value(scraped[-1], count, provider="scripted") - value(before, count, provider="scripted") >= 6
+
+    eventually(last_steps_counted, TIMEOUT, "the worker to count the turns' last steps")
+    after = scraped[-1]
 
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
