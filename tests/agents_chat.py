@@ -93,3 +93,14 @@ reset = AgentDefinition(
         )
     ],
 )
+
+slow = AgentDefinition(
+    id="chat.slow",
+    script=[
+        ScriptStep(
+            text="One slow sentence, streamed a few characters at a time, long enough to kill its worker.",
+            delta_chars=3,
+            delta_delay_s=0.1,  # model latency: about 3 s of streaming
+        )
+    ],
+)

@@ -52,16 +52,40 @@ def ui_chunks(response: httpx.Response) -> list[dict[str, Any]]:
     raise AssertionError(f"the stream ended without [DONE] after {out}")
 
 
+class Workers:
+    """The stack's worker process; `replace` SIGKILLs it (mid-step, as a crash would) and starts another."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.started = 0
+        self.current = self._start()
+
+    def _start(self) -> WorkerProcess:
+        self.started += 1
+        return WorkerProcess(self.settings, f"chat{self.started}", beat=True, concurrency=4)
+
+    def replace(self) -> None:
+        self.current.kill()
+        self.current = self._start()
+
+    def stop(self) -> None:
+        self.current.stop()
+
+
 @contextmanager
-def control_server(tenant: str) -> Iterator[str]:
-    """POST /release/<turn_id> lets that turn's `chat_wait` return; answers 200."""
+def control_server(tenant: str, workers: Workers) -> Iterator[str]:
+    """POST /release/<turn_id> lets that turn's `chat_wait` return; POST /worker/kill kills the worker
+    (kill -9) and starts a new one. Both answer 200 once done."""
     client = redis.Redis.from_url(REDIS_URL)
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            turn_id = self.path.rsplit("/", 1)[-1]
-            client.rpush(gate_key(tenant, turn_id), "go")
-            client.expire(gate_key(tenant, turn_id), 300)
+            if self.path == "/worker/kill":
+                workers.replace()
+            else:
+                turn_id = self.path.rsplit("/", 1)[-1]
+                client.rpush(gate_key(tenant, turn_id), "go")
+                client.expire(gate_key(tenant, turn_id), 300)
             self.send_response(200)
             self.send_header("content-length", "0")
             self.end_headers()
@@ -91,9 +115,9 @@ class ChatStack:
 def chat_stack(prefix: str) -> Iterator[ChatStack]:
     """Worker process + gateway (real uvicorn) + gate control, all on this test's key prefix."""
     settings = chat_settings(prefix)
-    worker = WorkerProcess(settings, "chat", beat=True, concurrency=4)
+    workers = Workers(settings)
     try:
-        with serve(settings) as served, control_server(prefix) as control:
+        with serve(settings) as served, control_server(prefix, workers) as control:
             yield ChatStack(served.url, control, settings)
     finally:
-        worker.stop()
+        workers.stop()

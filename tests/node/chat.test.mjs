@@ -96,7 +96,7 @@ async function release(turnId) {
 }
 
 /** Sends one user message with the bare transport and rebuilds the answer with readUIMessageStream. */
-async function ask(agent, text, id = chatId(agent)) {
+async function ask(agent, text, id = chatId(agent), onChunk = () => {}) {
   const chunks = [];
   const stream = await transport(agent).sendMessages({
     chatId: id,
@@ -107,7 +107,10 @@ async function ask(agent, text, id = chatId(agent)) {
   });
   const [forReader, forLog] = stream.tee();
   const logged = (async () => {
-    for await (const chunk of forLog) chunks.push(chunk);
+    for await (const chunk of forLog) {
+      chunks.push(chunk);
+      onChunk(chunk);
+    }
   })();
   let message;
   for await (const snapshot of readUIMessageStream({ stream: forReader, terminateOnError: true })) message = snapshot;
@@ -278,6 +281,26 @@ test('a step reset after streamed text leaves no duplicated text', async () => {
   // the text before the reset really did reach the client
   const beforeReset = chunks.slice(0, types.indexOf('reset-step')).filter((c) => c.type === 'text-delta');
   assert.ok(beforeReset.length > 0);
+});
+
+test('a worker killed mid-step: the redelivered step replaces its partial text', async () => {
+  let killed;
+  const { message, chunks } = await ask('chat.slow', 'go slowly', chatId('kill'), (chunk) => {
+    if (chunk.type === 'text-delta' && !killed) {
+      killed = fetch(`${CONTROL}/worker/kill`, { method: 'POST' });
+    }
+  });
+  await killed;
+  const types = chunks.map((c) => c.type);
+  const reset = types.indexOf('reset-step');
+  assert.ok(reset > 0, `the redelivered step was reset: ${types.join(',')}`);
+  assert.ok(chunks.slice(0, reset).some((c) => c.type === 'text-delta'), 'partial text reached the client first');
+  const sentence = 'One slow sentence, streamed a few characters at a time, long enough to kill its worker.';
+  const state = await turn(message.metadata.turnId);
+  assert.equal(state.status, 'completed');
+  assert.equal(state.result.text, sentence);
+  assert.equal(textOf(message), sentence);
+  assert.equal(message.parts.filter((p) => p.type === 'text').length, 1);
 });
 
 test('bad requests get a clear error, not a stream', async () => {
