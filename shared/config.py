@@ -22,7 +22,8 @@ from stepq.errors import ConfigurationError
 from stepq.ratelimit import RateLimit
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
-# Values never echoed in an error message (the variable is named, the value is not).
+# Values never echoed in an error message (the variable is named, the value is not): these, and every
+# SecretStr setting.
 SECRET_SETTINGS = frozenset({"approval_secret", "approval_old_secrets", "jwt_secret", "api_keys"})
 
 
@@ -219,9 +220,14 @@ def _describe(error: ErrorDetails) -> str:
         return f"{where}: unknown field"
     message = error["msg"][:1].lower() + error["msg"][1:]
     value = error.get("input")
-    if field not in SECRET_SETTINGS and isinstance(value, str | int | float) and len(str(value)) <= 80:
+    if not _is_secret(field) and isinstance(value, str | int | float) and len(str(value)) <= 80:
         message += f" (got {value!r})"
     return f"{where}: {message}"
+
+
+def _is_secret(field: str) -> bool:
+    declared = Settings.model_fields.get(field)
+    return field in SECRET_SETTINGS or declared is None or "SecretStr" in repr(declared.annotation)
 
 
 def _describe_undecodable(exc: SettingsError) -> str:
