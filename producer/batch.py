@@ -259,15 +259,25 @@ def run_batch_command(
     if not input_path.exists():
         print(f"stepq batch: no input file {input_path}", file=sys.stderr)
         return 2
+    if not output_path.parent.is_dir():
+        print(
+            f"stepq batch: no folder {output_path.parent} for --output {output_path}: create it first", file=sys.stderr
+        )
+        return 2
     if client.runtime.agents.get(agent) is None:
         print(f"stepq batch: unknown agent {agent!r}", file=sys.stderr)
         return 2
+    client.runtime.redis.ping()  # Redis unreachable: one error line now, before the output file is touched
     batch_id = batch_id or derive_batch_id(agent, str(input_path.resolve()))
     items = list(read_items(input_path))
-    skip = finished_keys(output_path) if resume else {}
-    mode = "a" if resume else "w"
+    try:
+        skip = finished_keys(output_path) if resume else {}
+        out_file = output_path.open("a" if resume else "w", encoding="utf-8")
+    except OSError as exc:
+        print(f"stepq batch: cannot write --output {output_path}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"batch {batch_id}: {len(items)} items, {len(skip)} already done", file=sys.stderr)
-    with output_path.open(mode, encoding="utf-8") as out:
+    with out_file as out:
         runner = BatchRunner(client, agent, batch_id, out, concurrency, progress_stream=sys.stderr)
         try:
             progress = runner.run(items, skip)
@@ -332,11 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"stepq batch: {exc}", file=sys.stderr)
         return 2
+    client = Client(settings)  # loads the agent modules: one that fails to import stops here, before any worker
     # embedded mode has no separate worker: run one in this process for the batch's duration
     with local_worker(settings) if settings.embedded else nullcontext():
         try:
             return run_batch_command(
-                Client(settings),
+                client,
                 ns.agent,
                 ns.input,
                 ns.output,
@@ -349,5 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # through the CLI's main: its failures are one line, never a traceback
+    from stepq.producer.cli import main as cli_main
+
+    raise SystemExit(cli_main(["batch", *sys.argv[1:]]))

@@ -1,48 +1,51 @@
 """`stepq`: run a worker, submit and follow turns, decide approvals, inspect and cancel turns, run the demo.
 
 Exit codes: 0 success (a turn completed), 1 the turn failed or was cancelled or a
-decision was refused, 2 bad input (unknown agent or turn, malformed option).
+decision was refused, or Redis/the broker is unreachable, 2 bad input (unknown agent or turn,
+malformed option), 130 interrupted (Ctrl-C), 141 stdout's reader went away (`… | head`).
+Failures print one line (stepq.producer.failures), never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import getpass
+import importlib.metadata
 import importlib.util
 import json
 import os
 import shlex
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, TextIO
-from urllib.parse import urlsplit, urlunsplit
-
-import redis
 
 from stepq.config import Settings
 from stepq.config import load_settings as settings_from_env
 from stepq.embedded import local_worker, with_demo_agents
-from stepq.errors import ApprovalError, StepqError, SubmitError, TurnNotFoundError
+from stepq.errors import ApprovalError
 from stepq.logging import configure_logging
 from stepq.metrics import prepare_multiprocess_dir
 from stepq.models import Event, EventType, TurnResult, TurnStatus
 from stepq.producer.client import Client
+from stepq.producer.failures import (
+    EMBEDDED_STATE_HINT,
+    INTERRUPTED_EXIT,
+    UsageError,
+    describe,
+    err,
+    interrupt_twice_to_quit,
+    quiet_broken_pipe,
+    show_tracebacks,
+    unexpected,
+)
 from stepq.producer.render import LiveView, Style, compact, event_summary, result_lines, state_lines, trace_table
 from stepq.producer.status import collect_status, status_lines
 from stepq.protocol import worker_queues
 
 NO_WORKER_AFTER_S = 15.0
-EMBEDDED_STATE_HINT = (
-    "embedded mode (STEPQ_REDIS_URL unset) keeps turns inside the process that ran them; "
-    "set STEPQ_REDIS_URL to inspect turns from another command"
-)
-
-
-class UsageError(Exception):
-    """Bad command-line input: printed without a traceback, exit code 2."""
+BEAT_SCHEDULER = "celery.beat:Scheduler"  # in-memory; the default PersistentScheduler writes a shelve file
 
 
 def load_settings() -> Settings:
@@ -53,17 +56,18 @@ def load_settings() -> Settings:
     return with_demo_agents(settings) if settings.embedded else settings
 
 
-def redacted(url: str) -> str:
-    """A URL without its password, for error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+def importable_cwd() -> None:
+    """Agent modules in the current directory import as they do under `celery -A` (and `python -m`)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
 
 
-def err(message: str) -> None:
-    print(f"stepq: {message}", file=sys.stderr, flush=True)
+def version() -> str:
+    try:
+        return importlib.metadata.version("stepq")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 # --------------------------------------------------------------------------- following a turn
@@ -168,13 +172,15 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         if sys.stdin.isatty():
             raise UsageError("give a PROMPT (or pipe it on stdin)")
         prompt = sys.stdin.read()
+    client = Client(settings)  # loads the agent modules: one that fails to import stops here, before any worker
     worker: AbstractContextManager[None] = local_worker(settings) if settings.embedded else nullcontext()
     with worker:
-        return _run_turn(args, settings, prompt, metadata)
+        return _run_turn(args, settings, client, prompt, metadata)
 
 
-def _run_turn(args: argparse.Namespace, settings: Settings, prompt: str, metadata: dict[str, Any] | None) -> int:
-    client = Client(settings)
+def _run_turn(
+    args: argparse.Namespace, settings: Settings, client: Client, prompt: str, metadata: dict[str, Any] | None
+) -> int:
     handle = client.submit(
         args.agent,
         prompt=prompt,
@@ -192,14 +198,20 @@ def _run_turn(args: argparse.Namespace, settings: Settings, prompt: str, metadat
     view = LiveView(sys.stdout) if live else None
     if view is not None and not handle.created:
         view.line(view.style.dim(f"idempotency key already used: following existing turn {handle.turn_id}"))
-    for event in follow(
-        client, handle.turn_id, on_idle=None if settings.embedded else no_worker_hint(handle.turn_id, sys.stderr)
-    ):
+    try:
+        for event in follow(
+            client, handle.turn_id, on_idle=None if settings.embedded else no_worker_hint(handle.turn_id, sys.stderr)
+        ):
+            if view is not None:
+                view.on_event(event)
+            if event.type == EventType.APPROVAL_REQUEST:
+                decider.decide(client, event)
+        result = client.wait(handle.turn_id, timeout=60.0)
+    except KeyboardInterrupt:
         if view is not None:
-            view.on_event(event)
-        if event.type == EventType.APPROVAL_REQUEST:
-            decider.decide(client, event)
-    result = client.wait(handle.turn_id, timeout=60.0)
+            view.close_inline()
+        print(interrupted_run(handle.turn_id, settings), file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
     if view is not None:
         view.line()
         for line in result_lines(result, view.style):
@@ -209,6 +221,21 @@ def _run_turn(args: argparse.Namespace, settings: Settings, prompt: str, metadat
         payload["approvals"] = decider.decisions
         print(json.dumps(payload, indent=2, ensure_ascii=False))
     return exit_code(result)
+
+
+def interrupted_run(turn_id: str, settings: Settings) -> str:
+    """What Ctrl-C leaves behind: with Redis the turn goes on in the workers; embedded, it ends with us."""
+    if settings.embedded:
+        return (
+            f"stepq: interrupted; turn {turn_id} stops with this process (embedded mode runs it in here). "
+            "Stopping the in-process worker; Ctrl-C again to quit at once.\n"
+            "  set STEPQ_REDIS_URL and run `stepq worker` for turns that outlive the command"
+        )
+    return (
+        f"stepq: interrupted; turn {turn_id} goes on in the workers\n"
+        f"  follow it: stepq events {turn_id}\n"
+        f"  cancel it: stepq cancel {turn_id}"
+    )
 
 
 def _person() -> str:
@@ -366,6 +393,10 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         )
     if args.pool == "gevent" and importlib.util.find_spec("gevent") is None:
         raise UsageError("`--pool gevent` needs gevent: pip install 'stepq[gevent]'")
+    if args.metrics_port is not None:
+        if not 0 <= args.metrics_port <= 65535:
+            raise UsageError(f"--metrics-port must be 0 (off) or a port number, not {args.metrics_port}")
+        os.environ["STEPQ_METRICS_PORT"] = str(args.metrics_port)  # read by the exec'd worker's Settings
     argv = worker_argv(args, settings)
     if not settings.agent_modules and not args.print_command:
         err("no STEPQ_AGENT_MODULES set: loading the bundled demo agents (stepq.demo_agents)")
@@ -373,6 +404,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     if args.print_command:
         print(shlex.join(argv))
         return 0
+    Client(settings)  # loads the agent modules: one that fails to import is one line here, not a crash loop there
     prepare_multiprocess_dir(args.pool, os.environ)  # prefork: children's metrics reach the parent's /metrics
     sys.stdout.flush()
     os.execv(argv[0], argv)
@@ -389,9 +421,8 @@ def worker_argv(args: argparse.Namespace, settings: Settings) -> list[str]:
     if args.hostname:
         argv.append(f"--hostname={args.hostname}")
     beat = settings.beat if args.beat is None else args.beat
-    if beat:
-        schedule = os.path.join(tempfile.mkdtemp(prefix="stepq-beat-"), "schedule")
-        argv += ["-B", "--schedule", schedule]
+    if beat:  # the schedule (one sweep entry) lives in memory: no schedule file to leave behind
+        argv += ["-B", f"--scheduler={BEAT_SCHEDULER}"]
     return argv
 
 
@@ -419,6 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="stepq",
         description="Durable LLM agent loops on Celery workers with Redis. Configuration: STEPQ_* variables.",
     )
+    parser.add_argument("--version", action="version", version=f"stepq {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("worker", help="run a Celery worker (needs STEPQ_REDIS_URL)")
@@ -434,6 +466,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hostname", help="Celery node name")
     p.add_argument(
         "--beat", action=argparse.BooleanOptionalAction, default=None, help="embed the sweeper's schedule (default: on)"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="first port to try for /metrics (default: STEPQ_METRICS_PORT, 9464); a taken port moves this worker "
+        "to the next free one, so several workers share a host; 0 turns /metrics off",
     )
     p.add_argument("--print-command", action="store_true", help="print the celery command instead of running it")
     p.set_defaults(func=cmd_worker)
@@ -509,42 +547,50 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Every command ends here: failures are one line on stderr and an exit code, never a traceback."""
     for stream in (sys.stdout, sys.stderr):
         reconfigure = getattr(stream, "reconfigure", None)
         if reconfigure is not None:
             reconfigure(errors="replace")
-    raw = sys.argv[1:] if argv is None else list(argv)
-    if raw[:1] == ["batch"]:
-        from stepq.producer.batch import main as batch_main
+    importable_cwd()
+    restore_interrupt = interrupt_twice_to_quit()
+    try:
+        try:
+            code = _main(sys.argv[1:] if argv is None else list(argv))
+        finally:  # also after argparse's exits (--help): a reader gone away surfaces here, not at interpreter exit
+            sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return quiet_broken_pipe()
+    except KeyboardInterrupt:
+        err("interrupted")
+        return INTERRUPTED_EXIT
+    finally:
+        restore_interrupt()
 
-        return batch_main(raw[1:])
-    args = build_parser().parse_args(raw)
+
+def _main(raw: list[str]) -> int:
     settings: Settings | None = None
     try:
+        if raw[:1] == ["batch"]:  # its own parser (and settings): `stepq batch --help`
+            from stepq.producer.batch import main as batch_main
+
+            return batch_main(raw[1:])
+        args = build_parser().parse_args(raw)
         settings = load_settings()
         configure_logging(settings)  # secrets redacted, JSON lines with STEPQ_LOG_JSON
         code: int = args.func(args, settings)
         return code
-    except UsageError as exc:
-        err(str(exc))
-        return 2
-    except SubmitError as exc:
-        err(str(exc))
-        return 2
-    except TurnNotFoundError as exc:
-        hint = f" ({EMBEDDED_STATE_HINT})" if settings is not None and settings.embedded else ""
-        err(f"{exc}{hint}")
-        return 2
-    except StepqError as exc:
-        err(str(exc))
-        return 2
-    except redis.exceptions.ConnectionError as exc:
-        url = settings.redis_url if settings is not None and settings.redis_url else "(embedded)"
-        err(f"cannot reach Redis at {redacted(url)}: {exc}")
-        return 1
-    except KeyboardInterrupt:
-        err("interrupted")
-        return 130
+    except (BrokenPipeError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        failure = describe(exc, settings)
+        if failure is None:
+            if show_tracebacks():
+                raise
+            failure = unexpected(exc)
+        err(f"error: {failure.message}")
+        return failure.code
 
 
 if __name__ == "__main__":

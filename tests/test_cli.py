@@ -223,7 +223,7 @@ def test_worker_command_line(env, settings):
     assert cmd[1:6] == ["-m", "celery", "-A", "stepq.workers.celery_app", "worker"]
     assert "--pool=threads" in cmd and "--concurrency=32" in cmd
     assert cmd[cmd.index("-Q") + 1] == f"{settings.queue},{settings.queue}.batch"
-    assert "-B" in cmd and os.path.isdir(os.path.dirname(cmd[cmd.index("--schedule") + 1]))
+    assert "-B" in cmd and "--scheduler=celery.beat:Scheduler" in cmd  # in memory: no schedule file left behind
     cmd = shlex.split(stepq(env, "worker", "--no-beat", "--queues", "a,b", "--print-command", check=0).stdout)
     assert "-B" not in cmd and cmd[cmd.index("-Q") + 1] == "a,b"
     cmd = shlex.split(stepq(env, "worker", "--pool", "gevent", "--print-command", check=0).stdout)

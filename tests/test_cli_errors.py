@@ -1,0 +1,289 @@
+"""The CLI's failures as a user meets them: one line on stderr, a non-zero exit code, never a traceback.
+
+Every case runs the real `stepq` in a subprocess: Redis and the broker unreachable (a closed local port),
+a missing output folder, a reader that went away, an agent module that fails to import, Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import settings_env
+from tests.test_cli import ROOT, TIMEOUT, stepq_cmd, turn_id_of
+
+
+def closed_port() -> int:
+    """A local port nothing listens on: bound for a free number, then closed (connecting is refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def embedded_env(**extra: str) -> dict[str, str]:
+    """No STEPQ_REDIS_URL: the embedded mode, the state of a first-time user."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    env.pop("PYTHONPATH", None)
+    env.update(extra)
+    return env
+
+
+def run(env: dict[str, str], *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*stepq_cmd(), *args],
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+
+
+def assert_one_line_failure(proc: subprocess.CompletedProcess[str], *expected: str) -> str:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode not in (0, None), f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{proc.stderr}"
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- Redis and the broker unreachable
+
+
+@pytest.fixture
+def unreachable_env(tmp_path: Path) -> dict[str, str]:
+    """STEPQ_REDIS_URL at a closed port; STEPQ_REDIS_OUTAGE_S=0 so the client gives up at the first refusal."""
+    port = closed_port()
+    return embedded_env(
+        STEPQ_REDIS_URL=f"redis://127.0.0.1:{port}/0",
+        STEPQ_REDIS_OUTAGE_S="0",
+        STEPQ_AGENT_MODULES="stepq.demo_agents",
+    )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status"],
+        ["batch", "status", "b-1"],
+        ["approve", "apr_0123456789abcdef", "--yes"],
+        ["batch", "--agent", "demo.support", "--input", "{tmp}/items.jsonl", "--output", "{tmp}/out.jsonl"],
+    ],
+    ids=["status", "batch-status", "approve", "batch"],
+)
+def test_redis_unreachable_is_one_line(unreachable_env, tmp_path, command):
+    (tmp_path / "items.jsonl").write_text('{"key": "a", "prompt": "hello"}\n')
+    args = [part.format(tmp=tmp_path) for part in command]
+    proc = run(unreachable_env, *args)
+    port = unreachable_env["STEPQ_REDIS_URL"].rsplit(":", 1)[1].split("/")[0]
+    line = assert_one_line_failure(proc, "stepq: error: cannot reach", port)
+    assert proc.returncode == 1, line
+    assert not (tmp_path / "out.jsonl").exists()  # the batch stopped before touching its output
+
+
+def test_broker_unreachable_in_approve_is_one_line(settings):
+    env = settings_env(settings)
+    env["STEPQ_BROKER_URL"] = f"redis://127.0.0.1:{closed_port()}/0"
+    proc = run(env, "approve", "apr_0123456789abcdef", "deadbeef", "--yes")
+    assert_one_line_failure(proc, "cannot reach the broker", env["STEPQ_BROKER_URL"])
+
+
+# --------------------------------------------------------------------------- files, pipes, versions
+
+
+def test_batch_output_into_a_missing_folder_is_one_line(tmp_path):
+    (tmp_path / "items.jsonl").write_text('{"key": "a", "prompt": "hello"}\n')
+    out = tmp_path / "missing" / "out.jsonl"
+    proc = run(
+        embedded_env(),
+        "batch",
+        "--agent",
+        "demo.support",
+        "--input",
+        str(tmp_path / "items.jsonl"),
+        "--output",
+        str(out),
+    )
+    assert_one_line_failure(proc, "stepq batch:", str(out.parent))
+    assert proc.returncode == 2
+    assert not out.parent.exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["worker", "--print-command"], ["run", "demo.support", "hello", "--json", "--deny-all"]],
+    ids=["print-command", "embedded-run"],
+)
+def test_reader_gone_away_exits_quietly(tmp_path, args):
+    """`stepq … | head` where head has already exited: the write fails with EPIPE; no traceback, no noise."""
+    env = embedded_env(STEPQ_REDIS_URL="redis://127.0.0.1:6379/0") if args[0] == "worker" else embedded_env()
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every reader is gone before the first write: EPIPE on it, deterministically
+    try:
+        proc = subprocess.run(
+            [*stepq_cmd(), *args],
+            env=env,
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=TIMEOUT,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141, proc.stderr
+    assert proc.stderr == ""
+
+
+def test_version():
+    proc = run(embedded_env(), "--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"stepq {importlib.metadata.version('stepq')}"
+
+
+# --------------------------------------------------------------------------- agent modules from the current directory
+
+AGENT_MODULE = '''
+import threading
+
+from stepq.agents import AgentDefinition
+from stepq.providers.scripted import ScriptStep, ScriptToolCall
+from stepq.tools import tool
+
+
+@tool(timeout_s=None)
+def wait_forever() -> str:
+    """Never returns: the step stays running until the process ends."""
+    threading.Event().wait()
+    return "unreachable"
+
+
+echo = AgentDefinition(id="cwd.echo", system_prompt="Say hi.", script=[ScriptStep(text="hi from the current directory")])
+stuck = AgentDefinition(
+    id="cwd.stuck",
+    system_prompt="Wait.",
+    allowed_tools=["wait_forever"],
+    script=[ScriptStep(text="waiting", tool_calls=[ScriptToolCall(name="wait_forever", args={})])],
+)
+'''
+
+
+def test_agent_module_in_the_current_directory_is_importable(tmp_path):
+    (tmp_path / "myagents.py").write_text(AGENT_MODULE)
+    proc = run(embedded_env(STEPQ_AGENT_MODULES="myagents"), "run", "cwd.echo", "hello", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["text"] == "hi from the current directory"
+
+
+@pytest.mark.parametrize("command", ["run", "batch"])
+def test_agent_module_that_fails_to_import_is_one_line(tmp_path, command):
+    """The module is found in the current directory, and its own import fails: one line, no worker tracebacks."""
+    (tmp_path / "brokenagents.py").write_text("import a_module_that_does_not_exist_xyz\n")
+    (tmp_path / "items.jsonl").write_text('{"key": "a", "prompt": "hello"}\n')
+    env = embedded_env(STEPQ_AGENT_MODULES="brokenagents")
+    if command == "run":
+        proc = run(env, "run", "demo.support", "hello", cwd=tmp_path)
+    else:
+        proc = run(
+            env, "batch", "--agent", "demo.support", "--input", "items.jsonl", "--output", "out.jsonl", cwd=tmp_path
+        )
+    assert_one_line_failure(proc, "brokenagents", "a_module_that_does_not_exist_xyz")
+    assert proc.returncode == 2
+
+
+# --------------------------------------------------------------------------- Ctrl-C on `stepq run`
+
+
+class Watch:
+    """Collects a pipe's text in a thread; `wait_for` blocks until some text has arrived (or the stream ends)."""
+
+    def __init__(self, stream: int) -> None:
+        self.text = ""
+        self._changed = threading.Condition()
+        self._done = False
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, fd: int) -> None:
+        while chunk := os.read(fd, 4096):
+            with self._changed:
+                self.text += chunk.decode(errors="replace")
+                self._changed.notify_all()
+        with self._changed:
+            self._done = True
+            self._changed.notify_all()
+
+    def wait_for(self, needle: str, timeout: float = TIMEOUT) -> None:
+        with self._changed:
+            found = self._changed.wait_for(lambda: needle in self.text or self._done, timeout=timeout)
+        assert found and needle in self.text, f"{needle!r} never came; got:\n{self.text}"
+
+    def finish(self) -> str:
+        self._thread.join(timeout=TIMEOUT)
+        return self.text
+
+
+def start(args: list[str], env: dict[str, str], cwd: Path, stdin: int) -> tuple[subprocess.Popen[bytes], Watch, Watch]:
+    proc = subprocess.Popen(
+        [*stepq_cmd(), *args], env=env, cwd=cwd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    return proc, Watch(proc.stdout.fileno()), Watch(proc.stderr.fileno())
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=TIMEOUT)
+
+
+def test_ctrl_c_says_the_turn_goes_on(worker, settings, client):
+    """With Redis the turn lives in the workers: Ctrl-C leaves it parked and says how to follow or cancel it."""
+    primary, secondary = os.openpty()  # a terminal on stdin: the CLI asks about the refund and waits
+    proc, out, errs = start(["run", "demo.support", "refund please"], settings_env(settings), ROOT, secondary)
+    try:
+        out.wait_for("[y/N]")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=TIMEOUT) == 130
+    finally:
+        stop(proc)
+        os.close(primary)
+        os.close(secondary)
+    text, stderr = out.finish(), errs.finish()
+    turn_id = turn_id_of(text)
+    assert "Traceback" not in stderr, stderr
+    assert f"turn {turn_id} goes on" in stderr
+    assert f"stepq events {turn_id}" in stderr and f"stepq cancel {turn_id}" in stderr
+    assert client.get(turn_id).status == "awaiting_approval"  # still there, still waiting for its decision
+
+
+def test_ctrl_c_twice_in_embedded_mode_exits_at_once(tmp_path):
+    """Embedded, the turn ends with the process; the first Ctrl-C says so and stops the in-process worker,
+    whose step never ends (a tool that waits forever): only the second Ctrl-C gets the user out."""
+    (tmp_path / "myagents.py").write_text(AGENT_MODULE)
+    env = embedded_env(STEPQ_AGENT_MODULES="myagents")
+    proc, out, errs = start(["run", "cwd.stuck", "go"], env, tmp_path, subprocess.DEVNULL)
+    try:
+        out.wait_for("wait_forever")  # the tool call is on screen: the step is running it
+        proc.send_signal(signal.SIGINT)
+        errs.wait_for("Ctrl-C again")
+        assert proc.poll() is None  # still stopping the worker: its step cannot finish
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=TIMEOUT) == 130
+    finally:
+        stop(proc)
+    stderr = errs.finish()
+    assert "Traceback" not in stderr, stderr
+    assert "stops with this process" in stderr
