@@ -6,8 +6,13 @@ every name is importable from `stepq` and defined inside the package.
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import types
+
+import pytest
 
 import stepq
 from tests.conftest import ROOT
@@ -95,3 +100,26 @@ def test_every_error_class_in_the_package_derives_from_stepq_error():
 def test_py_typed_ships_with_the_package():
     assert (ROOT / "shared" / "py.typed").is_file()
     assert '"py.typed"' in (ROOT / "pyproject.toml").read_text()
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "stepq",
+        "stepq.errors",
+        "stepq.models",
+        "stepq.engine.runner",
+        "stepq.store.turns",
+        "stepq.workers.app",
+        "stepq.workers.tasks",
+        "stepq.producer.cli",
+        "stepq.embedded",
+    ],
+)
+def test_any_module_imports_first_in_a_fresh_interpreter(module: str):
+    """`stepq/__init__` imports the client facade: no internal module may trip over that import cycle."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
