@@ -212,8 +212,8 @@ def _variable(field: str) -> str:
 
 
 def _describe(error: ErrorDetails) -> str:
-    field, *inside = (str(part) for part in error["loc"])
-    where = _variable(field) + "".join(f": {part}" for part in inside)
+    field, *inside = [str(part) for part in error["loc"]] or [""]  # a model-level check has no location
+    where = (_variable(field) if field else "STEPQ_* settings") + "".join(f": {part}" for part in inside)
     if error["type"] == "value_error":  # our own validators: the message already says it all
         return f"{where}: {error['ctx']['error']}"
     if error["type"] == "extra_forbidden":
