@@ -5,6 +5,9 @@ An adapter turns a canonical `StepRequest` into one streamed model call, calls
 finish reason. It classifies every failure as a `ProviderError` (retryable or
 fatal, with an optional retry-after) and never retries by itself: the engine's
 retry is the only one.
+
+The data an adapter trades in (`ToolSpec`, `Delta`, `StepOutput`) is defined in
+`stepq.models`, so the store can checkpoint a step's output without importing providers.
 """
 
 from __future__ import annotations
