@@ -22,7 +22,7 @@ from celery import Celery
 
 from stepq import embedded, threads
 from stepq.config import Settings, get_settings
-from stepq.errors import ApprovalError, NoWorkerError, StoreUnavailableError, TurnNotFoundError
+from stepq.errors import ApprovalError, NoWorkerError, StoreUnavailableError, TurnNotFoundError, WaitTimeoutError
 from stepq.models import Event, EventType, TurnResult, TurnState
 from stepq.protocol import APPROVE, RUN_STEP, celery_config, queue_for
 from stepq.runtime import Runtime, get_runtime
@@ -41,7 +41,7 @@ class ApprovalReceipt:
         """True when the worker accepted the decision; ApprovalError (its `code` an ApprovalRefusal) when it
         refused it.
 
-        timeout: seconds to wait for the worker's answer; TimeoutError when none came (no worker running,
+        timeout: seconds to wait for the worker's answer; WaitTimeoutError when none came (no worker running,
             or the `approve` task still queued).
         """
         rt = self.client.runtime
@@ -53,7 +53,7 @@ class ApprovalReceipt:
             while popped is None and (left := deadline - time.monotonic()) > 0:
                 popped = rt.redis.blpop([rt.keys.approval_reply(self.request_id)], timeout=round(min(left, slice_s), 3))
         if popped is None:
-            raise TimeoutError(f"no worker answered approval {self.approval_id} within {timeout}s")
+            raise WaitTimeoutError(f"no worker answered approval {self.approval_id} within {timeout}s")
         reply = json.loads(popped[1])
         if not reply["accepted"]:
             raise ApprovalError(reply["code"], reply["message"])
@@ -282,7 +282,7 @@ class Client:
 
         turn_id: the turn to follow.
         after: the last seq already seen (0: from the start); reconnect with the last `event.seq`.
-        idle_timeout: seconds without a new event before TimeoutError; None waits as long as the turn runs.
+        idle_timeout: seconds without a new event before WaitTimeoutError; None waits as long as the turn runs.
 
         Raises TurnNotFoundError for an unknown turn, EventCursorError for a bad `after`, and in embedded
         mode NoWorkerError when no worker in this process can run the turn. Event fields: docs/events.md.
@@ -306,7 +306,7 @@ class Client:
         """Block until the turn ends and return its result (text or object, finish reason, usage, trace).
 
         turn_id: the turn to wait for.
-        timeout: seconds to wait at most (TimeoutError after it); None waits as long as the turn runs.
+        timeout: seconds to wait at most (WaitTimeoutError after it); None waits as long as the turn runs.
             A parked turn waits for its approvals: decide them from another thread or process.
 
         Raises TurnNotFoundError for an unknown turn, and in embedded mode NoWorkerError when no worker
@@ -328,7 +328,7 @@ class Client:
                 self._check_served(turn_id, unserved_since)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"turn {turn_id} still {state.status.value} after {timeout}s")
+                    raise WaitTimeoutError(f"turn {turn_id} still {state.status.value} after {timeout}s")
                 message = pubsub.get_message(timeout=min(remaining if remaining is not None else 1.0, 1.0))
                 # re-read the state only when the turn may have ended: its finish event, or a quiet second
                 if message is None or _FINISH_MARK in str(message.get("data", "")):

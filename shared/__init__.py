@@ -33,6 +33,7 @@ from stepq.errors import (
     ToolArgumentError,
     TurnNotFoundError,
     UnknownAgentError,
+    WaitTimeoutError,
 )
 from stepq.models import (
     Event,
@@ -104,6 +105,7 @@ __all__ = [
     "TurnStatus",
     "UnknownAgentError",
     "Usage",
+    "WaitTimeoutError",
     "__version__",
     "tool",
 ]

@@ -15,7 +15,9 @@ them all. The tree (a second base in brackets keeps older `except ValueError` co
     ├── ThreadNotFoundError [LookupError]  unknown, expired, or another tenant's
     ├── ThreadBusyError              a turn of the thread is running and the policy is `reject`
     ├── EventCursorError [ValueError]    an events cursor is negative, not a number, or past the end
-    ├── NoWorkerError [TimeoutError] embedded mode: no worker in this process serves the turn
+    ├── WaitTimeoutError [TimeoutError]  a wait ran out of time (`wait(timeout=)`, `events(idle_timeout=)`,
+    │   │                                `ApprovalReceipt.wait`); the turn itself goes on
+    │   └── NoWorkerError            embedded mode: no worker in this process can run the turn
     ├── StoreUnavailableError [ConnectionError]  Redis stayed unreachable for the whole outage window
     ├── ApprovalError               a decision was refused; `.code` is an `ApprovalRefusal`
     ├── ToolArgumentError [ValueError]   the model's tool arguments do not match the schema
@@ -89,7 +91,12 @@ class ThreadBusyError(StepqError):
         self.running_turn_id = running_turn_id
 
 
-class NoWorkerError(StepqError, TimeoutError):
+class WaitTimeoutError(StepqError, TimeoutError):
+    """A wait ran out of time: `Client.wait(timeout=)`, `events(idle_timeout=)`, `ApprovalReceipt.wait`.
+    Only the caller stopped waiting; the turn (or the decision) goes on."""
+
+
+class NoWorkerError(WaitTimeoutError):
     """Embedded mode: the turn is not finished and no worker runs in this process to finish it."""
 
 

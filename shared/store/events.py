@@ -20,7 +20,7 @@ from typing import Any, cast
 import redis
 from redis.commands.core import Script
 
-from stepq.errors import EventCursorError
+from stepq.errors import EventCursorError, WaitTimeoutError
 from stepq.models import CONTENT_EVENTS, Event, EventType
 from stepq.store.keys import Keys
 
@@ -231,7 +231,7 @@ class EventLog:
     ) -> Iterator[Event]:
         """Every event after `after`, once each, in seq order; live until the turn finishes.
 
-        `idle_timeout` bounds the wait for the next event (TimeoutError when it passes). A bad cursor
+        `idle_timeout` bounds the wait for the next event (WaitTimeoutError when it passes). A bad cursor
         raises EventCursorError here, before anything is subscribed.
         """
         after = self.check_cursor(turn_id, after)
@@ -264,7 +264,7 @@ class EventLog:
                 message = pubsub.get_message(timeout=min(wait, 1.0))
                 if message is None:
                     if deadline is not None and time.monotonic() >= deadline:
-                        raise TimeoutError(f"no event on turn {turn_id} for {idle_timeout}s")
+                        raise WaitTimeoutError(f"no event on turn {turn_id} for {idle_timeout}s")
                     # a quiet channel: check the log too, in case a publish raced our subscribe
                     missed = self.read(turn_id, cursor)
                     if not missed and is_finished is not None and is_finished():
