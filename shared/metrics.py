@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import glob
 import os
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -340,6 +342,7 @@ class StateCollector(Collector):
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 PROCESS_POOLS = frozenset({"prefork", "processes"})
 OWNED_MARKER = ".stepq-owned"  # in a directory stepq created, so the worker may delete it on shutdown
+OWNED_DIR_PREFIX = "stepq-metrics-"  # under the temp dir; the next `stepq worker` deletes those of dead workers
 
 
 def prepare_multiprocess_dir(pool: str, environ: MutableMapping[str, str]) -> str | None:
@@ -355,8 +358,31 @@ def prepare_multiprocess_dir(pool: str, environ: MutableMapping[str, str]) -> st
     if path:
         os.makedirs(path, exist_ok=True)
         return path
-    path = tempfile.mkdtemp(prefix="stepq-metrics-")
-    with open(os.path.join(path, OWNED_MARKER), "w"):
-        pass
+    remove_stale_multiprocess_dirs()
+    path = tempfile.mkdtemp(prefix=OWNED_DIR_PREFIX)
+    with open(os.path.join(path, OWNED_MARKER), "w") as marker:
+        marker.write(str(os.getpid()))  # `stepq worker` execs celery: the same pid runs the worker
     environ[MULTIPROC_ENV] = path
     return path
+
+
+def remove_stale_multiprocess_dirs() -> None:
+    """Delete the directories of `stepq worker`s that died without cleaning up (SIGKILL, OOM-kill)."""
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), OWNED_DIR_PREFIX + "*")):
+        try:
+            with open(os.path.join(path, OWNED_MARKER)) as marker:
+                owner = int(marker.read().strip() or 0)
+        except (OSError, ValueError):
+            continue  # not ours, or from before owners were recorded
+        if owner > 0 and not _alive(owner):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True

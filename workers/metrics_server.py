@@ -5,10 +5,16 @@
   under `PROMETHEUS_MULTIPROC_DIR` (which `stepq worker --pool=prefork` sets before exec'ing celery);
   the parent serves a `MultiProcessCollector` over them. The server starts once the pool is up
   (`worker_ready`), and a child forked later closes its inherited copy of the listening socket.
+
+Port rule, so several workers share a host: `STEPQ_METRICS_PORT` is a *base*. A worker serves on the
+first free port from the base up (at most METRICS_PORT_SPAN ports), logs the port it took and
+publishes it in its heartbeat (`stepq status` lists it). `stepq worker --metrics-port N` sets the
+base for one worker; 0 turns /metrics off.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -25,6 +31,7 @@ from stepq.config import Settings
 from stepq.metrics import MULTIPROC_ENV, OWNED_MARKER, StateCollector
 
 log = logging.getLogger("stepq.metrics")
+METRICS_PORT_SPAN = 32  # ports tried from STEPQ_METRICS_PORT up: workers on one host take one each
 
 
 def multiprocess_dir() -> str | None:
@@ -64,7 +71,7 @@ class MetricsServer:
         return self.httpd.server_address[1] if self.httpd is not None else None
 
     def start(self, process_pool: bool) -> bool:
-        """Listen on `metrics_host:metrics_port` (0: disabled). A busy port is logged, not fatal."""
+        """Listen on the first free port from `metrics_port` up (0: disabled). None free is logged, not fatal."""
         s = self.settings
         if not s.metrics_port:
             return False
@@ -75,13 +82,30 @@ class MetricsServer:
                 MULTIPROC_ENV,
                 MULTIPROC_ENV,
             )
-        try:
-            self.httpd, self.thread = start_http_server(s.metrics_port, addr=s.metrics_host, registry=build_registry(s))
-        except OSError as exc:
-            log.error("cannot serve /metrics on %s:%s: %s", s.metrics_host, s.metrics_port, exc)
-            return False
-        log.info("serving /metrics on %s:%s", s.metrics_host, s.metrics_port)
-        return True
+        registry = build_registry(s)
+        last = min(s.metrics_port + METRICS_PORT_SPAN - 1, 65535)
+        for port in range(s.metrics_port, last + 1):
+            try:
+                self.httpd, self.thread = start_http_server(port, addr=s.metrics_host, registry=registry)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    continue  # another worker on this host has it: try the next one
+                log.error("cannot serve /metrics on %s:%s: %s", s.metrics_host, port, exc)
+                return False
+            if port == s.metrics_port:
+                log.info("serving /metrics on %s:%s", s.metrics_host, port)
+            else:
+                log.warning(
+                    "serving /metrics on %s:%s (STEPQ_METRICS_PORT=%s is taken, by another worker on this host?)",
+                    s.metrics_host, port, s.metrics_port,
+                )  # fmt: skip
+            return True
+        log.error(
+            "cannot serve /metrics: ports %s-%s on %s are all in use; set STEPQ_METRICS_PORT (or --metrics-port) "
+            "to a free range",
+            s.metrics_port, last, s.metrics_host,
+        )  # fmt: skip
+        return False
 
     def close_inherited(self) -> None:
         """In a forked child: close the copy of the listening socket (the parent keeps serving)."""

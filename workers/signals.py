@@ -1,4 +1,5 @@
-"""Celery signal handlers of a worker *program* (`celery worker` / `stepq worker`): logs, /metrics, heartbeat.
+"""Celery signal handlers of a worker *program* (`celery worker` / `stepq worker`): logs, /metrics, heartbeat,
+and a `-B` beat child that dies with its worker.
 
 `celeryd_init` fires only in a worker program (not in embedded or test workers started in-process), so the
 handlers below act only when it named one of our apps. Connected once per process, strongly referenced.
@@ -10,7 +11,7 @@ import gc
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery import signals
@@ -21,6 +22,7 @@ from stepq.logging import install_on_logger
 from stepq.metrics import PROCESS_POOLS
 from stepq.protocol import worker_queues
 from stepq.store.connection import get_redis
+from stepq.workers.lifeline import die_with_parent
 from stepq.workers.metrics_server import MetricsServer, child_exited, remove_owned_dir
 
 log = logging.getLogger("stepq.worker")
@@ -31,6 +33,7 @@ class _Program:
     settings: Settings
     server: MetricsServer | None = None
     heartbeat: Heartbeat | None = None
+    pid: int = field(default_factory=os.getpid)  # the worker's main process (a beat child is forked from it)
 
 
 _program: _Program | None = None
@@ -46,6 +49,12 @@ def _on_celeryd_init(sender: Any = None, instance: Any = None, conf: Any = None,
     settings = _settings_of(conf)
     if settings is not None:
         _program = _Program(settings)
+
+
+def _on_beat_embedded_init(**_: Any) -> None:
+    """In the `-B` beat child: end with the worker, even a SIGKILLed one (no orphan keeps sweeping)."""
+    if _program is not None:
+        die_with_parent(_program.pid)
 
 
 def _on_setup_logger(logger: logging.Logger | None = None, **_: Any) -> None:
@@ -104,6 +113,8 @@ def _on_worker_process_init(**_: Any) -> None:
         _program.server.close_inherited()  # a child forked after the server started
     if _program is not None:
         _program.heartbeat = None  # its thread lives in the parent only
+        # a prefork child must not outlive a SIGKILLed worker either (the pool may fork it from a helper thread)
+        die_with_parent(_program.pid, forked_by_main_thread=False)
 
 
 def _on_worker_process_shutdown(pid: int | None = None, **_: Any) -> None:
@@ -138,3 +149,4 @@ def install_signals() -> None:
     signals.worker_process_init.connect(_on_worker_process_init, weak=False)
     signals.worker_process_shutdown.connect(_on_worker_process_shutdown, weak=False)
     signals.worker_shutdown.connect(_on_worker_shutdown, weak=False)
+    signals.beat_embedded_init.connect(_on_beat_embedded_init, weak=False)
