@@ -344,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     client = Client(settings)  # loads the agent modules: one that fails to import stops here, before any worker
     # embedded mode has no separate worker: run one in this process for the batch's duration
-    with local_worker(settings) if settings.embedded else nullcontext():
+    with client, local_worker(settings) if settings.embedded else nullcontext():
         try:
             return run_batch_command(
                 client,

@@ -174,7 +174,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         prompt = sys.stdin.read()
     client = Client(settings)  # loads the agent modules: one that fails to import stops here, before any worker
     worker: AbstractContextManager[None] = local_worker(settings) if settings.embedded else nullcontext()
-    with worker:
+    with client, worker:  # closing the client releases the embedded worker its submit shares
         return _run_turn(args, settings, client, prompt, metadata)
 
 

@@ -131,7 +131,8 @@ def run_demo(settings: Settings | None = None, out: TextIO | None = None) -> int
     worker: AbstractContextManager[None] = local_worker(settings) if settings.embedded else nullcontext()
     with worker:
         try:
-            return _tour(Client(settings), out, settings)
+            with Client(settings) as client:  # closing it releases the embedded worker its submits share
+                return _tour(client, out, settings)
         except NoWorker as exc:
             print(
                 f"\nstepq demo: no worker picked up turn {exc} within {NO_WORKER_S:.0f} s.\n"
