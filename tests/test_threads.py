@@ -213,7 +213,7 @@ def test_interrupt_of_a_waiting_queue_puts_the_new_turn_first(
 
 
 def test_cancelling_a_waiting_turn_takes_it_out_of_line(
-    client: Client, worker: object, prefix: str, gate: Gate
+    client: Client, worker: object, rt: Runtime, prefix: str, gate: Gate
 ) -> None:
     thread = client.create_thread("thr.gated", metadata={"prefix": prefix})
     running = client.continue_thread(thread.thread_id, prompt="one")
@@ -223,6 +223,9 @@ def test_cancelling_a_waiting_turn_takes_it_out_of_line(
     dropped.cancel()
     assert dropped.wait(timeout=WAIT_S).status == TurnStatus.CANCELLED
     assert [t.status for t in client.get_thread(thread.thread_id).turns] == ["running", "cancelled", "waiting"]
+    dropped_input = rt.keys.thread_input(dropped.turn_id)  # its stored message goes once its finish hook ran
+    eventually(lambda: not rt.redis.exists(dropped_input), what="the cancelled waiting turn's input to go")
+    assert rt.redis.exists(rt.keys.thread_input(kept.turn_id))
     gate.open()
     assert running.wait(timeout=WAIT_S).status == TurnStatus.COMPLETED
     last = kept.wait(timeout=WAIT_S)

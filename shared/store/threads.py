@@ -57,14 +57,17 @@ for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 return {outcome, running}
 """
 
-# KEYS: thread, transcript, turns, queue, next turn's messages, next turn's thread input, active
+# KEYS: thread, transcript, turns, queue, next turn's messages, next turn's thread input, active,
+#       the finishing turn's thread input
 # ARGV: turn id, the queue head the caller expects ('' = none), ttl, now, the turn's whole transcript...
 _FINISH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone', ''} end
 local running = redis.call('HGET', KEYS[1], 'running') or ''
 if running ~= ARGV[1] then
   if running ~= '' and redis.call('HGET', KEYS[1], 'after') == ARGV[1] then return {'again', running} end
-  redis.call('LREM', KEYS[4], 0, ARGV[1])  -- a waiting turn that ended (cancelled) before it ran
+  if redis.call('LREM', KEYS[4], 0, ARGV[1]) > 0 then  -- a waiting turn that ended (cancelled) before it ran
+    redis.call('DEL', KEYS[8])
+  end
   return {'stale', ''}
 end
 local head = redis.call('LINDEX', KEYS[4], 0) or ''
@@ -183,6 +186,7 @@ class ThreadStore:
                 k.messages(head) if head else "",
                 k.thread_input(head) if head else "",
                 k.active,
+                k.thread_input(turn_id),
             ]
             outcome, found = self._finish(keys=keys, args=[turn_id, head, self.ttl_s, now, *messages])
             if outcome != "moved":
