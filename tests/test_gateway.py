@@ -322,3 +322,47 @@ def test_one_pubsub_connection_serves_many_streams(worker, gw, rt, prefix):
             assert "stepq_gateway_open_streams 20.0" in metrics
             assert "stepq_gateway_subscribed_channels 20.0" in metrics
     assert with_two >= 1 and with_twenty < len(turns)  # a connection per stream would be 20 and more
+
+
+def test_a_stream_survives_redis_dropping_the_gateways_connections(worker, gw, rt, prefix):
+    """CLIENT KILL every connection the gateway holds mid-stream: the open stream reconnects and still
+    delivers every event once, in order, to the end."""
+    from stepq.producer.gateway.service import client_name
+
+    with gw.client() as http:
+        turn_id = submit(http, "rt.approver", "go", metadata={"prefix": prefix})
+        with http.stream("GET", f"/v1/turns/{turn_id}/events") as response:
+            events = sse_events(response)
+            seen = []
+            for event in events:
+                seen.append(event)
+                if event.event == "approval-request":
+                    break
+            killed = sum(
+                rt.redis.client_kill_filter(_id=c["id"])
+                for c in rt.redis.client_list()
+                if c.get("name") == client_name(gw.settings)
+            )
+            assert killed >= 1
+            approval_id = seen[-1].data["data"]["approval_id"]
+            decided = http.post(f"/v1/approvals/{approval_id}", json={"approved": True})
+            assert decided.status_code == 200, decided.text
+            seen += list(events)
+    logged = rt.events.read(turn_id)
+    assert [e.id for e in seen] == [e.seq for e in logged] == list(range(1, len(logged) + 1))
+    assert seen[-1].event == "turn-finish"
+
+
+def test_redis_unreachable_is_503_json_not_500(prefix):
+    settings = make_settings(
+        prefix,
+        redis_url="redis://127.0.0.1:1/0",
+        api_keys=api_keys_setting(),
+        gateway_rate_limit_rpm=0,
+        redis_outage_s=1,  # how long the library's sync calls wait for Redis to come back
+    )
+    with serve(settings) as gw, gw.client() as http:
+        for path in ["/v1/turns/turn_x", "/v1/turns/turn_x/events"]:
+            response = http.get(path)
+            assert response.status_code == 503, (path, response.text)
+            assert response.json()["error"]["code"] == "unavailable"

@@ -11,6 +11,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stepq.errors import (
@@ -102,6 +103,11 @@ def install_error_handlers(app: FastAPI) -> None:
         elif exc.status_code == 405:
             message = "method not allowed on this route; see /docs for the API"
         return error_response(exc.status_code, code, message, getattr(exc, "headers", None))
+
+    @app.exception_handler(RedisError)
+    async def _redis(request: Request, exc: RedisError) -> JSONResponse:
+        log.warning("Redis error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+        return error_response(503, "unavailable", "Redis is not reachable right now; retry shortly")
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

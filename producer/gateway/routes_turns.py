@@ -16,14 +16,15 @@ from stepq.models import TurnState
 from stepq.producer.gateway import sse
 from stepq.producer.gateway.auth import Principal, require
 from stepq.producer.gateway.errors import GatewayError
-from stepq.producer.gateway.service import Gateway
+from stepq.producer.gateway.service import Gateway, not_found_turn
 from stepq.producer.gateway.streams import follow
 
 router = APIRouter(prefix="/v1/turns", tags=["turns"])
 
 
 def gateway(request: Request) -> Gateway:
-    return request.app.state.gateway  # type: ignore[no-any-return]
+    gw: Gateway = request.app.state.gateway
+    return gw
 
 
 class SubmitBody(BaseModel):
@@ -164,8 +165,9 @@ async def events(
     if cursor is None:
         cursor = parse_cursor(after, "after")
     cursor = cursor or 0
-    await gw.check_owner(turn_id, principal)
-    last = await gw.reader.last_seq(turn_id)
+    tenant, last = await gw.reader.owner_and_last_seq(turn_id)
+    if tenant != principal.tenant:
+        raise not_found_turn(turn_id)
     if cursor > last:
         raise GatewayError(
             400, "invalid-cursor", f"cursor {cursor} is past the end of turn {turn_id}'s events (last seq {last})"

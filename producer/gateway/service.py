@@ -7,7 +7,6 @@ can count them (`CLIENT LIST`) and see that they do not grow with the number of 
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -102,17 +101,9 @@ class Gateway:
         return await anyio.to_thread.run_sync(lambda: fn(*args))
 
     async def turn_tenant(self, turn_id: str) -> str | None:
-        """The tenant a turn belongs to, or None when there is no such turn (one GET, no history)."""
-        raw = await self.redis.get(self.runtime.keys.turn(turn_id))
-        if not raw:
-            return None
-        tenant = json.loads(raw).get("metadata", {}).get("tenant")
-        return tenant if isinstance(tenant, str) else ""
-
-    async def check_owner(self, turn_id: str, principal: Principal) -> None:
-        """404 unless the turn exists and belongs to the caller's tenant (the same answer for both)."""
-        if await self.turn_tenant(turn_id) != principal.tenant:
-            raise not_found_turn(turn_id)
+        """The tenant a turn belongs to, or None when there is no such turn (no history read)."""
+        tenant, _ = await self.reader.owner_and_last_seq(turn_id)
+        return tenant
 
     async def owned_turn(self, turn_id: str, principal: Principal) -> TurnState:
         state = await self.run_sync(self.runtime.turns.load, turn_id)

@@ -16,9 +16,9 @@ import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -184,11 +184,25 @@ class EventReader:
         cursor = after
         end = f"{until}-0" if until is not None else "+"
         while True:
-            entries = await self.client.xrange(self.keys.events(turn_id), f"{cursor + 1}-0", end, count=_PAGE)
+            entries = cast(
+                list[tuple[str, dict[str, str]]],
+                await self.client.xrange(self.keys.events(turn_id), f"{cursor + 1}-0", end, count=_PAGE),
+            )
             found += [RawEvent.parse(fields["e"]) for _, fields in entries]
             if len(entries) < _PAGE:
                 return found
             cursor = found[-1].seq
+
+    async def owner_and_last_seq(self, turn_id: str) -> tuple[str | None, int]:
+        """The turn's tenant (None: no such turn) and its last event seq, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(self.keys.turn(turn_id))
+        pipe.get(self.keys.seq(turn_id))
+        raw, seq = await pipe.execute()
+        if not raw:
+            return None, 0
+        tenant = json.loads(raw).get("metadata", {}).get("tenant")
+        return (tenant if isinstance(tenant, str) else ""), int(seq or 0)
 
     async def last_seq(self, turn_id: str) -> int:
         value = await self.client.get(self.keys.seq(turn_id))
@@ -202,6 +216,22 @@ class EventReader:
         return TurnStatus(json.loads(raw)["status"]).terminal
 
 
+T = TypeVar("T")
+
+
+async def _patiently(what: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Redis going away (a restart, a failover, a pool exhausted under load) is waited out, not died of:
+    an open stream retries with backoff and carries on from its cursor."""
+    delay = 0.1
+    while True:
+        try:
+            return await what(*args)
+        except (RedisError, OSError) as exc:
+            log.warning("stream read failed (%s); retrying in %.1fs", type(exc).__name__, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
 async def follow(
     hub: StreamHub,
     reader: EventReader,
@@ -213,13 +243,13 @@ async def follow(
     """Every event after `after`, once each, in seq order, until `turn-finish`; None is a keep-alive tick."""
     cursor = after
     async with hub.listen(reader.keys.channel(turn_id)) as listener:
-        pending = await reader.read(turn_id, cursor)
+        pending = await _patiently(reader.read, turn_id, cursor)
         while True:
             for event in pending:
                 if event.seq <= cursor:
                     continue
                 if event.seq > cursor + 1:  # a gap: what was published before it is in the log
-                    for missed in await reader.read(turn_id, cursor, event.seq - 1):
+                    for missed in await _patiently(reader.read, turn_id, cursor, event.seq - 1):
                         if missed.seq > cursor:
                             cursor = missed.seq
                             yield missed
@@ -242,8 +272,8 @@ async def follow(
             listener.buffer.clear()
             if listener.resync or not woke:
                 listener.resync = False
-                pending = await reader.read(turn_id, cursor) + pending
+                pending = await _patiently(reader.read, turn_id, cursor) + pending
             if not woke:
-                if not pending and await reader.finished(turn_id):
+                if not pending and await _patiently(reader.finished, turn_id):
                     return  # ended without a turn-finish event (its writer died after the commit)
                 yield None
