@@ -146,3 +146,6 @@ def test_two_tabs_on_two_threads_at_once(browser_context: object, stack: ChatSta
     )
     expect(quick.get_by_test_id("message-user")).to_have_text(["what is alpha?"])
     expect(waiting.get_by_test_id("message-user")).to_have_text(["two parts please"])
+    for page in (waiting, quick):  # each tab lists both chats, its own marked current
+        expect(page.get_by_test_id("thread")).to_have_count(2)
+        expect(page.locator("[data-testid=thread].current")).to_have_count(1)

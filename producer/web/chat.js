@@ -442,6 +442,9 @@ async function main() {
       $('composer').requestSubmit();
     }
   };
+  window.addEventListener('storage', (event) => {
+    if (event.key === CHATS_STORE) renderThreads(); // a chat started in another tab
+  });
   const chatId = params.get('chat');
   const known = chats().find((c) => c.id === chatId);
   await openChat(chatId || newId(), known?.agent || state.agent);
