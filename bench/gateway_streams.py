@@ -28,6 +28,7 @@ import resource
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -214,8 +215,13 @@ def measure(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     turn_ids = [create_turn(rt, AGENT, prompt="go", metadata={"tenant": "dev"})[0].turn_id for _ in range(args.streams)]
     port = free_port()
     env = settings_env(settings)
+    log_path = os.path.join(tempfile.gettempdir(), f"{prefix}.log")
+    log_file = open(log_path, "w")  # noqa: SIM115 - closed in the finally below
     gateway = subprocess.Popen(
-        [sys.executable, "-m", "bench.gateway_streams", "--serve", mode, "--port", str(port)], env=env
+        [sys.executable, "-m", "bench.gateway_streams", "--serve", mode, "--port", str(port)],
+        env=env,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
     )
     ctx = mp.get_context("spawn")
     ready_q, result_q = ctx.Queue(), ctx.Queue()
@@ -253,6 +259,7 @@ def measure(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             if proc.is_alive():
                 proc.kill()
         stop_process(gateway)
+        log_file.close()
         cleanup(args.redis_url, prefix)
     latencies = [x for r in results for x in r["latencies"]]
     errors = [e for r in results for e in r["errors"]]
@@ -270,6 +277,7 @@ def measure(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "conn_few": few,
         "conn_all": held,
         "errors": errors,
+        "log": log_path,
     }
 
 
@@ -345,7 +353,7 @@ def main() -> int:
                 str(len(result["errors"])),
             ]
         )
-        print(f"  {mode}: done", flush=True)
+        print(f"  {mode}: done (gateway log: {result['log']})", flush=True)
         for error in result["errors"][:5]:
             print(f"    error: {error}")
     headers = ["design", "streams", "ended", "delivered", "p50 ms", "p99 ms", "max ms", "gw CPU", "redis conns"]
