@@ -115,7 +115,11 @@ class UIMessageTranslator:
             {
                 "type": "finish",
                 "finishReason": "tool-calls",
-                "messageMetadata": {"status": "awaiting_approval", "finishReason": "awaiting-approval"},
+                "messageMetadata": {
+                    "turnId": self.turn_id,
+                    "status": "awaiting_approval",
+                    "finishReason": "awaiting-approval",
+                },
             }
         )
         return out
@@ -264,6 +268,7 @@ class UIMessageTranslator:
         out = self._close_parts() + self._finish_step()
         reason = event.data.get("finish_reason")
         meta: dict[str, Any] = {
+            "turnId": self.turn_id,
             "status": event.data.get("status"),
             "finishReason": reason,
             "usage": event.data.get("usage"),
