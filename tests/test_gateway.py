@@ -366,3 +366,41 @@ def test_redis_unreachable_is_503_json_not_500(prefix):
             response = http.get(path)
             assert response.status_code == 503, (path, response.text)
             assert response.json()["error"]["code"] == "unavailable"
+
+
+def test_cors_origins_are_configurable(prefix):
+    settings = make_settings(prefix, api_keys=api_keys_setting(), gateway_cors_origins=["https://chat.example"])
+    with serve(settings) as gw, gw.client(None) as http:
+        preflight = {"Origin": "https://chat.example", "Access-Control-Request-Method": "POST"}
+        allowed = http.options("/v1/turns", headers=preflight)
+        assert allowed.headers.get("access-control-allow-origin") == "https://chat.example"
+        other = http.options("/v1/turns", headers={**preflight, "Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+
+
+def test_serve_insecure_dev_says_so_and_loads_the_demo_agents(prefix):
+    import socket
+
+    settings = make_settings(prefix, agent_modules=[])
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepq.producer.cli", "serve", "--insecure-dev", "--port", str(port)],
+        env=settings_env(settings), cwd=ROOT, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    said = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            said.append(line)
+            if "Uvicorn running" in line or "Application startup complete" in line:
+                break
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT) as http:
+            agents = [a["id"] for a in http.get("/v1/agents").json()["agents"]]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    text = "".join(said)
+    assert "INSECURE DEV MODE" in text and "demo agents" in text, text
+    assert agents == ["demo.extractor", "demo.support"]
