@@ -21,7 +21,7 @@ import kombu.exceptions
 import redis
 
 from stepq.config import Settings
-from stepq.errors import StepqError, TurnNotFoundError
+from stepq.errors import StepqError, StoreUnavailableError, TurnNotFoundError, WaitTimeoutError
 
 EMBEDDED_STATE_HINT = (
     "embedded mode (STEPQ_REDIS_URL unset) keeps turns inside the process that ran them; "
@@ -67,6 +67,8 @@ def describe(exc: BaseException, settings: Settings | None) -> Failure | None:
     if isinstance(exc, TurnNotFoundError):
         hint = f" ({EMBEDDED_STATE_HINT})" if settings is not None and settings.embedded else ""
         return Failure(f"{_one_line(exc)}{hint}", 2)
+    if isinstance(exc, StoreUnavailableError | WaitTimeoutError):  # a service down or slow, not bad input
+        return Failure(_one_line(exc), 1)
     if isinstance(exc, StepqError):  # submit, definition (an agent module that fails to import), approval…
         return Failure(_one_line(exc), 2)
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):

@@ -187,14 +187,17 @@ def test_agent_module_in_the_current_directory_is_importable(tmp_path):
     assert json.loads(proc.stdout)["text"] == "hi from the current directory"
 
 
-@pytest.mark.parametrize("command", ["run", "batch"])
+@pytest.mark.parametrize("command", ["run", "batch", "worker"])
 def test_agent_module_that_fails_to_import_is_one_line(tmp_path, command):
-    """The module is found in the current directory, and its own import fails: one line, no worker tracebacks."""
+    """The module is found in the current directory, and its own import fails: one line, no worker tracebacks
+    (`stepq worker` says so before it execs celery, instead of a worker that fails every task)."""
     (tmp_path / "brokenagents.py").write_text("import a_module_that_does_not_exist_xyz\n")
     (tmp_path / "items.jsonl").write_text('{"key": "a", "prompt": "hello"}\n')
     env = embedded_env(STEPQ_AGENT_MODULES="brokenagents")
     if command == "run":
         proc = run(env, "run", "demo.support", "hello", cwd=tmp_path)
+    elif command == "worker":
+        proc = run({**env, "STEPQ_REDIS_URL": f"redis://127.0.0.1:{closed_port()}/0"}, "worker", cwd=tmp_path)
     else:
         proc = run(
             env, "batch", "--agent", "demo.support", "--input", "items.jsonl", "--output", "out.jsonl", cwd=tmp_path

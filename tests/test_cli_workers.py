@@ -4,10 +4,12 @@ worker leaves no beat scheduler, pool child or temporary directory behind. Real 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -160,3 +162,52 @@ def test_sigkilled_prefork_worker_leaves_no_children_and_its_metrics_dir_is_clea
         assert not own.exists()
     finally:
         second.kill_group()
+
+
+def test_celery_worker_loads_agent_modules_from_the_current_directory(settings, rt, tmp_path):
+    """`celery -A stepq.workers.celery_app worker`, started where the agent module lives, runs its agent."""
+    from tests.test_cli_errors import AGENT_MODULE
+
+    (tmp_path / "myagents.py").write_text(AGENT_MODULE)
+    env = settings_env(settings)
+    env.pop("PYTHONPATH", None)
+    env.update(STEPQ_AGENT_MODULES="myagents", STEPQ_METRICS_PORT="0")
+    name = f"c-{settings.key_prefix}"
+    with (tmp_path / "worker.log").open("w") as sink:
+        celery = subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("celery")),
+                "-A",
+                "stepq.workers.celery_app",
+                "worker",
+                "--pool=threads",
+                "--concurrency=1",
+                "--loglevel=WARNING",
+                f"--hostname={name}@%h",
+                "-Q",
+                settings.queue,
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        proc = subprocess.run(
+            [*stepq_cmd(), "run", "cwd.echo", "hello", "--json"],
+            env=env,
+            cwd=tmp_path,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=WAIT_S,
+        )
+        log = (tmp_path / "worker.log").read_text()
+        assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\nworker log:\n{log}"
+        assert json.loads(proc.stdout)["text"] == "hi from the current directory"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(celery.pid, signal.SIGKILL)
+        celery.wait(timeout=WAIT_S)

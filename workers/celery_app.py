@@ -4,10 +4,16 @@ The settings are read here, at import: a bad STEPQ_* value stops the worker (and
 starts, with one line naming the variable instead of Celery's traceback of a failed `-A` import.
 """
 
+import os
 import sys
 
 from stepq.errors import ConfigurationError
 from stepq.workers.app import create_app
+
+# Agent modules (STEPQ_AGENT_MODULES) import from the current directory, as under `stepq worker` (python -m):
+# `celery -A` puts it on sys.path only while it imports this module (then removes that first copy), and steps
+# load agents later. This copy stays; at the end, so an agent module never shadows an installed package.
+sys.path.append(os.getcwd())
 
 try:
     app = create_app()
