@@ -59,6 +59,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
         "broker_connection_max_retries": None,  # a worker waits out a broker outage of any length
+        # AMQP heartbeats every 10 s: a half-open connection (a dead host, a partition) is noticed within
+        # ~30 s on both sides, and RabbitMQ requeues the unacked step at once (the 120 s default took minutes)
+        "broker_heartbeat": 10,
         # sending a task (the next step, a retry) waits out a broker outage instead of failing the step
         "task_publish_retry_policy": publish_retry_policy(settings),
         "task_acks_late": True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -10,6 +11,7 @@ from pydantic_core import PydanticSerializationError
 
 from stepq.agents import AgentDefinition, Budget, StopWhen
 from stepq.errors import MissingFeaturesError, OverrideError, SubmitError, UnknownAgentError
+from stepq.jsonsafe import non_finite_path
 from stepq.models import EventType, LoopLimits, Message, SystemMessage, TurnState, UserMessage, new_turn_id
 from stepq.providers.registry import resolve_model
 from stepq.runtime import Runtime
@@ -32,6 +34,12 @@ def tighten(agent: AgentDefinition, overrides: LoopOverrides | dict[str, Any] | 
     limits = agent.loop.limits()
     if overrides is None:
         return limits
+    if not isinstance(overrides, dict | LoopOverrides):
+        hint = " (a JSON string? parse it with json.loads first)" if isinstance(overrides, str | bytes) else ""
+        raise OverrideError(
+            f"loop must be a mapping such as {{'max_steps': 3}} or a LoopOverrides, not {type(overrides).__name__}"
+            + hint
+        )
     if isinstance(overrides, dict):
         try:
             overrides = LoopOverrides.model_validate(overrides)
@@ -65,6 +73,17 @@ def tighten(agent: AgentDefinition, overrides: LoopOverrides | dict[str, Any] | 
     )
 
 
+def _check_utf8(text: str, what: str) -> None:
+    """Text that cannot be encoded as UTF-8 (lone surrogates, e.g. bytes decoded with surrogateescape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SubmitError(
+            f"{what} is not valid UTF-8 text ({exc.reason} at character {exc.start}); decode the input as UTF-8 "
+            "first (bytes.decode('utf-8', errors='replace') keeps what can be read)"
+        ) from None
+
+
 def build_messages(
     rt: Runtime, agent: AgentDefinition, prompt: str | None, messages: list[Any] | None
 ) -> list[Message]:
@@ -76,6 +95,7 @@ def build_messages(
             raise SubmitError("prompt must be a non-empty string")
         if len(prompt) > limit:
             raise SubmitError(f"prompt is {len(prompt)} characters; the limit is {limit} (STEPQ_MAX_PROMPT_CHARS)")
+        _check_utf8(prompt, "prompt")
         return [UserMessage(content=prompt)]
     try:
         parsed = _MESSAGES.validate_python(messages)
@@ -89,7 +109,13 @@ def build_messages(
         raise SubmitError(f"malformed messages: unknown field {unknown} (it would be dropped)")
     if len(parsed) > rt.settings.max_messages:
         raise SubmitError(f"{len(parsed)} messages; the limit is {rt.settings.max_messages}")
-    size = sum(len(m.model_dump_json()) for m in parsed)
+    size = 0
+    for i, m in enumerate(parsed):
+        try:
+            size += len(m.model_dump_json())
+        except PydanticSerializationError:
+            _check_utf8(json.dumps(messages[i], ensure_ascii=False, default=str), f"messages[{i}]")
+            raise SubmitError(f"messages[{i}] cannot be stored as JSON") from None
     if size > limit:
         raise SubmitError(f"messages total {size} characters; the limit is {limit} (STEPQ_MAX_PROMPT_CHARS)")
     if any(isinstance(m, SystemMessage) for m in parsed):
@@ -145,6 +171,9 @@ def new_turn_state(
         raise SubmitError(f"priority must be 'interactive' or 'batch', not {priority!r}")
     if metadata is not None and not isinstance(metadata, dict):
         raise SubmitError("metadata must be a JSON object")
+    bad = non_finite_path(metadata)
+    if bad:
+        raise SubmitError(f"metadata{bad[1:]} is NaN or Infinity, which JSON cannot carry: send null or a string")
     chosen_provider, chosen_model = resolve_model(agent, provider, model, rt.settings.provider, rt.settings.model)
     limits = tighten(agent, loop)
     state = TurnState(

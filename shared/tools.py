@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
@@ -23,13 +24,18 @@ ApprovalPredicate = Callable[[dict[str, Any]], bool]
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a running tool may know about the call. `idempotency_key` is stable across re-runs."""
+    """What a running tool may know about the call. `idempotency_key` is stable across re-runs.
+
+    `cancelled` is set when the call's timeout was reported to the model: Python cannot stop a running
+    function, so a long tool checks it (`ctx.cancelled.is_set()`, or waits on it instead of sleeping)
+    before it changes anything. Whatever it returns after that is discarded and logged."""
 
     turn_id: str
     tool_call_id: str
     idempotency_key: str
     metadata: Mapping[str, Any]
     logger: logging.Logger
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass

@@ -42,3 +42,52 @@ approved_slow_mutation = AgentDefinition(
         ScriptStep(text="written"),
     ],
 )
+
+
+@tool
+def rc_not_finite() -> dict[str, object]:
+    """Returns floats JSON cannot carry."""
+    return {"nan": float("nan"), "list": [1.5, float("inf"), float("-inf")]}
+
+
+not_finite_result = AgentDefinition(
+    id="rc.not_finite_result",
+    allowed_tools=["rc_not_finite"],
+    script=[
+        ScriptStep(text="measuring", tool_calls=[ScriptToolCall(name="rc_not_finite", args={})]),
+        ScriptStep(text="measured"),
+    ],
+)
+
+
+@tool(timeout_s=0.2)
+def rc_slow_careful_effect(ctx: ToolContext) -> dict[str, object]:
+    """Works longer than its timeout, checking the cancellation flag before it records its effect."""
+    if ctx.cancelled.wait(timeout=30):  # the work; ends early once told to stop
+        _redis.set(execution_key(ctx.metadata["prefix"], ctx.turn_id, "careful", "stopped"), 1)
+        return {"stopped": True}
+    _redis.incr(execution_key(ctx.metadata["prefix"], ctx.turn_id, "careful", "effect"))
+    return {"done": True}
+
+
+@tool(timeout_s=0.2)
+def rc_slow_answer(seconds: float) -> dict[str, object]:
+    """Ignores the cancellation flag and answers after its timeout."""
+    time.sleep(seconds)
+    return {"late": True}
+
+
+timing_out = AgentDefinition(
+    id="rc.timing_out",
+    allowed_tools=["rc_slow_careful_effect", "rc_slow_answer"],
+    script=[
+        ScriptStep(
+            text="slow things",
+            tool_calls=[
+                ScriptToolCall(name="rc_slow_careful_effect", args={}),
+                ScriptToolCall(name="rc_slow_answer", args={"seconds": 1.0}),
+            ],
+        ),
+        ScriptStep(text="gave up on them"),
+    ],
+)

@@ -143,6 +143,8 @@ class TcpProxy:
     def drop(self) -> None:
         """Stop listening and cut every connection."""
         if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked on it, freeing the port
             self._listener.close()
             self._listener = None
         with self._lock:

@@ -5,6 +5,7 @@ proxy that drops every connection. All turns complete, no worker exits, no clien
 from __future__ import annotations
 
 import contextlib
+import tempfile
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -15,11 +16,12 @@ from kombu import Connection
 
 from stepq.config import Settings
 from stepq.models import EventType, TurnStatus
-from tests.conftest import AMQP_URL, WorkerProcess, make_settings
+from tests.conftest import AMQP_URL, WorkerProcess, eventually, make_settings
 from tests.outage_helpers import RedisServer, TcpProxy
 from tests.test_durability import _amqp_available
 
 TURNS = 4
+LOG_DIR = Path(tempfile.gettempdir()) / "stepq-outage-logs"
 
 
 @pytest.fixture
@@ -60,7 +62,8 @@ def _through_outage(settings: Settings, prefix: str, tmp_path: Path, outage: Cal
     from stepq.producer.client import Client
 
     client = Client(settings)
-    logs = [str(tmp_path / f"w{i}.log") for i in (1, 2)]
+    LOG_DIR.mkdir(exist_ok=True)  # kept when a test fails (pytest's tmp dirs rotate under parallel runs)
+    logs = [str(LOG_DIR / f"{prefix}-w{i}.log") for i in (1, 2)]
     workers = [WorkerProcess(settings, f"o{i}", log_path=logs[i - 1]) for i in (1, 2)]
     try:
         handles = [client.submit("rt.slow_stream", prompt="go", metadata={"prefix": prefix}) for _ in range(TURNS)]
@@ -82,6 +85,8 @@ def _through_outage(settings: Settings, prefix: str, tmp_path: Path, outage: Cal
         events = list(handle.events())
         assert [e.seq for e in events] == list(range(1, len(events) + 1))
         assert events[-1].type == EventType.TURN_FINISH
+    for path in logs:
+        Path(path).unlink(missing_ok=True)
 
 
 def test_redis_restart_with_steps_in_flight_redis_broker(server: RedisServer, prefix: str, tmp_path: Path) -> None:
@@ -200,3 +205,40 @@ def test_restoring_unacked_messages_after_the_connection_is_collected(mode: str,
         assert "AttributeError: 'NoneType' object has no attribute 'hostname'" in done.stdout
     else:
         assert done.stdout.strip() == "restored {'n': 1}"
+
+
+def test_outage_longer_than_the_window_fails_no_turn(server: RedisServer, prefix: str) -> None:
+    """Redis down for longer than STEPQ_REDIS_OUTAGE_S mid-stream: a client call raises our own error; the
+    step gives up without failing the turn (never "provider error after content"); once Redis is back
+    the sweeper re-runs the step and the turn completes."""
+    from stepq.errors import StoreUnavailableError
+    from stepq.producer.client import Client
+
+    settings = make_settings(prefix, redis_url=server.url, redis_outage_s=1.0, redis_socket_timeout_s=0.5)
+    client = Client(settings)
+    LOG_DIR.mkdir(exist_ok=True)
+    log = LOG_DIR / f"{prefix}-long.log"
+    worker = WorkerProcess(settings, "long", log_path=str(log))
+    try:
+        handle = client.submit("rt.slow_stream", prompt="go", metadata={"prefix": prefix})
+        for event in handle.events(idle_timeout=120):
+            if event.type == EventType.TEXT_DELTA and event.step == 1:
+                break
+        server.stop(save=True)
+        with pytest.raises(StoreUnavailableError, match="STEPQ_REDIS_OUTAGE_S"):
+            client.get(handle.turn_id)
+        # the streaming step gave up on Redis: the worker logs the store error and keeps running
+        eventually(lambda: "StoreUnavailableError" in log.read_text(errors="replace"), timeout=120, what="give-up")
+        assert worker.proc.poll() is None
+        server.start()
+        result = handle.wait(timeout=240)
+        assert worker.proc.poll() is None
+    finally:
+        worker.stop()
+    details = log.read_text(errors="replace")[-3000:]
+    assert result.status == TurnStatus.COMPLETED, f"{result.error}\n{details}"
+    assert result.text == "x" * 40
+    events = list(handle.events())
+    assert not [e for e in events if e.type == EventType.ERROR], details
+    assert (EventType.STEP_RESET, 1) in [(e.type, e.step) for e in events]  # the re-run dropped the partial step
+    log.unlink(missing_ok=True)

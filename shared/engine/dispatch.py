@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from stepq.agents import AgentDefinition
 from stepq.approvals import canonical_args_hash
 from stepq.errors import ToolArgumentError
+from stepq.jsonsafe import finite, non_finite_path
 from stepq.metrics import record_tool_call
 from stepq.models import ToolCall, ToolResult, ToolResultStatus, TurnState
 from stepq.store.tool_results import ToolResultStore
@@ -29,6 +30,19 @@ from stepq.tools import ToolContext, ToolDefinition
 
 log = logging.getLogger("stepq.tools")
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="stepq-tool")
+
+
+def _late_result(future: concurrent.futures.Future[Any], call: ToolCall, timeout_s: float | None) -> None:
+    """A timed-out tool that finished anyway: its result (or error) never reaches the turn."""
+    error = future.exception()
+    outcome = f"raised {type(error).__name__}" if error is not None else "returned"
+    log.warning(
+        "tool %s (call %s) %s after its %ss timeout was reported; its result is discarded",
+        call.name,
+        call.id,
+        outcome,
+        timeout_s,
+    )
 
 
 class ResultSink(Protocol):
@@ -169,6 +183,8 @@ class StepDispatcher:
             return ToolResult(tool_call_id=call.id, name=call.name, output=output)
         except concurrent.futures.TimeoutError:
             message = f"tool {call.name} timed out after {definition.timeout_s}s"
+            ctx.cancelled.set()  # the model is told it timed out: the tool must not act from now on
+            future.add_done_callback(lambda done: _late_result(done, call, definition.timeout_s))
         except Exception as exc:  # a tool's failure is the model's to read, not the turn's end
             message = str(exc) or type(exc).__name__
         if self.breaker is not None:
@@ -185,8 +201,11 @@ class StepDispatcher:
 
     def _truncate(self, output: Any) -> Any:
         try:
-            encoded = json.dumps(output, default=str)
-        except (TypeError, ValueError):
+            encoded = json.dumps(output, default=str, allow_nan=False)
+        except ValueError:  # NaN/Infinity, which JSON cannot carry: as strings, so every reader can parse it
+            log.warning("a tool result held NaN/Infinity at %s; sent as a string", non_finite_path(output))
+            return self._truncate(finite(output))
+        except TypeError:
             return str(output)[: self.max_result_chars]
         if len(encoded) <= self.max_result_chars:
             return json.loads(encoded)

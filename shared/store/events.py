@@ -21,6 +21,7 @@ import redis
 from redis.commands.core import Script
 
 from stepq.errors import EventCursorError, WaitTimeoutError
+from stepq.jsonsafe import finite
 from stepq.models import CONTENT_EVENTS, Event, EventType
 from stepq.store.keys import Keys
 
@@ -177,10 +178,11 @@ class EventLog:
         now = time.time()
         args: list[Any] = [self.maxlen]
         for type_, step, data in events:
-            body = json.dumps(
-                {"turn_id": turn_id, "type": type_.value, "step": step, "data": data, "ts": now},
-                separators=(",", ":"),
-            )[1:]
+            envelope = {"turn_id": turn_id, "type": type_.value, "step": step, "data": data, "ts": now}
+            try:
+                body = json.dumps(envelope, separators=(",", ":"), allow_nan=False)[1:]
+            except ValueError:  # NaN/Infinity from a model or a tool: every event stays valid JSON
+                body = json.dumps(finite(envelope), separators=(",", ":"))[1:]
             args += [body, "1" if type_ in CONTENT_EVENTS else "0", step]
         k = self.keys
         return self._commits.submit([k.seq(turn_id), k.events(turn_id), k.channel(turn_id), k.emitted(turn_id)], args)

@@ -1,0 +1,114 @@
+"""Bad input gets a clear error and corrupts nothing: a negative events cursor, a prompt that is not UTF-8,
+loop overrides given as a string, NaN in metadata or in a tool's result, a tool that outlives its timeout."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import pytest
+
+from stepq.engine.runner import StepRunner
+from stepq.errors import EventCursorError, OverrideError, SubmitError
+from stepq.models import EventType, ToolResultMessage, TurnStatus
+from stepq.submit import create_turn
+from tests.agents_recovery import execution_key
+from tests.conftest import REDIS_URL, eventually
+from tests.test_cli import stepq
+
+
+def _strict_json(text: str) -> object:
+    """Parse as any strict JSON reader would: NaN and Infinity are not JSON."""
+
+    def refuse(name: str) -> object:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _run_to_end(rt, turn_id: str) -> None:
+    while StepRunner(rt).deliver(turn_id, rt.turns.load(turn_id).step).action == "next":
+        pass
+
+
+def _nothing_stored(rt) -> bool:
+    return not rt.redis.zcard(rt.keys.active) and not list(rt.redis.scan_iter(match=f"{rt.keys.prefix}:turn:*"))
+
+
+def test_negative_events_cursor_is_a_clear_error(rt, prefix, settings, client):
+    state, _ = create_turn(rt, "rt.basic", prompt="go", metadata={"prefix": prefix})
+    with pytest.raises(EventCursorError, match="must not be negative"):
+        list(client.events(state.turn_id, after=-5))
+    from tests.conftest import settings_env
+
+    done = stepq(settings_env(settings), "events", state.turn_id, "--after", "-5")
+    assert done.returncode != 0
+    assert "must not be negative" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_prompt_that_is_not_utf8_is_refused_as_such(rt, prefix):
+    undecodable = b"caf\xe9 au lait".decode("utf-8", errors="surrogateescape")  # Latin-1 bytes read as UTF-8
+    with pytest.raises(SubmitError, match=r"prompt is not valid UTF-8 text .*character 3"):
+        create_turn(rt, "rt.basic", prompt=undecodable, metadata={"prefix": prefix})
+    with pytest.raises(SubmitError, match=r"messages\[0\] is not valid UTF-8 text"):
+        create_turn(rt, "rt.basic", messages=[{"role": "user", "content": undecodable}], metadata={"prefix": prefix})
+    assert _nothing_stored(rt)
+
+
+def test_loop_overrides_given_as_a_string_are_refused(rt, prefix):
+    with pytest.raises(OverrideError, match=r"loop must be a mapping.*not str.*json\.loads"):
+        create_turn(rt, "rt.basic", prompt="go", loop='{"max_steps": 1}', metadata={"prefix": prefix})  # type: ignore[arg-type]
+    with pytest.raises(OverrideError, match="not list"):
+        create_turn(rt, "rt.basic", prompt="go", loop=[1], metadata={"prefix": prefix})  # type: ignore[arg-type]
+    assert _nothing_stored(rt)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "where"),
+    [({"x": math.nan}, "metadata.x"), ({"a": {"b": [1, math.inf]}}, r"metadata.a.b\[1\]")],
+)
+def test_metadata_with_nan_is_refused(rt, metadata, where):
+    with pytest.raises(SubmitError, match=f"{where} is NaN or Infinity"):
+        create_turn(rt, "rt.basic", prompt="go", metadata=metadata)
+    assert _nothing_stored(rt)
+
+
+def test_tool_returning_nan_gives_valid_json_everywhere(rt, prefix):
+    state, _ = create_turn(rt, "rc.not_finite_result", prompt="go", metadata={"prefix": prefix})
+    _run_to_end(rt, state.turn_id)
+    final = rt.turns.load(state.turn_id)
+    assert final.status == TurnStatus.COMPLETED
+    expected = {"nan": "NaN", "list": [1.5, "Infinity", "-Infinity"]}
+    # the raw event log: every entry parses as strict JSON, and the tool result carries the mapped values
+    raw = [fields["e"] for _, fields in rt.redis.xrange(rt.keys.events(state.turn_id))]
+    events = [_strict_json(entry) for entry in raw]
+    [result] = [e for e in events if e["type"] == EventType.TOOL_RESULT]
+    assert result["data"]["output"] == expected
+    # the stored result and the transcript the model reads next step hold the same
+    stored = rt.redis.hget(rt.keys.tool_results(state.turn_id), result["data"]["id"])
+    assert _strict_json(stored)["output"] == expected
+    [message] = [m for m in final.messages if isinstance(m, ToolResultMessage)]
+    assert message.results[0].output == expected
+
+
+def test_timed_out_tool_is_told_to_stop_and_its_late_result_is_discarded(rt, prefix, caplog):
+    import redis
+
+    caplog.set_level(logging.WARNING, logger="stepq.tools")
+    state, _ = create_turn(rt, "rc.timing_out", prompt="go", metadata={"prefix": prefix})
+    _run_to_end(rt, state.turn_id)
+    final = rt.turns.load(state.turn_id)
+    assert final.status == TurnStatus.COMPLETED
+    [message] = [m for m in final.messages if isinstance(m, ToolResultMessage)]
+    for result in message.results:  # the model read the timeouts
+        assert result.is_error and "timed out" in result.output["error"]
+    side = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    # the careful tool saw the flag and stopped without its effect
+    eventually(lambda: side.get(execution_key(prefix, state.turn_id, "careful", "stopped")), what="the tool to stop")
+    assert side.get(execution_key(prefix, state.turn_id, "careful", "effect")) is None
+    # the one that ignored it answered late: logged and discarded, the stored result is still the timeout
+    eventually(lambda: "rc_slow_answer" in caplog.text and "discarded" in caplog.text, what="the late-result log")
+    stored = rt.tool_results.get_many(state.turn_id, [r.tool_call_id for r in message.results])
+    assert all(r.is_error and "timed out" in r.output["error"] for r in stored.values())
+    assert "late" not in json.dumps([e.data for e in rt.events.read(state.turn_id)])
