@@ -110,11 +110,11 @@ def build_messages(
     if len(parsed) > rt.settings.max_messages:
         raise SubmitError(f"{len(parsed)} messages; the limit is {rt.settings.max_messages}")
     size = 0
-    for i, m in enumerate(parsed):
+    for i, (m, given) in enumerate(zip(parsed, messages or [], strict=False)):
         try:
             size += len(m.model_dump_json())
         except PydanticSerializationError:
-            _check_utf8(json.dumps(messages[i], ensure_ascii=False, default=str), f"messages[{i}]")
+            _check_utf8(json.dumps(given, ensure_ascii=False, default=str), f"messages[{i}]")
             raise SubmitError(f"messages[{i}] cannot be stored as JSON") from None
     if size > limit:
         raise SubmitError(f"messages total {size} characters; the limit is {limit} (STEPQ_MAX_PROMPT_CHARS)")

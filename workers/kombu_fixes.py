@@ -43,5 +43,5 @@ def install() -> None:
 
         raise redis.exceptions.ConnectionError("the broker connection was closed before this channel connected")
 
-    kombu_redis.Channel._connparams = _connparams
+    kombu_redis.Channel._connparams = _connparams  # type: ignore[method-assign]
     _installed = True
