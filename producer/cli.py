@@ -393,6 +393,11 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         )
     if args.pool == "gevent" and importlib.util.find_spec("gevent") is None:
         raise UsageError("`--pool gevent` needs gevent: pip install 'stepq[gevent]'")
+    if args.pool == "gevent" and (settings.beat if args.beat is None else args.beat):
+        raise UsageError(  # celery refuses -B with gevent, with a traceback
+            "`--pool gevent` cannot embed beat: add --no-beat (or STEPQ_BEAT=false) and run the sweeper's schedule "
+            "elsewhere, in a threads worker or `celery -A stepq.workers.celery_app beat`"
+        )
     if args.metrics_port is not None:
         if not 0 <= args.metrics_port <= 65535:
             raise UsageError(f"--metrics-port must be 0 (off) or a port number, not {args.metrics_port}")

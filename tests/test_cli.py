@@ -226,8 +226,10 @@ def test_worker_command_line(env, settings):
     assert "-B" in cmd and "--scheduler=celery.beat:Scheduler" in cmd  # in memory: no schedule file left behind
     cmd = shlex.split(stepq(env, "worker", "--no-beat", "--queues", "a,b", "--print-command", check=0).stdout)
     assert "-B" not in cmd and cmd[cmd.index("-Q") + 1] == "a,b"
-    cmd = shlex.split(stepq(env, "worker", "--pool", "gevent", "--print-command", check=0).stdout)
-    assert "--pool=gevent" in cmd
+    cmd = shlex.split(stepq(env, "worker", "--pool", "gevent", "--no-beat", "--print-command", check=0).stdout)
+    assert "--pool=gevent" in cmd and "-B" not in cmd
+    refused = stepq(env, "worker", "--pool", "gevent", "--print-command", check=2).stderr  # celery refuses -B there
+    assert "--no-beat" in refused and len(refused.strip().splitlines()) == 1 and "Traceback" not in refused
     assert "invalid choice: 'eventlet'" in stepq(env, "worker", "--pool", "eventlet", check=2).stderr
 
 
