@@ -363,6 +363,7 @@ def main() -> int:
         f"the shared design is bounded by its pool ({POOL}) + 1 pub/sub connection, whatever N"
     )
     shared = next((r for r in results if r["mode"] == "shared"), None)
+    ok = False
     if shared is not None:
         ok = (
             shared["streams"] >= TARGET_STREAMS
@@ -374,7 +375,7 @@ def main() -> int:
             f"target (>= {TARGET_STREAMS} streams, p99 <= {TARGET_P99_MS:.0f} ms, <= {POOL + 1} connections at any N): "
             f"{'met' if ok else 'NOT met'}"
         )
-    return 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from stepq.producer.gateway import sse
 from stepq.producer.gateway.auth import Principal, require
 from stepq.producer.gateway.errors import GatewayError
 from stepq.producer.gateway.service import Gateway, not_found_turn
-from stepq.producer.gateway.streams import follow
+from stepq.producer.gateway.streams import follow_batches
 
 router = APIRouter(prefix="/v1/turns", tags=["turns"])
 
@@ -185,8 +185,8 @@ async def _stream(gw: Gateway, turn_id: str, cursor: int) -> AsyncIterator[bytes
     started = time.monotonic()
     try:
         yield sse.comment(f"turn {turn_id}")  # headers and a first byte now: proxies and clients see a live stream
-        async for event in follow(gw.hub, gw.reader, turn_id, cursor, gw.settings.gateway_keepalive_s):
-            yield sse.KEEPALIVE if event is None else sse.encode(event)
+        async for batch in follow_batches(gw.hub, gw.reader, turn_id, cursor, gw.settings.gateway_keepalive_s):
+            yield sse.encode_all(batch) if batch else sse.KEEPALIVE
     finally:
         metrics.open_streams.dec()
         metrics.stream_duration.observe(time.monotonic() - started)

@@ -12,5 +12,10 @@ def encode(event: RawEvent) -> bytes:
     return f"id: {event.seq}\nevent: {event.type}\ndata: {event.payload}\n\n".encode()
 
 
+def encode_all(events: list[RawEvent]) -> bytes:
+    """Several frames in one write: a stream that fell behind catches up in few sends."""
+    return b"".join(encode(e) for e in events)
+
+
 def comment(text: str) -> bytes:
     return f": {text}\n\n".encode()

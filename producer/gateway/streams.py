@@ -233,34 +233,48 @@ async def _patiently(what: Callable[..., Awaitable[T]], *args: Any) -> T:
 
 
 async def follow(
-    hub: StreamHub,
-    reader: EventReader,
-    turn_id: str,
-    after: int,
-    keepalive_s: float,
-    on_event: Callable[[RawEvent], None] | None = None,
+    hub: StreamHub, reader: EventReader, turn_id: str, after: int, keepalive_s: float
 ) -> AsyncIterator[RawEvent | None]:
     """Every event after `after`, once each, in seq order, until `turn-finish`; None is a keep-alive tick."""
+    async for batch in follow_batches(hub, reader, turn_id, after, keepalive_s):
+        if not batch:
+            yield None
+        for event in batch:
+            yield event
+
+
+async def follow_batches(
+    hub: StreamHub, reader: EventReader, turn_id: str, after: int, keepalive_s: float
+) -> AsyncIterator[list[RawEvent]]:
+    """Every event after `after`, once each, in seq order, until `turn-finish`.
+
+    Yields batches: whatever arrived since the last one (a client that falls behind gets bigger
+    batches, so the cost per event drops exactly when it matters); an empty batch is a keep-alive tick.
+    """
     cursor = after
     async with hub.listen(reader.keys.channel(turn_id)) as listener:
         pending = await _patiently(reader.read, turn_id, cursor)
         while True:
+            batch: list[RawEvent] = []
             for event in pending:
                 if event.seq <= cursor:
                     continue
                 if event.seq > cursor + 1:  # a gap: what was published before it is in the log
-                    for missed in await _patiently(reader.read, turn_id, cursor, event.seq - 1):
-                        if missed.seq > cursor:
-                            cursor = missed.seq
-                            yield missed
-                            if missed.type == FINISH:
-                                return
+                    missed = await _patiently(reader.read, turn_id, cursor, event.seq - 1)
+                    for old in missed:
+                        if old.seq > cursor:
+                            cursor = old.seq
+                            batch.append(old)
                     if event.seq <= cursor:
                         continue
                 cursor = event.seq
-                yield event
-                if event.type == FINISH:
-                    return
+                batch.append(event)
+            finish = next((i for i, e in enumerate(batch) if e.type == FINISH), None)
+            if finish is not None:
+                yield batch[: finish + 1]
+                return
+            if batch:
+                yield batch
             woke = True
             if not listener.buffer and not listener.resync:
                 try:
@@ -277,4 +291,4 @@ async def follow(
             if not woke:
                 if not pending and await _patiently(reader.finished, turn_id):
                     return  # ended without a turn-finish event (its writer died after the commit)
-                yield None
+                yield []
