@@ -88,6 +88,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(INSTALL_TIMEOUT_S + 600)
 def test_wheel_has_one_top_level_name_and_runs_beside_a_users_own_shared_package(tmp_path):
     wheels = tmp_path / "wheels"
