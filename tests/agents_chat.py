@@ -104,3 +104,20 @@ slow = AgentDefinition(
         )
     ],
 )
+
+gated_two = AgentDefinition(
+    id="chat.gated_two",
+    allowed_tools=["chat_record"],
+    read_only=False,
+    mutation_policy="confirm-required",
+    script=[
+        ScriptStep(
+            text="Two records.",
+            tool_calls=[
+                ScriptToolCall(name="chat_record", args={"label": "one"}),
+                ScriptToolCall(name="chat_record", args={"label": "two"}),
+            ],
+        ),
+        ScriptStep(text="Both handled."),
+    ],
+)

@@ -164,3 +164,37 @@ def test_history_lists_finished_turns_as_ui_messages(stack: ChatStack) -> None:
         assert tool["output"] == {"key": "alpha", "value": "the first letter"}
         texts = [p["text"] for p in messages[3]["parts"] if p["type"] == "text"]
         assert texts == ["Looking it up.", "Alpha is the first letter."]
+
+
+def test_answering_one_of_two_approvals_closes_the_message_until_the_other_is_answered(stack: ChatStack) -> None:
+    with http(stack) as client:
+        q = question("record both")
+        parked = ask(client, "two", [q], "chat.gated_two")
+        requests = [c for c in parked if c["type"] == "tool-approval-request"]
+        assert len(requests) == 2 and parked[-1]["messageMetadata"]["status"] == "awaiting_approval"
+
+        def answer(*approved: bool) -> dict[str, Any]:
+            parts = [
+                {
+                    "type": "tool-chat_record",
+                    "toolCallId": r["toolCallId"],
+                    "state": "approval-responded",
+                    "approval": {"id": r["approvalId"], "approved": ok},
+                }
+                for r, ok in zip(requests, approved, strict=False)
+            ]
+            return {"id": parked[0]["messageId"], "role": "assistant", "parts": parts}
+
+        with client.stream("POST", "/v1/chat", json={"id": "two", "messages": [q, answer(True)]}) as response:
+            half = ui_chunks(response)  # one answered: the step still waits for the other
+        assert [c["type"] for c in half if c["type"].startswith("tool-")] == ["tool-approval-response"]
+        assert half[-1]["messageMetadata"]["status"] == "awaiting_approval"
+
+        with client.stream("POST", "/v1/chat", json={"id": "two", "messages": [q, answer(True, False)]}) as response:
+            done = ui_chunks(response)
+        outcomes = {c["toolCallId"]: c["type"] for c in done if c["type"].startswith("tool-output")}
+        assert outcomes == {
+            requests[0]["toolCallId"]: "tool-output-available",
+            requests[1]["toolCallId"]: "tool-output-denied",
+        }
+        assert done[-1]["messageMetadata"]["status"] == "completed"

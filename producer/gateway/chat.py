@@ -34,7 +34,7 @@ from stepq.producer.gateway.auth import Principal, require
 from stepq.producer.gateway.errors import GatewayError
 from stepq.producer.gateway.routes_turns import gateway
 from stepq.producer.gateway.service import Gateway
-from stepq.producer.gateway.streams import follow
+from stepq.producer.gateway.streams import RawEvent, follow_batches
 from stepq.producer.gateway.ui_history import ui_messages
 from stepq.producer.gateway.ui_stream import DONE, UI_STREAM_HEADERS, UIMessageTranslator, sse_frame
 from stepq.threads import Thread
@@ -293,40 +293,46 @@ async def _waits_on_people(gw: Gateway, turn_id: str) -> bool:
 
 
 async def _ui_stream(gw: Gateway, turn_id: str, cursor: int, metadata: dict[str, Any]) -> AsyncIterator[bytes]:
-    """The turn's events after `cursor` as UI chunks; the message closes when the turn ends or parks."""
+    """The turn's events after `cursor` as UI chunks; the message closes when the turn ends or parks.
+    Events arrive in batches (a slow client gets bigger ones) and each batch goes out as one write."""
     translator = UIMessageTranslator(turn_id, metadata)
     metrics = gw.metrics
     metrics.open_streams.inc()
     try:
-        for chunk in translator.begin():
-            yield sse_frame(chunk)
+        yield _frames(translator.begin())
         if await _waits_on_people(gw, turn_id):  # parked: what there is, then the message closes
-            for logged in await gw.reader.read(turn_id, cursor):
-                for chunk in translator.feed(Event.model_validate_json(logged.payload)):
-                    yield sse_frame(chunk)
-            for chunk in translator.end_parked():
-                yield sse_frame(chunk)
-            yield DONE
+            chunks = [c for e in await gw.reader.read(turn_id, cursor) for c in translator.feed(_event(e))]
+            yield _frames(chunks + translator.end_parked()) + DONE
             return
         parked = False
-        async for raw in follow(gw.hub, gw.reader, turn_id, cursor, gw.settings.gateway_keepalive_s):
-            if raw is None:  # a quiet stream: closes if the turn now waits on people (e.g. a partial decision)
+        async for batch in follow_batches(gw.hub, gw.reader, turn_id, cursor, gw.settings.gateway_keepalive_s):
+            if not batch:  # a quiet stream: it closes if the turn now waits on people (a partial decision)
                 parked = await _waits_on_people(gw, turn_id)
                 if parked:
                     break
                 yield sse.KEEPALIVE
                 continue
-            for chunk in translator.feed(Event.model_validate_json(raw.payload)):
-                yield sse_frame(chunk)
-            if translator.finished:
-                break
-            if raw.type == EventType.APPROVAL_REQUEST.value and translator.parked:
-                parked = await _waits_on_people(gw, turn_id)
-                if parked:
+            chunks = []
+            for raw in batch:
+                chunks += translator.feed(_event(raw))
+                if translator.finished:
                     break
+                if raw.type == EventType.APPROVAL_REQUEST.value and translator.parked:
+                    parked = await _waits_on_people(gw, turn_id)
+                    if parked:
+                        break
+            yield _frames(chunks)
+            if translator.finished or parked:
+                break
         closing = translator.end_parked() if parked else translator.end_unfinished()
-        for chunk in closing:
-            yield sse_frame(chunk)
-        yield DONE
+        yield _frames(closing) + DONE
     finally:
         metrics.open_streams.dec()
+
+
+def _event(raw: RawEvent) -> Event:
+    return Event.model_validate_json(raw.payload)
+
+
+def _frames(chunks: list[dict[str, Any]]) -> bytes:
+    return b"".join(sse_frame(c) for c in chunks)
