@@ -193,7 +193,11 @@ def run_clients(url: str, turn_ids: list[str], ready_q: Any, result_q: Any) -> N
             out["errors"] += [repr(r) for r in results if isinstance(r, BaseException)]
         return out
 
-    result_q.put(asyncio.run(main()))
+    started = time.monotonic()
+    out = asyncio.run(main())
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out["cpu_share"] = (usage.ru_utime + usage.ru_stime) / (time.monotonic() - started)
+    result_q.put(out)
 
 
 # --------------------------------------------------------------------------- one design, measured
@@ -273,6 +277,7 @@ def measure(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "p99_ms": percentile(latencies, 99) * 1000,
         "max_ms": max(latencies) * 1000 if latencies else float("nan"),
         "cpu": cpu * 100,
+        "client_cpu": max(r["cpu_share"] for r in results) * 100,
         "conn_idle": idle,
         "conn_few": few,
         "conn_all": held,
@@ -349,6 +354,7 @@ def main() -> int:
                 f"{result['p99_ms']:.1f}",
                 f"{result['max_ms']:.0f}",
                 f"{result['cpu']:.0f}%",
+                f"{result['client_cpu']:.0f}%",
                 f"{result['conn_idle']}/{result['conn_few']}/{result['conn_all']}",
                 str(len(result["errors"])),
             ]
@@ -356,8 +362,21 @@ def main() -> int:
         print(f"  {mode}: done (gateway log: {result['log']})", flush=True)
         for error in result["errors"][:5]:
             print(f"    error: {error}")
-    headers = ["design", "streams", "ended", "delivered", "p50 ms", "p99 ms", "max ms", "gw CPU", "redis conns"]
+    headers = [
+        "design",
+        "streams",
+        "ended",
+        "delivered",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "gw CPU",
+        "client CPU",
+        "redis conns",
+    ]
     print(table([*headers, "errors"], rows))
+    print(f"machine load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print("gw CPU: the gateway process while publishing (100% = one core); client CPU: the busiest client process")
     print(
         "redis conns: the gateway's connections (CLIENT LIST by its client name) idle / 10 streams / all streams; "
         f"the shared design is bounded by its pool ({POOL}) + 1 pub/sub connection, whatever N"

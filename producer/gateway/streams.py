@@ -134,7 +134,7 @@ class StreamHub:
                 await self._active.wait()
                 continue
             try:
-                message = await self._pubsub.get_message(timeout=1.0)
+                message = await self._pubsub.get_message(timeout=None)  # blocks; no timer per message
                 backoff = 0.1
             except (RedisError, ConnectionError, OSError) as exc:
                 log.warning("stream hub lost its Redis pub/sub connection (%s); reconnecting", exc)
