@@ -21,7 +21,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, Settin
 from stepq.errors import ConfigurationError
 from stepq.ratelimit import RateLimit
 
-REDIS_SCHEMES = ("redis", "rediss", "unix")
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")  # redis+sentinel: failover through Sentinels
 # Values never echoed in an error message (the variable is named, the value is not): these, and every
 # SecretStr setting.
 SECRET_SETTINGS = frozenset({"approval_secret", "approval_old_secrets", "jwt_secret", "api_keys"})
@@ -128,7 +128,7 @@ class Settings(BaseSettings):
             )
             raise ValueError(f"{shown!r} has no scheme; use {example}")
         if info.field_name == "redis_url" and scheme.lower() not in REDIS_SCHEMES:
-            raise ValueError(f"{shown!r}: the scheme must be redis://, rediss:// or unix://")
+            raise ValueError(f"{shown!r}: the scheme must be redis://, rediss://, unix:// or redis+sentinel://")
         return value
 
     @field_validator("key_prefix")

@@ -10,7 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from stepq.config import Settings
+from stepq.store.connection import SENTINEL_SCHEME, kombu_sentinel_broker
 from stepq.store.keys import Keys
+
+REDIS_BROKER_SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
 
 RUN_STEP = "stepq.run_step"
 APPROVE = "stepq.approve"
@@ -42,15 +45,17 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings for at-least-once steps: late acks, requeue on worker loss, prefetch 1, JSON only."""
     url = settings.effective_broker_url
     transport: dict[str, Any] = {}
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        transport = {
-            "visibility_timeout": settings.visibility_timeout_s,
-            "global_keyprefix": Keys(settings.key_prefix).broker_prefix,
-            "queue_order_strategy": "priority",  # drain the interactive queue before the batch queue
-        }
+    if url.startswith(SENTINEL_SCHEME):  # the broker on the same Sentinels, in kombu's spelling
+        url, transport = kombu_sentinel_broker(url)
+    if url.startswith(REDIS_BROKER_SCHEMES):
+        transport.update(
+            visibility_timeout=settings.visibility_timeout_s,
+            global_keyprefix=Keys(settings.key_prefix).broker_prefix,
+            queue_order_strategy="priority",  # drain the interactive queue before the batch queue
+        )
     elif url.startswith("memory://"):
         transport = {"polling_interval": settings.memory_polling_interval_s}
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if url.startswith(REDIS_BROKER_SCHEMES):
         # bounded socket waits, so a stalled broker connection is noticed and re-established
         transport.update(socket_timeout=settings.redis_socket_timeout_s, socket_connect_timeout=5.0)
     transport.update(settings.broker_transport_options)

@@ -160,3 +160,64 @@ class TcpProxy:
 
     def close(self) -> None:
         self.drop()
+
+
+class SentinelSetup:
+    """A master, one replica and one Sentinel watching them as `name`, each on a free port; `failover()`
+    promotes the replica the way a managed Redis fails over (clients must follow the Sentinel)."""
+
+    def __init__(self, name: str = "stepq-test") -> None:
+        self.name = name
+        self.master = RedisServer()
+        self.replica_port = free_port()
+        self.sentinel_port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="stepq-sentinel-")
+        replica = ["redis-server", "--port", str(self.replica_port), "--save", "", "--appendonly", "no"]
+        replica += ["--dir", self.dir, "--replicaof", "127.0.0.1", str(self.master.port)]
+        self.replica = subprocess.Popen(replica, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        conf = f"{self.dir}/sentinel.conf"
+        with open(conf, "w") as f:
+            f.write(
+                f"port {self.sentinel_port}\ndir {self.dir}\n"
+                f"sentinel monitor {name} 127.0.0.1 {self.master.port} 1\n"
+                f"sentinel down-after-milliseconds {name} 2000\nsentinel failover-timeout {name} 10000\n"
+            )
+        self.sentinel = subprocess.Popen(
+            ["redis-server", conf, "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        _wait_for(self._ready, 60, "the replica to sync and the Sentinel to see it")
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.sentinel_port}/{self.name}"
+
+    def _sentinel(self) -> redis.Redis:
+        return redis.Redis(port=self.sentinel_port, socket_timeout=10, decode_responses=True)
+
+    def master_port(self) -> int:
+        with self._sentinel() as s:
+            host_port = s.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.name)
+            return int(host_port[1])
+
+    def _ready(self) -> bool:
+        try:
+            with redis.Redis(port=self.replica_port, socket_timeout=10, decode_responses=True) as r:
+                if r.info("replication").get("master_link_status") != "up":
+                    return False
+            with self._sentinel() as s:
+                return bool(s.execute_command("SENTINEL", "REPLICAS", self.name))
+        except redis.ConnectionError:
+            return False
+
+    def failover(self) -> None:
+        old = self.master_port()
+        with self._sentinel() as s:
+            s.execute_command("SENTINEL", "FAILOVER", self.name)
+        _wait_for(lambda: self.master_port() != old, 60, "the Sentinel to promote the replica")
+
+    def close(self) -> None:
+        for proc in (self.sentinel, self.replica):
+            proc.kill()
+            proc.wait(timeout=30)
+        self.master.close()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,5 +1,10 @@
 """Redis clients: a real server from `STEPQ_REDIS_URL`, or one in-process fakeredis for the embedded mode.
 
+`STEPQ_REDIS_URL` may name Sentinels instead of a server, for automatic failover:
+`redis+sentinel://[:password@]host:port[,host:port...]/<master name>[/<db>]`. The client asks the
+Sentinels for the current master and, after a failover, reconnects to the new one (a write that reaches
+the demoted master fails as a connection error, which the outage retry below waits out).
+
 Outages are waited out, not died of: every client has explicit socket timeouts, and a command that
 fails with a connection error or a timeout is retried with capped exponential backoff until the
 outage window (`STEPQ_REDIS_OUTAGE_S`) has passed since its first failure. A Redis restart or a
@@ -12,7 +17,9 @@ import random
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
@@ -20,9 +27,10 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from stepq.config import Settings
-from stepq.errors import MissingExtraError
+from stepq.errors import ConfigurationError, MissingExtraError
 
 if TYPE_CHECKING:
     import fakeredis
@@ -105,8 +113,63 @@ def client_options(settings: Settings) -> dict[str, Any]:
     }
 
 
+SENTINEL_SCHEME = "redis+sentinel://"
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    sentinels: list[tuple[str, int]]
+    service: str
+    db: int
+    password: str | None
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """`redis+sentinel://[:password@]host:port[,host:port...]/<master name>[/<db>]`."""
+    parsed = urllib.parse.urlsplit(url)
+    creds, _, hosts = parsed.netloc.rpartition("@")
+    password = urllib.parse.unquote(creds.partition(":")[2] if ":" in creds else creds) or None
+    sentinels = []
+    for host in filter(None, hosts.split(",")):
+        name, _, port = host.rpartition(":") if ":" in host else (host, "", "26379")
+        if not port.isdigit():
+            raise ConfigurationError(f"STEPQ_REDIS_URL: sentinel address {host!r} needs a numeric port")
+        sentinels.append((name, int(port)))
+    parts = [p for p in parsed.path.split("/") if p]
+    if not sentinels or not parts or len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+        raise ConfigurationError(
+            "STEPQ_REDIS_URL: a Sentinel URL is redis+sentinel://[:password@]host:port[,host:port...]/<master>[/<db>]"
+        )
+    return SentinelTarget(sentinels, parts[0], int(parts[1]) if len(parts) == 2 else 0, password)
+
+
+def kombu_sentinel_broker(url: str) -> tuple[str, dict[str, Any]]:
+    """The same Sentinels as a kombu broker URL plus its transport options (`master_name`)."""
+    target = parse_sentinel_url(url)
+    auth = f":{urllib.parse.quote(target.password, safe='')}@" if target.password else ""
+    joined = ";".join(f"sentinel://{auth}{host}:{port}/{target.db}" for host, port in target.sentinels)
+    return joined, {"master_name": target.service}
+
+
+def _sentinel_client(settings: Settings, url: str) -> redis.Redis:
+    target = parse_sentinel_url(url)
+    timeouts = {"socket_timeout": settings.redis_socket_timeout_s, "socket_connect_timeout": 5.0}
+    sentinel = Sentinel(target.sentinels, sentinel_kwargs=timeouts)
+    client: redis.Redis = sentinel.master_for(
+        target.service,
+        db=target.db,
+        password=target.password,
+        decode_responses=True,
+        max_connections=MAX_CONNECTIONS,
+        **client_options(settings),
+    )
+    return client
+
+
 def _make_client(settings: Settings) -> redis.Redis:
     global _fake_server
+    if settings.redis_url and settings.redis_url.startswith(SENTINEL_SCHEME):
+        return _sentinel_client(settings, settings.redis_url)
     if settings.redis_url:
         return redis.Redis.from_url(
             settings.redis_url, decode_responses=True, max_connections=MAX_CONNECTIONS, **client_options(settings)
