@@ -121,3 +121,13 @@ gated_two = AgentDefinition(
         ScriptStep(text="Both handled."),
     ],
 )
+
+fails = AgentDefinition(
+    id="chat.fails",
+    script=[
+        ScriptStep(
+            text="This answer breaks halfway through.",
+            fail=ScriptFailure(when="after-content", status=529, message="overloaded mid-stream"),
+        )
+    ],
+)

@@ -303,6 +303,24 @@ test('a worker killed mid-step: the redelivered step replaces its partial text',
   assert.equal(message.parts.filter((p) => p.type === 'text').length, 1);
 });
 
+test("a turn that fails reaches the client as the protocol's error chunk", async () => {
+  const errors = [];
+  const stream = await transport('chat.fails').sendMessages({
+    chatId: chatId('fails'),
+    trigger: 'submit-message',
+    messageId: undefined,
+    abortSignal: undefined,
+    messages: [{ id: 'u-fails', role: 'user', parts: [{ type: 'text', text: 'go' }] }],
+  });
+  let message;
+  for await (const snapshot of readUIMessageStream({ stream, onError: (e) => errors.push(e) })) message = snapshot;
+  assert.equal(errors.length, 1);
+  assert.match(errors[0].message, /provider error after content was streamed/);
+  assert.equal(message.metadata.status, 'failed');
+  assert.equal(message.metadata.finishReason, 'error');
+  assert.equal((await turn(message.metadata.turnId)).status, 'failed');
+});
+
 test('bad requests get a clear error, not a stream', async () => {
   const post = (body, agent = 'chat.plain') =>
     fetch(`${GATEWAY}/v1/chat?agent=${agent}`, {
