@@ -83,31 +83,45 @@ async def chat(
             422, "unsupported-trigger", "regenerating an answer is not supported; send a new user message instead"
         )
     last = body.messages[-1]
-    role = last.get("role")
-    if role == "user":
-        thread = await _thread_for(gw, principal, body.id, agent or body.agent)
-        turn_id = await _continue(gw, principal, body.id, thread, _user_text(last))
-        return _stream_response(gw, turn_id, 0, _metadata(body.id, thread))
-    if role == "assistant":
-        decisions = _approval_responses(last)
-        if not decisions:
-            raise GatewayError(
-                422,
-                "invalid-request",
-                "the last message is an assistant message without tool approval responses; "
-                "send a user message, or answer the pending approvals (addToolApprovalResponse)",
-            )
-        if not principal.may("approve"):
-            raise GatewayError(403, "forbidden", "this credential lacks the 'approve' scope")
-        known = await _existing_thread(gw, principal, body.id)
-        turn_id = str(last.get("id", ""))
-        if known is None or turn_id not in {t.turn_id for t in known.turns}:
-            raise GatewayError(404, "not-found", f"no turn {turn_id!r} in chat {body.id!r}")
-        cursor = await _park_cursor(gw, turn_id)
-        for decision in decisions:
-            await _decide(gw, principal, turn_id, decision)
-        return _stream_response(gw, turn_id, cursor, _metadata(body.id, known))
+    if last.get("role") == "user":
+        return await _ask(gw, principal, body.id, agent or body.agent, last)
+    if last.get("role") == "assistant":
+        return await _answer_approvals(gw, principal, body.id, last)
     raise GatewayError(422, "invalid-request", "the last message must have role 'user' or 'assistant'")
+
+
+async def _ask(
+    gw: Gateway, principal: Principal, chat_id: str, agent: str | None, message: dict[str, Any]
+) -> StreamingResponse:
+    """A user message: the thread's next turn, streamed from its start."""
+    text = _user_text(message)
+    thread = await _thread_for(gw, principal, chat_id, agent)
+    turn_id = await _continue(gw, principal, chat_id, thread, text)
+    return _stream_response(gw, turn_id, 0, _metadata(chat_id, thread))
+
+
+async def _answer_approvals(
+    gw: Gateway, principal: Principal, chat_id: str, message: dict[str, Any]
+) -> StreamingResponse:
+    """An assistant message with approval responses: decide them, then continue the same message."""
+    decisions = _approval_responses(message)
+    if not decisions:
+        raise GatewayError(
+            422,
+            "invalid-request",
+            "the last message is an assistant message without tool approval responses; "
+            "send a user message, or answer the pending approvals (addToolApprovalResponse)",
+        )
+    if not principal.may("approve"):
+        raise GatewayError(403, "forbidden", "this credential lacks the 'approve' scope")
+    thread = await _existing_thread(gw, principal, chat_id)
+    turn_id = str(message.get("id", ""))
+    if thread is None or turn_id not in {t.turn_id for t in thread.turns}:
+        raise GatewayError(404, "not-found", f"no turn {turn_id!r} in chat {chat_id!r}")
+    cursor = await _park_cursor(gw, turn_id)
+    for decision in decisions:
+        await _decide(gw, principal, turn_id, decision)
+    return _stream_response(gw, turn_id, cursor, _metadata(chat_id, thread))
 
 
 @router.get("/{chat_id}/stream", response_class=StreamingResponse, responses={204: {"description": "none active"}})
