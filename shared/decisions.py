@@ -169,9 +169,12 @@ def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int, str]]:
         if state.not_before and state.not_before > now:
             continue
         crashed = rt.leases.started_step(turn_id) == state.step
+        sent = rt.turns.sent_step(turn_id)
+        # committed at this step, but the message for it never went out: the worker died in between
+        unsent = not parked and sent is not None and sent < state.step
         # a decided parked turn was last touched when its decision enqueued the resume (its index score)
         touched = (rt.redis.zscore(rt.keys.active, turn_id) or now) if parked else state.updated_at
-        if crashed or touched < now - queued_grace_s:
+        if crashed or unsent or touched < now - queued_grace_s:
             found.append((turn_id, state.step, state.priority))
             rt.redis.zadd(rt.keys.active, {turn_id: now}, xx=True)
     for turn_id in rt.turns.expired_awaiting(now):

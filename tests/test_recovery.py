@@ -91,3 +91,24 @@ def test_sweeper_leaves_a_parked_turn_alone_while_a_person_decides(prefix: str) 
     rt.redis.delete(rt.keys.sweep_lock)
     assert sweep(rt, settings.queued_grace_s) == []
     assert rt.redis.zscore(rt.keys.active, handle.turn_id) is None
+
+
+def test_a_step_committed_but_never_sent_is_swept_at_once(rt, prefix: str) -> None:
+    """The worker died after committing step 1 and before sending its message (the broker then has no
+    message for the turn at all): the sweeper re-enqueues it after one lease TTL, not after the
+    queued grace period."""
+    from stepq.decisions import sweep
+    from stepq.engine.runner import StepRunner
+    from stepq.submit import create_turn
+
+    state, _ = create_turn(rt, "rt.basic", prompt="go", metadata={"prefix": prefix})
+    decision = StepRunner(rt).deliver(state.turn_id, 0)
+    assert decision.action == "next" and decision.step == 1  # committed; the send never happens
+    rt.redis.zadd(rt.keys.active, {state.turn_id: 0})  # as if committed one lease TTL ago
+    rt.redis.delete(rt.keys.sweep_lock)
+    assert sweep(rt, queued_grace_s=3600) == [(state.turn_id, 1, "interactive")]
+    # once its message is known to be sent, the same turn is left to the broker
+    rt.turns.mark_sent(state.turn_id, 1)
+    rt.redis.zadd(rt.keys.active, {state.turn_id: 0})
+    rt.redis.delete(rt.keys.sweep_lock)
+    assert sweep(rt, queued_grace_s=3600) == []

@@ -35,6 +35,7 @@ def _runtime(task: Task) -> Runtime:
 def _enqueue_step(task: Task, turn_id: str, step: int, priority: str, countdown: float | None = None) -> None:
     queue = queue_for(_settings(task), priority)
     task.app.send_task(RUN_STEP, args=[turn_id, step], countdown=countdown, queue=queue)
+    _runtime(task).turns.mark_sent(turn_id, step)  # a crash before this line is found by the sweeper
 
 
 def run_step(self: Task, turn_id: str, step: int, attempt: int = 0) -> str:

@@ -79,6 +79,10 @@ class Keys:
         """Set once the producer has sent the turn's first step (only for turns with an idempotency key)."""
         return f"{self.turn(turn_id)}:sent"
 
+    def sent_step(self, turn_id: str) -> str:
+        """The last step whose run_step message is known to have been sent (the sweeper's lost-message check)."""
+        return f"{self.turn(turn_id)}:sent-step"
+
     def per_turn(self, turn_id: str) -> list[str]:
         """Every key a turn owns, for expiry when it ends."""
         return [
@@ -94,6 +98,7 @@ class Keys:
             self.cancel(turn_id),
             self.tool_results(turn_id),
             self.dispatched(turn_id),
+            self.sent_step(turn_id),
         ]
 
     def idempotency(self, agent: str, key: str) -> str:

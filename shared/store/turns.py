@@ -34,6 +34,7 @@ if KEYS[1] ~= '' then
 end
 redis.call('SET', KEYS[2], ARGV[1])
 redis.call('SET', KEYS[3], '0')
+redis.call('SET', KEYS[7], '0')  -- step 0's message is sent by the submitter
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[2])
 if KEYS[5] ~= '' then
   redis.call('HINCRBY', KEYS[5], 'created', 1)
@@ -174,6 +175,7 @@ class TurnStore:
                 k.active,
                 counter_key or "",
                 k.messages(state.turn_id),
+                k.sent_step(state.turn_id),
             ],
             args=[
                 state.model_dump_json(exclude=_HISTORY_FIELDS),
@@ -330,6 +332,15 @@ class TurnStore:
     def save_checkpoint(self, turn_id: str, step: int, output_json: str) -> None:
         write = self.checkpoint_write(turn_id, step, output_json)
         write.script(keys=write.keys, args=write.args)
+
+    def mark_sent(self, turn_id: str, step: int) -> None:
+        """Record that a run_step message for `step` went to the broker. A turn committed at a later step
+        than this, with no lease, lost its message: the worker died between the commit and the send."""
+        self.client.set(self.keys.sent_step(turn_id), step, ex=self.ttl_s)
+
+    def sent_step(self, turn_id: str) -> int | None:
+        value = self.client.get(self.keys.sent_step(turn_id))
+        return int(value) if value is not None else None
 
     def request_cancel(self, turn_id: str) -> None:
         self.client.set(self.keys.cancel(turn_id), "1", ex=self.ttl_s)
