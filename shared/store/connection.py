@@ -102,7 +102,7 @@ def get_redis(settings: Settings) -> redis.Redis:
 
 
 def client_options(settings: Settings) -> dict[str, Any]:
-    """Timeouts and the outage retry every stepq Redis client gets (the gateway's async client too)."""
+    """Timeouts and the outage retry every (synchronous) stepq Redis client gets."""
     return {
         "socket_timeout": settings.redis_socket_timeout_s,
         "socket_connect_timeout": min(settings.redis_socket_timeout_s, 5.0),
