@@ -246,6 +246,13 @@ def start(args: list[str], env: dict[str, str], cwd: Path, stdin: int) -> tuple[
     return proc, Watch(proc.stdout.fileno()), Watch(proc.stderr.fileno())
 
 
+def exit_code(proc: subprocess.Popen[bytes], out: Watch, errs: Watch) -> int:
+    try:
+        return proc.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"still running after Ctrl-C\nstdout:\n{out.text}\nstderr:\n{errs.text}") from None
+
+
 def stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.kill()
@@ -259,7 +266,7 @@ def test_ctrl_c_says_the_turn_goes_on(worker, settings, client):
     try:
         out.wait_for("[y/N]")
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=TIMEOUT) == 130
+        assert exit_code(proc, out, errs) == 130
     finally:
         stop(proc)
         os.close(primary)
@@ -284,7 +291,7 @@ def test_ctrl_c_twice_in_embedded_mode_exits_at_once(tmp_path):
         errs.wait_for("Ctrl-C again")
         assert proc.poll() is None  # still stopping the worker: its step cannot finish
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=TIMEOUT) == 130
+        assert exit_code(proc, out, errs) == 130
     finally:
         stop(proc)
     stderr = errs.finish()
