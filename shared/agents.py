@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from stepq.errors import DefinitionError
 from stepq.models import LoopLimits, ToolSpec
 from stepq.providers.base import OUTPUT_TOOL
+from stepq.providers.function import FunctionModel
 from stepq.providers.registry import check_tool_schemas, split_shorthand
 from stepq.providers.scripted import ScriptStep
 from stepq.ratelimit import RateLimit
@@ -62,6 +63,10 @@ class Budget(BaseModel):
     """Seconds since the turn's first step started, checked before each step (approval waits count)."""
     max_tokens: int | None = Field(default=None, ge=1)
     """Most input plus output tokens over the whole turn, checked after each step."""
+    answer_reserve_tokens: int | None = Field(default=None, ge=0)
+    """Object mode: tokens of `max_tokens` held back for the reserved answer step. Tool steps stop once
+    the turn's tokens plus this reserve reach `max_tokens`; unset, the reserve is the last step's tokens
+    (the answer step reads the same transcript plus the last tool results)."""
 
 
 class LoopConfig(BaseModel):
@@ -85,6 +90,7 @@ class LoopConfig(BaseModel):
             max_tool_calls=self.budget.max_tool_calls,
             max_wall_clock_s=self.budget.max_wall_clock_s,
             max_tokens=self.budget.max_tokens,
+            answer_reserve_tokens=self.budget.answer_reserve_tokens,
         )
 
 
@@ -120,7 +126,8 @@ class AgentDefinition(BaseModel):
     """Object mode: repair steps allowed after an invalid answer (each names what was wrong)."""
     default_provider: str | None = None
     """Provider when the caller chooses none (`anthropic`, `anthropic-vertex`, `gemini`, `bedrock`,
-    `scripted`); unset falls back to STEPQ_PROVIDER, or `scripted` when the agent has a `script`."""
+    `scripted`, `function`, `test`); unset falls back to STEPQ_PROVIDER, or `scripted` when the agent has a
+    `script` (`function` when it has a `function_model`)."""
     default_model: str | None = None
     """Model when the caller chooses none (`provider/model` sets both); unset falls back to STEPQ_MODEL."""
     loop: LoopConfig = Field(default_factory=LoopConfig)
@@ -149,6 +156,9 @@ class AgentDefinition(BaseModel):
     """`batch` sends this agent's turns to the batch queue, which workers drain after interactive turns."""
     script: list[ScriptStep] | None = None
     """The offline `scripted` provider's steps: step N of a turn plays `script[N]` (the last repeats)."""
+    function_model: FunctionModel | None = None
+    """The offline `function` provider's model: `FunctionModel(fn)` (answers computed from each request)
+    or `TestModel()`; the default provider when set and no `script` is."""
 
     @field_validator("id")
     @classmethod

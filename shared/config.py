@@ -34,6 +34,8 @@ class Prices(BaseModel):
 
     input_per_mtok: float = Field(default=0.0, ge=0)
     output_per_mtok: float = Field(default=0.0, ge=0)
+    cache_read_per_mtok: float | None = Field(default=None, ge=0)  # unset: billed as input
+    cache_write_per_mtok: float | None = Field(default=None, ge=0)  # unset: billed as input
 
     def cost(self, input_tokens: int, output_tokens: int) -> float:
         return (input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok) / 1_000_000
@@ -69,6 +71,7 @@ class Settings(BaseSettings):
     # JSON {"provider/model" | "provider": {rpm, tpm, concurrency, ...}}; an agent's own rate_limit wins
     rate_limits: dict[str, RateLimit] = Field(default_factory=dict)
     prices: dict[str, Prices] = Field(default_factory=dict)  # JSON {"provider/model": {input_per_mtok, ...}}
+    metrics_tenant_key: str | None = None  # metadata key whose value labels token/cost metrics as `tenant`
     queued_grace_s: float = Field(default=300.0, gt=0)  # a queued turn untouched this long lost its message
     beat: bool = True  # `stepq worker` runs the sweeper's schedule unless --no-beat
     memory_polling_interval_s: float = Field(default=0.01, gt=0)

@@ -33,6 +33,7 @@ when calling the same functions directly, and as the text of `TurnResult.error`.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 
 class StepqError(Exception):
@@ -149,6 +150,7 @@ class ProviderError(StepqError):
         status: int | None = None,
         retry_after_s: float | None = None,
         code: str | None = None,
+        usage: Any = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -156,6 +158,8 @@ class ProviderError(StepqError):
         self.status = status
         self.retry_after_s = retry_after_s
         self.code = code
+        # a `stepq.models.Usage` the provider reported before failing (billed: the engine counts it)
+        self.usage = usage
 
     def describe(self) -> str:
         bits = [self.message]

@@ -33,7 +33,7 @@ from stepq.protocol import celery_config, worker_queues
 from stepq.store.keys import Keys
 
 if TYPE_CHECKING:
-    from stepq.models import Delta, PendingApproval, StepTrace, ToolResult, TurnState
+    from stepq.models import Delta, PendingApproval, StepTrace, ToolResult, TurnState, Usage
     from stepq.providers.base import ProviderError
     from stepq.runtime import Runtime
 
@@ -83,8 +83,15 @@ STEP_RETRIES = Counter(
 
 TOKENS = Counter(
     "stepq_tokens_total",
-    "Tokens reported by providers, by kind (input, output, cache_read, cache_write, reasoning)",
-    ["provider", "model", "kind"],
+    "Tokens reported by providers (failed attempts included), by kind (input, output, cache_read, cache_write, "
+    "reasoning); tenant: the turn's metadata value under STEPQ_METRICS_TENANT_KEY, else empty",
+    ["agent", "tenant", "provider", "model", "kind"],
+)
+
+COST = Counter(
+    "stepq_cost_total",
+    "Cost of model calls at STEPQ_PRICES (failed attempts included), in the price table's currency units",
+    ["agent", "tenant", "provider", "model"],
 )
 
 TOOL_CALLS = Counter(
@@ -135,24 +142,40 @@ def step_outcome(action: str, reason: str, status: str) -> str | None:
     )
 
 
-def record_step(state: TurnState, action: str, reason: str, duration_s: float, traces: Iterable[StepTrace]) -> None:
-    """Count one model step: its outcome, its duration and the tokens of the traces it added."""
+def record_step(
+    state: TurnState,
+    action: str,
+    reason: str,
+    duration_s: float,
+    traces: Iterable[StepTrace],
+    tenant: str = "",
+) -> None:
+    """Count one model step: its outcome, its duration and the tokens and cost of the traces it added
+    (a failed attempt's tokens were counted when it failed: `record_usage`)."""
     outcome = step_outcome(action, reason, state.status.value)
     if outcome is None:
         return
     STEPS.labels(state.agent, state.provider, state.model, outcome).inc()
     STEP_DURATION.labels(state.provider, state.model).observe(duration_s)
     for trace in traces:
-        u = trace.usage
-        for kind, value in (
-            ("input", u.input_tokens),
-            ("output", u.output_tokens),
-            ("cache_read", u.cache_read_tokens),
-            ("cache_write", u.cache_write_tokens),
-            ("reasoning", u.reasoning_tokens),
-        ):
-            if value:
-                TOKENS.labels(trace.provider, trace.model, kind).inc(value)
+        attempts_cost = [f.cost for f in trace.failed_attempts if f.cost is not None]
+        cost = None if trace.cost is None else trace.cost - sum(attempts_cost)
+        record_usage(state.agent, tenant, trace.provider, trace.model, trace.usage, cost)
+
+
+def record_usage(agent: str, tenant: str, provider: str, model: str, usage: Usage, cost: float | None) -> None:
+    """Count one model call's tokens (by kind) and its cost."""
+    for kind, value in (
+        ("input", usage.input_tokens),
+        ("output", usage.output_tokens),
+        ("cache_read", usage.cache_read_tokens),
+        ("cache_write", usage.cache_write_tokens),
+        ("reasoning", usage.reasoning_tokens),
+    ):
+        if value:
+            TOKENS.labels(agent, tenant, provider, model, kind).inc(value)
+    if cost:
+        COST.labels(agent, tenant, provider, model).inc(cost)
 
 
 def retry_reason(exc: ProviderError) -> str:

@@ -156,6 +156,30 @@ class FinishReason(StrEnum):
     AWAITING_APPROVAL = "awaiting-approval"
 
 
+class LoopStop(StrEnum):
+    """Which loop limit ended a turn (`stopped_by`); None when the model simply answered.
+
+    In chat mode the turn ends at once (finish reason `tool-calls`, `max-steps` or `budget`). In object
+    mode the loop first spends one reserved answer step (tools off, schema forced): the turn then keeps
+    the answer's finish reason, and `stopped_by` still names the limit that cut the tool steps short."""
+
+    STEP_COUNT = "step-count"  # StopWhen(step_count=...)
+    HAS_TOOL_CALL = "has-tool-call"  # StopWhen(has_tool_call=...)
+    MAX_STEPS = "max-steps"
+    TOKEN_BUDGET = "token-budget"
+    TOOL_CALL_BUDGET = "tool-call-budget"
+    WALL_CLOCK_BUDGET = "wall-clock-budget"
+
+    @property
+    def finish_reason(self) -> FinishReason:
+        """The finish reason of a chat-mode turn this limit ends."""
+        if self in (LoopStop.STEP_COUNT, LoopStop.HAS_TOOL_CALL):
+            return FinishReason.TOOL_CALLS
+        if self == LoopStop.MAX_STEPS:
+            return FinishReason.MAX_STEPS
+        return FinishReason.BUDGET
+
+
 # --------------------------------------------------------------------------- one model call
 
 
@@ -216,12 +240,23 @@ class Event(BaseModel):
 # --------------------------------------------------------------------------- trace and result
 
 
+class FailedAttempt(BaseModel):
+    """A model call that failed after the provider had reported usage (billed, so it counts)."""
+
+    attempt: int
+    usage: Usage
+    cost: float | None = None  # when STEPQ_PRICES has the model
+    error: str = ""  # the error's status or code (never its text)
+
+
 class StepTrace(BaseModel):
     step: int
     provider: str
     model: str
     tool_calls: list[str] = Field(default_factory=list)
-    usage: Usage = Field(default_factory=Usage)
+    usage: Usage = Field(default_factory=Usage)  # the successful attempt's tokens
+    cost: float | None = None  # this step's cost, failed attempts included (when STEPQ_PRICES has the model)
+    failed_attempts: list[FailedAttempt] = Field(default_factory=list)  # those that reported usage
     retries: int = 0
     duration_s: float = 0.0
     stop_reason: str | None = None
@@ -239,7 +274,9 @@ class TurnResult(BaseModel):
     text: str = ""
     object: Any = None
     finish_reason: FinishReason | None = None
-    usage: Usage = Field(default_factory=Usage)
+    stopped_by: LoopStop | None = None  # the loop limit that ended the turn, if one did
+    usage: Usage = Field(default_factory=Usage)  # failed attempts' reported tokens included
+    cost: float | None = None  # when STEPQ_PRICES has the turn's models
     error: str | None = None
     trace: LoopTrace = Field(default_factory=LoopTrace)
 
@@ -258,6 +295,7 @@ class LoopLimits(BaseModel):
     max_tool_calls: int | None = None
     max_wall_clock_s: float | None = None
     max_tokens: int | None = None
+    answer_reserve_tokens: int | None = None  # object mode's hold-back for the answer step (see Budget)
 
 
 class PendingApproval(BaseModel):
@@ -307,11 +345,15 @@ class TurnState(BaseModel):
     failed_tools: dict[str, tuple[int, str]] = Field(default_factory=dict)
     malformed_retry_used: bool = False
     repairs_used: int = 0
+    answer_due: LoopStop | None = None  # object mode: a limit fired; the next step is the reserved answer step
+    failed_attempts: list[FailedAttempt] = Field(default_factory=list)  # this step's, until its trace is written
     parked: ParkedStep | None = None
     trace: LoopTrace = Field(default_factory=LoopTrace)
     text: str = ""
     object: Any = None
     finish_reason: FinishReason | None = None
+    stopped_by: LoopStop | None = None
+    cost: float | None = None
     error: str | None = None
 
     def result(self) -> TurnResult:
@@ -322,7 +364,9 @@ class TurnState(BaseModel):
             text=self.text,
             object=self.object,
             finish_reason=self.finish_reason,
+            stopped_by=self.stopped_by,
             usage=self.usage,
+            cost=self.cost,
             error=self.error,
             trace=self.trace,
         )

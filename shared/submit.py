@@ -70,6 +70,10 @@ def tighten(agent: AgentDefinition, overrides: LoopOverrides | dict[str, Any] | 
         max_tool_calls=int(max_tool_calls) if max_tool_calls is not None else None,
         max_wall_clock_s=narrower("budget.max_wall_clock_s", budget.max_wall_clock_s, limits.max_wall_clock_s),
         max_tokens=int(max_tokens) if max_tokens is not None else None,
+        # a larger reserve is the tighter one: the answer step gets at least what the agent holds back
+        answer_reserve_tokens=max(
+            [r for r in (limits.answer_reserve_tokens, budget.answer_reserve_tokens) if r is not None], default=None
+        ),
     )
 
 

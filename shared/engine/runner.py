@@ -34,13 +34,17 @@ from stepq.metrics import (
     FirstChunkProbe,
     record_retry,
     record_step,
+    record_usage,
+    retry_reason,
     track_pending,
     untrack_pending,
 )
 from stepq.models import (
     Delta,
     EventType,
+    FailedAttempt,
     FinishReason,
+    LoopStop,
     ParkedStep,
     PendingApproval,
     ReasoningPart,
@@ -55,8 +59,10 @@ from stepq.models import (
     ToolSpec,
     TurnState,
     TurnStatus,
+    Usage,
     UserMessage,
 )
+from stepq.pricing import add_costs, step_cost
 from stepq.providers.base import OUTPUT_TOOL, ProviderAdapter, ProviderError, StepRequest
 from stepq.providers.registry import create_adapter
 from stepq.ratelimit import RateLimit, estimate_tokens
@@ -173,8 +179,8 @@ class StepRunner:
             return self._finish(state, emitter, TurnStatus.CANCELLED, FinishReason.CANCELLED)
         if state.status == TurnStatus.AWAITING_APPROVAL:
             return self._resume(state, agent, emitter)
-        if self._over_wall_clock(state):
-            return self._finish_limit(state, agent, emitter, FinishReason.BUDGET, "wall-clock budget exhausted")
+        if self._over_wall_clock(state) and not self._answers_anyway(state, agent, LoopStop.WALL_CLOCK_BUDGET):
+            return self._finish_limit(state, agent, emitter, LoopStop.WALL_CLOCK_BUDGET)
         if state.status == TurnStatus.QUEUED:  # visible as running while the first step streams
             state.status = TurnStatus.RUNNING
             state.started_at = state.started_at or time.time()
@@ -182,7 +188,14 @@ class StepRunner:
                 return _none(StepLoss.COMMIT_LOST)
         started, traced = time.monotonic(), len(state.trace.steps)
         decision = self._model_step(state, agent, emitter, lease)
-        record_step(state, decision.action, decision.reason, time.monotonic() - started, state.trace.steps[traced:])
+        record_step(
+            state,
+            decision.action,
+            decision.reason,
+            time.monotonic() - started,
+            state.trace.steps[traced:],
+            self._tenant(state),
+        )
         return decision
 
     # ------------------------------------------------------------------ the model call
@@ -200,6 +213,8 @@ class StepRunner:
         if agent.execution_mode == "object":
             output_schema = agent.output_schema()
             specs.append(structured.output_tool(agent))
+            if tools and state.answer_due is None and state.step + 1 >= state.limits.max_steps:
+                state.answer_due = LoopStop.MAX_STEPS  # the last allowed step is the reserved answer step
             tool_choice = OUTPUT_TOOL if structured.must_answer_now(agent, state, bool(tools)) else "auto"
         # built from already-validated parts: re-validating the whole transcript each step costs O(turn length)
         request = StepRequest.model_construct(
@@ -226,18 +241,23 @@ class StepRunner:
                 return called
             output = called
 
+        cost = step_cost(self.rt.settings.prices, state.provider, state.model, output.usage)
+        failed, state.failed_attempts = state.failed_attempts, []
         trace = StepTrace(
             step=state.step,
             provider=state.provider,
             model=state.model,
             tool_calls=[c.name for c in output.message.tool_calls],
             usage=output.usage,
+            cost=add_costs(cost, *(f.cost for f in failed)),
+            failed_attempts=failed,
             retries=state.attempt,
             duration_s=round(time.monotonic() - started, 4),
             stop_reason=output.finish_reason.value,
             raw_stop_reason=output.raw_finish_reason,
         )
         state.usage = state.usage + output.usage
+        state.cost = add_costs(state.cost, cost)  # failed attempts were added when they failed
         state.trace.steps.append(trace)
         state.attempt = 0
         state.not_before = None
@@ -258,7 +278,11 @@ class StepRunner:
         state.messages.append(output.message)
         limits = state.limits
         if limits.max_tool_calls is not None and state.tool_calls_made + len(calls) > limits.max_tool_calls:
-            return self._finish_limit(state, agent, emitter, FinishReason.BUDGET, "tool-call budget exhausted")
+            if self._reserve_answer(state, agent, LoopStop.TOOL_CALL_BUDGET):  # the calls are not run
+                note = "not run: the turn's tool-call budget is spent; give your final answer now"
+                state.messages.append(ToolResultMessage(results=[_refusal(c, note) for c in calls]))
+                return self._advance(state, agent, emitter)
+            return self._finish_limit(state, agent, emitter, LoopStop.TOOL_CALL_BUDGET)
         dispatcher = self._dispatcher(state, agent, emitter, adapter.tool_failure_breaker)
         prepared = [dispatcher.prepare(c) for c in calls]
         for p in prepared:
@@ -323,6 +347,7 @@ class StepRunner:
             used = output.usage.total_tokens
         except ProviderError as exc:
             guard.raise_if_failed()  # our event write failed inside the stream: not the provider's error
+            self._count_failed_attempt(state, exc)
             emitter.flush()
             if exc.status == 429:
                 rt.limiter.penalize(scope, limit, exc.retry_after_s)
@@ -423,29 +448,76 @@ class StepRunner:
                     state.repairs_used += 1
                     state.messages.append(output.message)
                     state.messages.append(UserMessage(content=repair_note(agent, str(exc))))
+                    # the invalid answer's object deltas are void: the repair step streams a new one
+                    emitter.publish(
+                        EventType.STEP_RESET, {"reason": "repairing an answer that did not match the schema"}
+                    )
                     return self._advance(state, agent, emitter)
                 state.messages.append(output.message)
                 return self._fail(state, emitter, f"the answer does not match the output schema: {exc}")
         state.messages.append(output.message)
         state.text = text
+        state.stopped_by = state.answer_due  # the limit that cut the tool steps short, if one did
         return self._finish(state, emitter, TurnStatus.COMPLETED, output.finish_reason)
 
     def _after_tools(
         self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter, calls: list[ToolCall]
     ) -> Decision:
+        if agent.execution_mode == "object" and state.answer_due is not None:  # the answer step called tools
+            return self._finish_limit(state, agent, emitter, state.answer_due)
+        stop = self._loop_stop(state, agent, calls)
+        if stop is None:
+            return self._advance(state, agent, emitter)
+        if self._reserve_answer(state, agent, stop):
+            return self._advance(state, agent, emitter)  # the reserved answer step
+        return self._finish_limit(state, agent, emitter, stop)
+
+    def _loop_stop(self, state: TurnState, agent: AgentDefinition, calls: list[ToolCall]) -> LoopStop | None:
+        """The first loop limit a finished tool step reached, if any."""
         limits = state.limits
         done = state.step + 1
         if any(c.name in limits.stop_on_tool for c in calls):
-            return self._finish_limit(state, agent, emitter, FinishReason.TOOL_CALLS, None)
+            return LoopStop.HAS_TOOL_CALL
         if limits.stop_after_steps is not None and done >= limits.stop_after_steps:
-            return self._finish_limit(state, agent, emitter, FinishReason.TOOL_CALLS, None)
+            return LoopStop.STEP_COUNT
         if done >= limits.max_steps:
-            return self._finish_limit(state, agent, emitter, FinishReason.MAX_STEPS, "step limit reached")
-        if limits.max_tokens is not None and state.usage.total_tokens >= limits.max_tokens:
-            return self._finish_limit(state, agent, emitter, FinishReason.BUDGET, "token budget exhausted")
+            return LoopStop.MAX_STEPS
+        if limits.max_tokens is not None and state.usage.total_tokens + self._answer_reserve(state, agent) >= (
+            limits.max_tokens
+        ):
+            return LoopStop.TOKEN_BUDGET
         if self._over_wall_clock(state):
-            return self._finish_limit(state, agent, emitter, FinishReason.BUDGET, "wall-clock budget exhausted")
-        return self._advance(state, agent, emitter)
+            return LoopStop.WALL_CLOCK_BUDGET
+        return None
+
+    @staticmethod
+    def _answer_reserve(state: TurnState, agent: AgentDefinition) -> int:
+        """Object mode holds back tokens for its answer step: the budget's reserve, else the last step's tokens."""
+        if agent.execution_mode != "object" or state.object is not None or state.answer_due is not None:
+            return 0
+        if state.limits.answer_reserve_tokens is not None:
+            return state.limits.answer_reserve_tokens
+        return state.trace.steps[-1].usage.total_tokens if state.trace.steps else 0
+
+    def _reserve_answer(self, state: TurnState, agent: AgentDefinition, stop: LoopStop) -> bool:
+        """Object mode without an object: a limit spends one reserved answer step (tools off, schema forced)
+        instead of ending the turn. False when that step was already spent or no step is left."""
+        if agent.execution_mode != "object" or state.object is not None or state.answer_due is not None:
+            return False
+        if not self._steps_left(state):
+            return False
+        state.answer_due = stop
+        return True
+
+    @staticmethod
+    def _answers_anyway(state: TurnState, agent: AgentDefinition, stop: LoopStop) -> bool:
+        """A limit found before the model call (wall clock): object mode makes this step the answer step;
+        the answer step (or its repair) itself always runs."""
+        if agent.execution_mode != "object" or state.object is not None:
+            return False
+        if state.answer_due is None:
+            state.answer_due = stop
+        return True
 
     def _steps_left(self, state: TurnState) -> bool:
         return state.step + 1 < state.limits.max_steps
@@ -464,17 +536,11 @@ class StepRunner:
 
     # ------------------------------------------------------------------ endings
 
-    def _finish_limit(
-        self,
-        state: TurnState,
-        agent: AgentDefinition,
-        emitter: StepEmitter,
-        reason: FinishReason,
-        why: str | None,
-    ) -> Decision:
+    def _finish_limit(self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter, stop: LoopStop) -> Decision:
+        state.stopped_by = stop
         if agent.execution_mode == "object" and state.object is None:
-            return self._fail(state, emitter, f"no valid object before the loop stopped: {why or reason.value}")
-        return self._finish(state, emitter, TurnStatus.COMPLETED, reason)
+            return self._fail(state, emitter, f"no valid object before the loop stopped ({stop.value})")
+        return self._finish(state, emitter, TurnStatus.COMPLETED, stop.finish_reason)
 
     def _fail(self, state: TurnState, emitter: StepEmitter, message: str) -> Decision:
         state.error = message
@@ -482,6 +548,19 @@ class StepRunner:
         return self._finish(state, emitter, TurnStatus.FAILED, FinishReason.ERROR)
 
     def _finish(self, state: TurnState, emitter: StepEmitter, status: TurnStatus, reason: FinishReason) -> Decision:
+        if state.failed_attempts:  # the step ended on its failed attempts: they still get their trace
+            failed, state.failed_attempts = state.failed_attempts, []
+            state.trace.steps.append(
+                StepTrace(
+                    step=state.step,
+                    provider=state.provider,
+                    model=state.model,
+                    cost=add_costs(*(f.cost for f in failed)),
+                    failed_attempts=failed,
+                    retries=state.attempt,
+                    stop_reason=reason.value,
+                )
+            )
         state.status = status
         state.finish_reason = reason
         state.finished_at = time.time()
@@ -504,13 +583,39 @@ class StepRunner:
             {
                 "status": status.value,
                 "finish_reason": reason.value,
+                "stopped_by": state.stopped_by.value if state.stopped_by else None,
                 "text": state.text,
                 "object": state.object,
                 "usage": state.usage.model_dump(),
+                "cost": state.cost,
                 "error": state.error,
             },
         )
         return replace(_none(f"turn {status.value}"), start=_maybe(start_next))
+
+    # ------------------------------------------------------------------ usage of failed attempts
+
+    def _count_failed_attempt(self, state: TurnState, exc: ProviderError) -> None:
+        """Tokens the provider reported before the call failed are billed: the turn's totals count them,
+        and the step's trace lists the attempt (written with the step, or with the turn's end)."""
+        usage = exc.usage
+        if not isinstance(usage, Usage) or not (
+            usage.total_tokens or usage.cache_read_tokens or usage.cache_write_tokens
+        ):
+            return
+        cost = step_cost(self.rt.settings.prices, state.provider, state.model, usage)
+        state.usage = state.usage + usage
+        state.cost = add_costs(state.cost, cost)
+        state.failed_attempts.append(
+            FailedAttempt(attempt=state.attempt, usage=usage, cost=cost, error=retry_reason(exc))
+        )
+        record_usage(state.agent, self._tenant(state), state.provider, state.model, usage, cost)
+
+    def _tenant(self, state: TurnState) -> str:
+        """The `tenant` label of token and cost metrics: the turn's metadata value under the configured key."""
+        key = self.rt.settings.metrics_tenant_key
+        value = state.metadata.get(key) if key else None
+        return str(value)[:64] if value is not None else ""
 
     # ------------------------------------------------------------------ retries
 

@@ -27,7 +27,7 @@ def must_answer_now(agent: AgentDefinition, state: TurnState, has_tools: bool) -
     """The step reserved for the output: no tools to use, the last allowed step, or a repair step."""
     last_step = state.step + 1 >= state.limits.max_steps
     repairing = bool(state.repairs_used) and isinstance(state.messages[-1], UserMessage)
-    return not has_tools or last_step or repairing
+    return not has_tools or last_step or repairing or state.answer_due is not None
 
 
 def as_answer(agent: AgentDefinition, output: StepOutput) -> StepOutput | None:

@@ -141,12 +141,15 @@ class AnthropicAdapter(ProviderAdapter):
         except Exception as exc:
             if should_stop():  # cancelled (or the lease moved on) while the stream failed: keep what arrived
                 return acc.output()
-            raise self.classify(exc, stall_s) from exc
+            error = self.classify(exc, stall_s)
+            error.usage = acc.reported_usage()  # message_start's input tokens are billed even if the call fails
+            raise error from exc
         if not acc.complete:
             raise ProviderError(
                 f"the {self.label} stream ended before message_stop (connection closed early)",
                 retryable=True,
                 code="incomplete",
+                usage=acc.reported_usage(),
             )
         return acc.output()
 

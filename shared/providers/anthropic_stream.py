@@ -171,6 +171,21 @@ class StreamAccumulator:
             block.text.append(text)
             self.emit(Delta("text" if kind == "text" else "reasoning", text))
 
+    def reported_usage(self) -> Usage | None:
+        """What the provider reported so far (a failed call's `message_start`), or None if nothing."""
+        if not (self.input_tokens or self.output_tokens or self.cache_read or self.cache_write):
+            return None
+        return self._usage_model()
+
+    def _usage_model(self) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            cache_read_tokens=self.cache_read or None,
+            cache_write_tokens=self.cache_write or None,
+            reasoning_tokens=self.thinking_tokens or None,
+        )
+
     def output(self) -> StepOutput:
         parts: list[Any] = []
         for _, block in sorted(self.blocks.items()):
@@ -191,13 +206,7 @@ class StreamAccumulator:
                     )
                 )
         message = AssistantMessage(parts=parts)
-        usage = Usage(
-            input_tokens=self.input_tokens,
-            output_tokens=self.output_tokens,
-            cache_read_tokens=self.cache_read or None,
-            cache_write_tokens=self.cache_write or None,
-            reasoning_tokens=self.thinking_tokens or None,
-        )
+        usage = self._usage_model()
         return StepOutput(
             message=message,
             usage=usage,

@@ -266,6 +266,10 @@ class GeminiAdapter(ProviderAdapter):
         pump = _Pump(client, request.model, contents, config).start()
         try:
             self._drain(pump, parser, should_stop, first, stall)
+        except ProviderError as exc:  # usageMetadata that arrived before the failure is billed: report it
+            if parser.usage_meta is not None:
+                exc.usage = parser.usage()
+            raise
         finally:
             pump.abandoned.set()
         message = parser.message()

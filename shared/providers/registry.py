@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from stepq.errors import MissingExtraError, SubmitError
 from stepq.models import ToolSpec
 from stepq.providers.base import ProviderAdapter
+from stepq.providers.function import TestModel
 from stepq.providers.scripted import ScriptedAdapter
 
 if TYPE_CHECKING:
@@ -25,7 +26,22 @@ def _scripted(agent: AgentDefinition, model: str) -> ProviderAdapter:
     return ScriptedAdapter(agent.script)
 
 
-_FACTORIES: dict[str, AdapterFactory] = {"scripted": _scripted}
+def _function(agent: AgentDefinition, model: str) -> ProviderAdapter:
+    if agent.function_model is None:
+        raise SubmitError(
+            f"agent {agent.id} has no `function_model`, so it cannot run on the function provider "
+            "(set function_model=FunctionModel(fn), or use provider 'test')"
+        )
+    return agent.function_model
+
+
+def _test(agent: AgentDefinition, model: str) -> ProviderAdapter:
+    return TestModel()
+
+
+# the offline providers: a fixed script, a function of the request, and the ready-made TestModel
+OFFLINE = ("scripted", "function", "test")
+_FACTORIES: dict[str, AdapterFactory] = {"scripted": _scripted, "function": _function, "test": _test}
 _CHECKS: dict[str, ConfigCheck] = {}
 # Official-SDK adapters, imported on first use: "name" -> "module:factory[:check]"
 _LAZY: dict[str, str] = {
@@ -126,12 +142,14 @@ def resolve_model(
     if chosen_provider is None:
         if agent.script:
             chosen_provider = "scripted"
+        elif agent.function_model is not None:
+            chosen_provider = "function"
         else:
             raise SubmitError(f"no provider for agent {agent.id}: set default_provider on the agent or STEPQ_PROVIDER")
     if chosen_provider not in _FACTORIES and chosen_provider not in _LAZY:
         raise SubmitError(f"unknown provider {chosen_provider!r}; known: {', '.join(known_providers())}")
     check_configured(chosen_provider)
-    chosen_model = model or default_model or env_m or ("scripted" if chosen_provider == "scripted" else None)
+    chosen_model = model or default_model or env_m or (chosen_provider if chosen_provider in OFFLINE else None)
     if chosen_model is None:
         raise SubmitError(f"no model for agent {agent.id} on {chosen_provider}: set default_model or STEPQ_MODEL")
     return chosen_provider, chosen_model
