@@ -57,10 +57,12 @@ def load_settings() -> Settings:
 
 
 def importable_cwd() -> None:
-    """Agent modules in the current directory import as they do under `celery -A` (and `python -m`)."""
+    """Agent modules in the current directory import as they do under `celery -A` (and `python -m`).
+
+    Appended, so a file or folder there never shadows an installed package the CLI imports later."""
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+        sys.path.append(cwd)
 
 
 def version() -> str:
