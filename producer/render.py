@@ -183,13 +183,23 @@ def result_lines(result: TurnResult, style: Style, answer: bool = True) -> list[
     if result.error:
         lines.append(style.red(f"error: {result.error}"))
     steps = len(result.trace.steps)
-    lines.append(style.dim(f"{steps} step{'s' if steps != 1 else ''} · {usage_line(result.usage)}"))
+    cost = f" · cost {money(result.cost)}" if result.cost is not None else ""
+    stopped = f" · stopped by {result.stopped_by.value}" if result.stopped_by else ""
+    lines.append(style.dim(f"{steps} step{'s' if steps != 1 else ''} · {usage_line(result.usage)}{cost}{stopped}"))
     return lines
 
 
+def money(cost: float | None) -> str:
+    """A cost as the price table's currency units, up to 8 decimals ("-" when no price is configured)."""
+    if cost is None:
+        return "-"
+    return f"{cost:.8f}".rstrip("0").rstrip(".") or "0"
+
+
 def trace_table(trace: LoopTrace) -> list[str]:
-    """Per-step trace as an aligned table."""
-    header = ["step", "provider/model", "tool calls", "in", "out", "retries", "time", "stop"]
+    """Per-step trace as an aligned table; `in`/`out` are the answering attempt's tokens, `cost` the step's
+    (failed attempts included). Each failed attempt the provider billed follows its step on its own line."""
+    header = ["step", "provider/model", "tool calls", "in", "out", "cost", "retries", "time", "stop"]
     rows = [
         [
             str(s.step),
@@ -197,6 +207,7 @@ def trace_table(trace: LoopTrace) -> list[str]:
             ", ".join(s.tool_calls) or "-",
             str(s.usage.input_tokens),
             str(s.usage.output_tokens),
+            money(s.cost),
             str(s.retries),
             f"{s.duration_s:.2f}s",
             s.stop_reason or "-",
@@ -204,7 +215,14 @@ def trace_table(trace: LoopTrace) -> list[str]:
         for s in trace.steps
     ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip() for r in [header, *rows]]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(header)).rstrip()]
+    for s, row in zip(trace.steps, rows, strict=True):
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        for a in s.failed_attempts:
+            lines.append(
+                f"  ↳ attempt {a.attempt} failed ({a.error or 'error'}): {usage_line(a.usage)} · cost {money(a.cost)}"
+            )
+    return lines
 
 
 def state_lines(state: TurnState) -> list[tuple[str, str]]:
@@ -218,8 +236,14 @@ def state_lines(state: TurnState) -> list[tuple[str, str]]:
         ("agent", state.agent),
         ("status", state.status.value),
         ("provider", f"{state.provider} / {state.model}"),
-        ("finish", state.finish_reason.value if state.finish_reason else "-"),
+        (
+            "finish",
+            state.finish_reason.value + (f" (stopped by {state.stopped_by.value})" if state.stopped_by else "")
+            if state.finish_reason
+            else "-",
+        ),
         ("usage", f"{usage_line(state.usage)} · {state.tool_calls_made} tool calls"),
+        ("cost", money(state.cost)),
         ("step", str(state.step)),
         ("created", when(state.created_at)),
         ("finished", when(state.finished_at)),

@@ -30,7 +30,7 @@ def test_show_trace_prints_one_row_per_step(worker, client, env) -> None:
     assert retried.wait(timeout=TIMEOUT).status == TurnStatus.COMPLETED
 
     header, *rows = stepq(env, "show", basic.turn_id, "--trace", check=0).stdout.splitlines()
-    assert header.split() == ["step", "provider/model", "tool", "calls", "in", "out", "retries", "time", "stop"]
+    assert header.split() == ["step", "provider/model", "tool", "calls", "in", "out", "cost", "retries", "time", "stop"]
     assert [r.split()[0] for r in rows] == ["0", "1"]
     assert all("scripted/scripted" in r for r in rows)
     assert "rt_echo" in rows[0] and rows[0].split()[-1] == "tool-calls" and rows[1].split()[-1] == "stop"
