@@ -38,7 +38,9 @@ from stepq.errors import (
 from stepq.models import (
     Event,
     EventType,
+    FailedAttempt,
     FinishReason,
+    LoopStop,
     StepTrace,
     ToolResultStatus,
     TurnResult,
@@ -47,6 +49,7 @@ from stepq.models import (
     Usage,
 )
 from stepq.producer.client import ApprovalReceipt, Client, TurnHandle
+from stepq.providers.function import FunctionModel, FunctionRequest, FunctionResponse, TestModel
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
 from stepq.ratelimit import RateLimit
 from stepq.submit import LoopOverrides
@@ -70,10 +73,15 @@ __all__ = [
     "Event",
     "EventCursorError",
     "EventType",
+    "FailedAttempt",
     "FinishReason",
+    "FunctionModel",
+    "FunctionRequest",
+    "FunctionResponse",
     "InvalidOutputError",
     "LoopConfig",
     "LoopOverrides",
+    "LoopStop",
     "MissingExtraError",
     "MissingFeaturesError",
     "Multitask",
@@ -90,6 +98,7 @@ __all__ = [
     "StopWhen",
     "StoreUnavailableError",
     "SubmitError",
+    "TestModel",
     "Thread",
     "ThreadBusyError",
     "ThreadNotFoundError",

@@ -1,12 +1,16 @@
 """The bundled demo agents: a support agent with a read tool and an approval-gated refund,
-and an object-mode extractor. They run on the offline `scripted` provider.
+and an object-mode extractor, on the offline `scripted` provider; and a batch enricher on the
+offline `TestModel`, whose tool arguments and objects follow each item's text.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from stepq.agents import AgentDefinition, LoopConfig
+from stepq.providers.function import TestModel
 from stepq.providers.scripted import ScriptStep, ScriptToolCall
 from stepq.tools import ToolContext, tool
 
@@ -74,4 +78,31 @@ extractor = AgentDefinition(
             object={"name": "Ada Lovelace", "email": "ada@engines.example", "company": "Analytical Engines Ltd"}
         ),
     ],
+)
+
+
+@tool
+def company_domain(company: str) -> dict[str, str]:
+    """The web domain a company is known by (offline: derived from its name)."""
+    slug = "".join(ch for ch in company.lower() if ch.isalnum()) or "unknown"
+    return {"company": company, "domain": f"{slug}.example"}
+
+
+class Lead(BaseModel):
+    company: str
+    city: str
+    employees: int = Field(ge=1)
+    segment: Literal["smb", "mid-market", "enterprise"]
+
+
+enricher = AgentDefinition(
+    id="demo.enricher",
+    description="Enriches a lead line (company, city, employees) into a Lead object (object mode, batch).",
+    system_prompt="Look the company up, then answer with the lead as JSON.",
+    execution_mode="object",
+    output=Lead,
+    allowed_tools=["company_domain"],
+    loop=LoopConfig(max_steps=4),
+    priority="batch",
+    function_model=TestModel(),  # offline: `name: value` pairs in the item's text become the fields
 )
