@@ -1,8 +1,8 @@
-"""`stepq demo`: a narrated tour of two turns, with no services and no API keys.
+"""`stepq demo`: a narrated tour of a few turns, with no services and no API keys.
 
 Embedded (STEPQ_REDIS_URL unset), the whole system runs in this process: a Redis
 stand-in (fakeredis), Celery's memory transport, one threads-pool worker, and the
-offline `scripted` provider playing the bundled `stepq.demo_agents`. With
+offline `scripted` and `test` providers playing the bundled `stepq.demo_agents`. With
 STEPQ_REDIS_URL set, the same tour runs against real Redis and a separately
 started `stepq worker`.
 """
@@ -23,6 +23,11 @@ from stepq.producer.render import LiveView, compact, pretty, result_lines, token
 NO_WORKER_S = 15.0
 SUPPORT_PROMPT = "My espresso grinder from order A-1001 arrived broken. Can I get my money back?"
 EXTRACT_PROMPT = "Met Ada Lovelace (Analytical Engines Ltd) at the conference; reach her at ada@engines.example."
+ENRICH_PROMPTS = [
+    "company: Juniper Tiles, city: Porto, employees: 42",
+    "company: Okra Logistics, city: Ghent, employees: 1800",
+    "company: Pine & Vale, city: Leeds, employees: 7",
+]
 _PROBLEMS = re.compile(r"Problems: (.*?)\. Reply with", re.DOTALL)
 
 
@@ -184,8 +189,19 @@ def _tour(client: Client, out: TextIO, settings: Settings) -> int:
             extract.say(f"    {line}")
     extract.say()
 
+    enrich = Tour(client, out, embedded)
+    enrich.say(s.bold("3. A prompt-aware offline model: three lead lines in, three different objects out"))
+    enrich.say("   demo.enricher runs on TestModel: its tool arguments and its object follow each input.")
+    handles = [client.submit("demo.enricher", prompt=p) for p in ENRICH_PROMPTS]
+    enriched = [client.wait(h.turn_id, timeout=60.0) for h in handles]
+    for prompt, result in zip(ENRICH_PROMPTS, enriched, strict=True):
+        enrich.say(f"   {prompt!r}")
+        enrich.say(f"     → {compact(result.object) if result.object is not None else result.error}")
+    enrich.say()
+
     _what_next(intro, embedded)
     ok = first.status == TurnStatus.COMPLETED and second.status == TurnStatus.COMPLETED
+    ok = ok and all(r.status == TurnStatus.COMPLETED for r in enriched)
     return 0 if ok else 1
 
 

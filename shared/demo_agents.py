@@ -103,6 +103,5 @@ enricher = AgentDefinition(
     output=Lead,
     allowed_tools=["company_domain"],
     loop=LoopConfig(max_steps=4),
-    priority="batch",
     function_model=TestModel(),  # offline: `name: value` pairs in the item's text become the fields
 )

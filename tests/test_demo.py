@@ -35,6 +35,9 @@ def assert_tour(out: str) -> None:
     assert "repair step" in out
     assert '"email": "ada@engines.example"' in out
     assert "TurnResult.object" in out
+    # part 3: a prompt-aware offline model: each input gives its own object
+    assert '"company": "Juniper Tiles", "city": "Porto", "employees": 42' in out
+    assert '"company": "Okra Logistics", "city": "Ghent", "employees": 1800' in out
     assert out.count("completed · finish: stop") == 2
     assert "What next" in out
 
