@@ -166,7 +166,7 @@ def run_plain(rt: Runtime, items_path: Path, out_path: Path) -> tuple[float, flo
                 AGENT,
                 prompt=item.prompt_text(),
                 messages=item.messages,
-                idempotency_key=item_idempotency_key(batch_id, key),
+                idempotency_key=item_idempotency_key(batch_id, item),
                 metadata={**item.metadata, "batch_id": batch_id, "item_key": key},
                 priority="batch",
             )

@@ -1,9 +1,14 @@
 """`stepq batch`: push a JSONL file of items through one agent, write JSONL results, resumably.
 
-Each item becomes a turn keyed by (batch id, item key), so a re-run after an
-interruption re-uses turns that exist instead of submitting (and paying for) them
-again; with --resume, items already in the output file are skipped. A bad item is
-written as failed with its reason and never stops the batch.
+Each item becomes a turn keyed by (batch id, item key, content hash), so a re-run
+after an interruption re-uses turns that exist instead of submitting (and paying for)
+them again (reported as reused), while an edited item is a new turn; with --resume,
+items already in the output file with the same content are skipped. A bad item is
+written as failed with its reason and never stops the batch. Duplicate keys are
+refused with their line numbers unless --on-duplicate first|last says which one counts.
+
+`stepq batch submit` hands the file to the workers instead (stepq.batch_driver) and
+returns at once; `stepq batch status|wait|results ID` follow it from anywhere.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
+from stepq import batch_driver
 from stepq.batch import (
     BatchItem,
     check_batch_id,
@@ -27,6 +33,7 @@ from stepq.batch import (
 from stepq.errors import SubmitError
 from stepq.models import TurnState, TurnStatus
 from stepq.producer.client import Client
+from stepq.protocol import BATCH_DRIVE, queue_for
 
 
 @dataclass
@@ -34,6 +41,8 @@ class Progress:
     total: int
     skipped: int = 0
     skipped_failed: int = 0
+    reused: int = 0
+    awaiting: int = 0
     done: int = 0
     failed: int = 0
     retrying: int = 0
@@ -56,7 +65,8 @@ class Progress:
         bar = "#" * int(ratio * width) + "-" * (width - int(ratio * width))
         return (
             f"[{bar}] {self.skipped + self.finished}/{self.total} done={self.done} failed={self.failed} "
-            f"retrying={self.retrying} {rate:.1f} items/s ETA {eta}"
+            f"retrying={self.retrying} awaiting approval={self.awaiting} reused={self.reused} "
+            f"{rate:.1f} items/s ETA {eta}"
         )
 
 
@@ -65,15 +75,44 @@ ItemLine = tuple[str, BatchItem | None, str | None]  # (key, item or None, error
 
 def read_items(path: Path) -> Iterator[ItemLine]:
     """One entry per non-blank line; a bad line keeps its own key when it has one, else `line-N`."""
+    for _, entry in numbered_items(path):
+        yield entry
+
+
+def numbered_items(path: Path) -> Iterator[tuple[int, ItemLine]]:
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
                 item = parse_item(line, number)
-                yield item.key, item, None
+                yield number, (item.key, item, None)
             except ValueError as exc:
-                yield _raw_key(line) or f"line-{number}", None, str(exc)
+                yield number, (_raw_key(line) or f"line-{number}", None, str(exc))
+
+
+ON_DUPLICATE = ("refuse", "first", "last")
+
+
+def read_input(path: Path, on_duplicate: str = "refuse") -> list[ItemLine]:
+    """The file's items with each key once. Duplicate keys raise ValueError naming the lines (`refuse`),
+    or keep the first or the last line of each key."""
+    numbered = list(numbered_items(path))
+    lines: dict[str, list[int]] = {}
+    for number, (key, _, _) in numbered:
+        lines.setdefault(key, []).append(number)
+    duplicates = {key: numbers for key, numbers in lines.items() if len(numbers) > 1}
+    if duplicates and on_duplicate == "refuse":
+        shown = "; ".join(
+            f"{key!r} on lines {', '.join(map(str, numbers))}" for key, numbers in list(duplicates.items())[:10]
+        )
+        more = f" (and {len(duplicates) - 10} more keys)" if len(duplicates) > 10 else ""
+        raise ValueError(
+            f"{path}: duplicate item keys: {shown}{more}; make each key unique, "
+            "or pass --on-duplicate first|last to keep one line per key"
+        )
+    keep = {key: numbers[0] if on_duplicate == "first" else numbers[-1] for key, numbers in lines.items()}
+    return [entry for number, entry in numbered if keep[entry[0]] == number]
 
 
 def _raw_key(line: str) -> str | None:
@@ -84,24 +123,30 @@ def _raw_key(line: str) -> str | None:
     return key if isinstance(key, str) and key else None
 
 
-def finished_keys(path: Path) -> dict[str, str]:
-    """Key -> status for items already in an output file. A torn last line (a crash mid-write) is cut off."""
+def finished_keys(path: Path, current: dict[str, str] | None = None) -> dict[str, str]:
+    """Key -> status for items already in an output file. A torn last line (a crash mid-write) is cut off.
+
+    current: key -> content hash of the input now; a line whose item changed since is dropped from the
+    file (the item runs again), so the file keeps one line per key."""
     if not path.exists():
         return {}
     keys: dict[str, str] = {}
-    good_bytes = 0
+    kept: list[bytes] = []
     with path.open("rb") as handle:
         for raw in handle:
             if not raw.endswith(b"\n"):
                 break
             try:
                 row = json.loads(raw)
-                keys[row["key"]] = row.get("status", "")
-            except (ValueError, KeyError):
+                key = row["key"]
+            except (ValueError, KeyError, TypeError):
                 break
-            good_bytes += len(raw)
-    with path.open("rb+") as handle:
-        handle.truncate(good_bytes)
+            if current is not None and key in current and row.get("item_hash", "") != current[key]:
+                continue  # edited since that run: not done
+            keys[key] = row.get("status", "")
+            kept.append(raw)
+    with path.open("wb") as handle:
+        handle.write(b"".join(kept))
     return keys
 
 
@@ -122,7 +167,7 @@ class BatchRunner:
         self.out = out
         self.concurrency = max(1, concurrency)
         self.progress_stream = progress_stream
-        self.in_flight: dict[str, str] = {}  # turn id -> item key
+        self.in_flight: dict[str, tuple[str, str]] = {}  # turn id -> (item key, item hash)
         self._last_render = 0.0
         self._prices = client.settings.prices  # validated at start (STEPQ_PRICES)
 
@@ -156,18 +201,25 @@ class BatchRunner:
                 self.agent,
                 prompt=item.prompt_text(),
                 messages=item.messages,
-                idempotency_key=item_idempotency_key(self.batch_id, item.key),
+                idempotency_key=item_idempotency_key(self.batch_id, item),
                 metadata={**item.metadata, "batch_id": self.batch_id, "item_key": item.key},
                 priority="batch",
             )
         except SubmitError as exc:
             self._write({"key": item.key, "status": "failed", "error": str(exc)}, progress, failed=True)
             return
+        item_hash = item.content_hash()
         state = self.client.get(handle.turn_id)
         if state.status.terminal:  # finished in an earlier run: written now, not paid for again
-            self._write_state(item.key, state, progress)
+            progress.reused += 1
+            self._write_state(item.key, item_hash, state, progress, reused=True)
         else:
-            self.in_flight[handle.turn_id] = item.key
+            progress.reused += not handle.created
+            self.in_flight[handle.turn_id] = (item.key, item_hash)
+            # listed in Redis too, so `stepq approve --batch` finds the batch's parked turns from anywhere
+            self.rt.redis.hset(
+                self.rt.keys.batch_inflight(self.batch_id), handle.turn_id, json.dumps([0, item.key, item_hash])
+            )
 
     def _collect(self, cursor: str, progress: Progress) -> str:
         stream = self.rt.keys.batch_done(self.batch_id)
@@ -179,11 +231,11 @@ class BatchRunner:
         for _, entries in replies or []:
             for entry_id, fields in entries:
                 cursor = entry_id
-                key = self.in_flight.pop(fields["turn_id"], None)
-                if key is not None:
+                entry = self.in_flight.pop(fields["turn_id"], None)
+                if entry is not None:
                     seen = True
                     state = self.client.get(fields["turn_id"])
-                    self._write_state(key, state, progress)
+                    self._write_state(*entry, state, progress)
         if not seen:
             self._poll_in_flight(progress)
         return cursor
@@ -194,24 +246,32 @@ class BatchRunner:
         if not ids:
             return
         raws = self.rt.redis.mget([self.rt.keys.turn(t) for t in ids])
-        retrying = 0
+        retrying = awaiting = 0
         for turn_id, raw in zip(ids, raws, strict=True):
             if raw is None:
                 continue
             state = TurnState.model_validate_json(raw)
             if state.status.terminal:
-                self._write_state(self.in_flight.pop(turn_id), state, progress)
+                self._write_state(*self.in_flight.pop(turn_id), state, progress)
+            elif state.status == TurnStatus.AWAITING_APPROVAL:
+                awaiting += 1
             elif state.attempt > 0:
                 retrying += 1
         progress.retrying = retrying
+        progress.awaiting = awaiting
 
-    def _write_state(self, key: str, state: TurnState, progress: Progress) -> None:
+    def _write_state(
+        self, key: str, item_hash: str, state: TurnState, progress: Progress, reused: bool = False
+    ) -> None:
+        if not reused:
+            self.rt.redis.hdel(self.rt.keys.batch_inflight(self.batch_id), state.turn_id)
         progress.input_tokens += state.usage.input_tokens
         progress.output_tokens += state.usage.output_tokens
         prices = self._prices.get(f"{state.provider}/{state.model}")
         if prices is not None:
             progress.cost += prices.cost(state.usage.input_tokens, state.usage.output_tokens)
-        self._write(result_line(key, state), progress, failed=state.status != TurnStatus.COMPLETED)
+        line = result_line(key, state, item_hash=item_hash, reused=reused)
+        self._write(line, progress, failed=state.status != TurnStatus.COMPLETED)
 
     def _write(self, record: dict[str, Any], progress: Progress, failed: bool) -> None:
         self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -236,7 +296,8 @@ class BatchRunner:
 def summary(progress: Progress, batch_id: str, output: Path) -> str:
     parts = [
         f"batch {batch_id}: {progress.done} completed, {progress.failed} failed in this run; "
-        f"{progress.skipped} from earlier runs ({progress.skipped_failed} failed); {progress.total} items",
+        f"{progress.skipped} from earlier runs ({progress.skipped_failed} failed); "
+        f"{progress.reused} reused (unchanged, answered before); {progress.total} items",
         f"tokens: {progress.input_tokens} in, {progress.output_tokens} out",
     ]
     if progress.cost:
@@ -254,6 +315,7 @@ def run_batch_command(
     resume: bool,
     concurrency: int,
     batch_id: str | None,
+    on_duplicate: str = "refuse",
 ) -> int:
     """The body of `stepq batch`; returns the exit code."""
     if not input_path.exists():
@@ -269,9 +331,10 @@ def run_batch_command(
         return 2
     client.runtime.redis.ping()  # Redis unreachable: one error line now, before the output file is touched
     batch_id = batch_id or derive_batch_id(agent, str(input_path.resolve()))
-    items = list(read_items(input_path))
+    items = read_input(input_path, on_duplicate)
+    current = {key: item.content_hash() for key, item, _ in items if item is not None}
     try:
-        skip = finished_keys(output_path) if resume else {}
+        skip = finished_keys(output_path, current) if resume else {}
         out_file = output_path.open("a" if resume else "w", encoding="utf-8")
     except OSError as exc:
         print(f"stepq batch: cannot write --output {output_path}: {exc.strerror or exc}", file=sys.stderr)
@@ -289,46 +352,255 @@ def run_batch_command(
 
 
 def batch_status(client: Client, batch_id: str) -> dict[str, Any]:
-    """Counters for a batch running anywhere."""
+    """Counters for a batch running anywhere, with the in-flight turns awaiting approval."""
+    return batch_driver.status(client.runtime, check_batch_id(batch_id))
+
+
+def status_line(status: dict[str, Any]) -> str:
+    return (
+        f"batch {status['batch_id']}: {status['finished']}/{status['total']} done={status['done']} "
+        f"failed={status['failed']} running={status['running']} retrying={status['retrying']} "
+        f"awaiting approval={status['awaiting_approval']} reused={status.get('reused', 0)}"
+        + (f" ({status['state']})" if "state" in status else "")
+    )
+
+
+def submit_command(client: Client, ns: Any) -> int:
+    """`stepq batch submit`: store the items for the workers' batch driver and return at once."""
+    if client.settings.embedded:
+        print(
+            "stepq batch submit: needs a shared Redis and `stepq worker` (set STEPQ_REDIS_URL); "
+            "in embedded mode run `stepq batch --agent … --input … --output …` instead",
+            file=sys.stderr,
+        )
+        return 2
+    if not ns.input.exists():
+        print(f"stepq batch submit: no input file {ns.input}", file=sys.stderr)
+        return 2
+    if client.runtime.agents.get(ns.agent) is None:
+        print(f"stepq batch submit: unknown agent {ns.agent!r}", file=sys.stderr)
+        return 2
+    batch_id = check_batch_id(ns.batch_id or derive_batch_id(ns.agent, str(ns.input.resolve())))
+    items = read_input(ns.input, ns.on_duplicate)
+    counts = batch_driver.store_batch(client.runtime, batch_id, ns.agent, items, ns.concurrency)
+    client.celery.send_task(BATCH_DRIVE, args=[batch_id], queue=queue_for(client.settings, "batch"))
+    print(batch_id)
+    print(
+        f"batch {batch_id}: {counts['total']} items submitted ({counts['failed']} bad lines recorded as failed); "
+        f"follow it with `stepq batch wait {batch_id} --output results.jsonl`",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def write_results(client: Client, batch_id: str, output: Path) -> int:
+    """Write a driven batch's results (one line per item) to `output` atomically; returns the line count."""
+    rows = batch_driver.results(client.runtime, batch_id)
+    tmp = output.with_name(f".{output.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(output)
+    return len(rows)
+
+
+def wait_command(client: Client, ns: Any) -> int:
+    """`stepq batch wait ID`: progress until the batch is finished, then the results file if asked."""
     rt = client.runtime
-    raw = rt.redis.hgetall(rt.keys.batch(batch_id))
-    if not raw:
-        raise LookupError(f"no batch {batch_id!r} (unknown, or expired)")
-    status: dict[str, Any] = {"batch_id": batch_id, "agent": raw.get("agent")}
-    for name in ("total", "created", "done", "failed", "input_tokens", "output_tokens"):
-        status[name] = int(raw.get(name, 0))
-    status["finished"] = status["done"] + status["failed"]
-    return status
+    deadline = None if ns.timeout is None else time.monotonic() + ns.timeout
+    cursor = "$"
+    stream = rt.keys.batch_done(ns.batch_id)
+    last = 0.0
+    while True:
+        status = batch_status(client, ns.batch_id)
+        if not status.get("driven"):
+            print(f"stepq batch wait: batch {ns.batch_id} runs in the foreground (`stepq batch`), not on the workers",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        if status["state"] == "finished":
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            print(f"stepq batch wait: {status_line(status)}; not finished after {ns.timeout}s", file=sys.stderr)
+            return 1
+        if time.monotonic() - last >= 1.0:
+            last = time.monotonic()
+            end = "\r" if sys.stderr.isatty() else "\n"
+            sys.stderr.write(status_line(status) + end)
+            sys.stderr.flush()
+        # a finished turn is the news worth looking again for; approvals and the end are seen within a second
+        reply = cast(list[Any] | None, rt.redis.xread({stream: cursor}, count=1000, block=1000))
+        for _, entries in reply or []:
+            cursor = entries[-1][0]
+    print(status_line(status), file=sys.stderr)
+    if ns.output is not None:
+        lines = write_results(client, ns.batch_id, ns.output)
+        print(f"results: {ns.output} ({lines} lines)", file=sys.stderr)
+    return 0 if status["failed"] == 0 else 1
+
+
+def results_command(client: Client, ns: Any) -> int:
+    status = batch_status(client, ns.batch_id)
+    if not status.get("driven"):
+        print(f"stepq batch results: batch {ns.batch_id} ran in the foreground: its results are in its --output file",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if status["state"] != "finished" and not ns.partial:
+        print(
+            f"stepq batch results: {status_line(status)}: not finished; `stepq batch wait {ns.batch_id}` first, "
+            "or --partial for the results so far",
+            file=sys.stderr,
+        )
+        return 1
+    lines = write_results(client, ns.batch_id, ns.output)
+    print(f"results: {ns.output} ({lines} lines of {status['total']})", file=sys.stderr)
+    return 0
+
+
+def parked_approvals(client: Client, batch_id: str, filters: list[str]) -> list[tuple[str, str, str]]:
+    """(approval id, item key, tool) of the batch's parked turns' pending approvals matching every filter."""
+    from fnmatch import fnmatchcase
+
+    wanted: list[tuple[str, str]] = []
+    for expr in filters:
+        name, sep, value = expr.partition("=")
+        if not sep or name not in ("tool", "key") or not value:
+            raise ValueError(f"--filter {expr!r}: write tool=NAME or key=GLOB")
+        wanted.append((name, value))
+    rt = client.runtime
+    turn_ids = cast(list[str], rt.redis.hkeys(rt.keys.batch_inflight(check_batch_id(batch_id))))
+    found: list[tuple[str, str, str]] = []
+    for start in range(0, len(turn_ids), 500):
+        for blob in cast(list[str | None], rt.redis.mget([rt.keys.turn(t) for t in turn_ids[start : start + 500]])):
+            if blob is None:
+                continue
+            state = TurnState.model_validate_json(blob)
+            if state.status != TurnStatus.AWAITING_APPROVAL or state.parked is None:
+                continue
+            key = str(state.metadata.get("item_key", ""))
+            for pending in state.parked.approvals:
+                fields = {"tool": pending.tool_name, "key": key}
+                if all(fnmatchcase(fields[name], value) for name, value in wanted):
+                    found.append((pending.approval_id, key, pending.tool_name))
+    return found
+
+
+def approve_batch_command(client: Client, args: Any) -> int:
+    """`stepq approve --batch ID --all|--filter … --yes|--no`: every decision goes through the `approve`
+    task's own checks (token, single use, turn still waiting), as one `stepq approve` would."""
+    from collections import Counter
+
+    from stepq.errors import ApprovalError, WaitTimeoutError
+
+    if not args.all and not args.filter:
+        print("stepq approve --batch: say which approvals: --all, or --filter tool=NAME / key=GLOB", file=sys.stderr)
+        return 2
+    if args.approval_id is not None:
+        print("stepq approve --batch: takes no APPROVAL_ID (it decides the batch's pending approvals)", file=sys.stderr)
+        return 2
+    try:
+        found = parked_approvals(client, args.batch, args.filter)
+    except ValueError as exc:
+        print(f"stepq approve --batch: {exc}", file=sys.stderr)
+        return 2
+    approved = bool(args.yes)
+    receipts = [
+        (key, client.approve(approval_id, approved, reason=args.reason, reviewer=args.reviewer))
+        for approval_id, key, _ in found
+    ]
+    accepted = 0
+    refused: Counter[str] = Counter()
+    deadline = time.monotonic() + args.timeout
+    for key, receipt in receipts:
+        try:
+            receipt.wait(timeout=max(0.1, deadline - time.monotonic()))
+            accepted += 1
+        except ApprovalError as exc:
+            refused[str(exc.code)] += 1
+            print(f"refused ({exc.code}) for item {key}: {exc}", file=sys.stderr)
+        except WaitTimeoutError:
+            refused["no answer from a worker"] += 1
+    verb = "approved" if approved else "denied"
+    reasons = f" ({', '.join(f'{n} {code}' for code, n in sorted(refused.items()))})" if refused else ""
+    print(f"batch {args.batch}: {verb} {accepted}, refused {sum(refused.values())}{reasons}")
+    return 0 if not refused else 1
+
+
+def _follow_main(command: str, args_list: list[str]) -> int:
+    """`stepq batch status|wait|results|submit …`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"stepq batch {command}")
+    if command == "submit":
+        parser.add_argument("--agent", required=True)
+        parser.add_argument("--input", required=True, type=Path, help="JSONL: {key, prompt|messages|input} per line")
+        parser.add_argument("--concurrency", type=int, default=64, help="turns in flight at once")
+        parser.add_argument("--batch-id", default=None, help="default: derived from the agent and the input path")
+        parser.add_argument("--on-duplicate", choices=ON_DUPLICATE, default="refuse")
+    else:
+        parser.add_argument("batch_id")
+    if command == "status":
+        parser.add_argument("--json", action="store_true")
+    if command == "wait":
+        parser.add_argument("--output", type=Path, default=None, help="write the results here once finished")
+        parser.add_argument("--timeout", type=float, default=None, help="seconds; default: wait as long as it takes")
+    if command == "results":
+        parser.add_argument("--output", required=True, type=Path)
+        parser.add_argument("--partial", action="store_true", help="write the results so far of a running batch")
+    ns = parser.parse_args(args_list)
+    if command == "submit" and ns.concurrency < 1:
+        parser.error("--concurrency must be at least 1")
+    output = getattr(ns, "output", None)
+    if output is not None and not output.parent.is_dir():
+        print(f"stepq batch {command}: no folder {output.parent} for --output {output}: create it first",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    from stepq.producer.cli import UsageError, load_settings
+
+    try:
+        client = Client(load_settings())
+        with client:
+            if command == "submit":
+                return submit_command(client, ns)
+            if command == "wait":
+                return wait_command(client, ns)
+            if command == "results":
+                return results_command(client, ns)
+            status = batch_status(client, ns.batch_id)
+            if ns.json:
+                print(json.dumps(status))
+            else:
+                for name, value in status.items():
+                    print(f"{name:>17}: {value}")
+            return 0
+    except (UsageError, LookupError, ValueError, SubmitError) as exc:
+        print(f"stepq batch {command}: {exc}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`stepq batch --agent A --input items.jsonl --output results.jsonl` or `stepq batch status ID`."""
+    """`stepq batch --agent A --input items.jsonl --output results.jsonl`, or `stepq batch submit|status|wait|results`."""
     import argparse
 
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["status"]:
-        status_parser = argparse.ArgumentParser(prog="stepq batch status")
-        status_parser.add_argument("batch_id")
-        status_parser.add_argument("--json", action="store_true")
-        ns = status_parser.parse_args(args_list[1:])
-        try:
-            status = batch_status(Client(), ns.batch_id)
-        except LookupError as exc:
-            print(f"stepq batch status: {exc}", file=sys.stderr)
-            return 2
-        if ns.json:
-            print(json.dumps(status))
-        else:
-            for name, value in status.items():
-                print(f"{name:>14}: {value}")
-        return 0
-    parser = argparse.ArgumentParser(prog="stepq batch", description="Run a JSONL file of items through an agent.")
+    if args_list[:1] and args_list[0] in ("submit", "status", "wait", "results"):
+        return _follow_main(args_list[0], args_list[1:])
+    parser = argparse.ArgumentParser(
+        prog="stepq batch",
+        description="Run a JSONL file of items through an agent. `stepq batch submit|status|wait|results` "
+        "run it on the workers instead (see `stepq batch submit --help`).",
+    )
     parser.add_argument("--agent", required=True)
     parser.add_argument("--input", required=True, type=Path, help="JSONL: {key, prompt|messages|input} per line")
     parser.add_argument("--output", required=True, type=Path, help="JSONL results, one line per item")
-    parser.add_argument("--resume", action="store_true", help="skip items already in --output")
+    parser.add_argument("--resume", action="store_true", help="skip items already in --output (same content)")
     parser.add_argument("--concurrency", type=int, default=64, help="turns in flight at once")
     parser.add_argument("--batch-id", default=None, help="default: derived from the agent and the input path")
+    parser.add_argument(
+        "--on-duplicate",
+        choices=ON_DUPLICATE,
+        default="refuse",
+        help="a key on several lines: refuse the file (default, naming the lines), or keep its first or last line",
+    )
     ns = parser.parse_args(args_list)
     if ns.concurrency < 1:
         parser.error("--concurrency must be at least 1")
@@ -354,6 +626,7 @@ def main(argv: list[str] | None = None) -> int:
                 resume=ns.resume,
                 concurrency=ns.concurrency,
                 batch_id=ns.batch_id,
+                on_duplicate=ns.on_duplicate,
             )
         except ValueError as exc:
             print(f"stepq batch: {exc}", file=sys.stderr)

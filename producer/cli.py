@@ -356,6 +356,12 @@ def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
             "approvals itself (--approve-all, --deny-all, or interactively)"
         )
     client = Client(settings)
+    if args.batch is not None:
+        from stepq.producer.batch import approve_batch_command
+
+        return approve_batch_command(client, args)
+    if args.approval_id is None or args.all or args.filter:
+        raise UsageError("`stepq approve` takes an APPROVAL_ID, or --batch ID with --all or --filter")
     receipt = client.approve(args.approval_id, args.yes, reason=args.reason, reviewer=args.reviewer, token=args.token)
     try:
         receipt.wait(timeout=args.timeout)
@@ -518,8 +524,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=20, help="turns listed per section (default: 20)")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("approve", help="decide an approval request")
-    p.add_argument("approval_id")
+    p = sub.add_parser("approve", help="decide an approval request (or a batch's: --batch ID --all|--filter)")
+    p.add_argument("approval_id", nargs="?")
     p.add_argument("token", nargs="?", help="optional: by default the pending approval's own token is used")
     decision = p.add_mutually_exclusive_group(required=True)
     decision.add_argument("--yes", action="store_true", help="approve")
@@ -527,6 +533,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", default="")
     p.add_argument("--reviewer", default=os.environ.get("USER", ""))
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the worker's answer")
+    p.add_argument("--batch", metavar="ID", help="decide the approvals of this batch's parked turns")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true", help="with --batch: every pending approval of the batch")
+    which.add_argument(
+        "--filter",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="with --batch: only approvals matching tool=NAME or key=GLOB (the item key); repeat to narrow",
+    )
     p.set_defaults(func=cmd_approve)
 
     p = sub.add_parser("cancel", help="cancel a turn")

@@ -262,7 +262,7 @@ class Client:
                 agent,
                 prompt=item.prompt_text(),
                 messages=item.messages,
-                idempotency_key=item_idempotency_key(batch_id, item.key),
+                idempotency_key=item_idempotency_key(batch_id, item),
                 metadata={**item.metadata, "batch_id": batch_id, "item_key": item.key},
                 priority="batch",
             )

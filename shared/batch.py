@@ -1,5 +1,6 @@
-"""Batches: many items through one agent, each a turn whose idempotency key comes from the batch
-and the item's key, so re-running after an interruption re-uses finished turns instead of re-billing.
+"""Batches: many items through one agent, each a turn whose idempotency key comes from the batch,
+the item's key and a hash of the item's content: re-running after an interruption re-uses finished
+turns instead of re-billing, and an item whose content changed is a new turn (never the old answer).
 
 Workers record each finished batch turn in the batch's counters and its `done` stream;
 a runner anywhere follows that stream, and `stepq batch status` reads the counters.
@@ -40,6 +41,12 @@ class BatchItem(BaseModel):
             raise ValueError("an item needs exactly one of prompt, messages or input")
         return self
 
+    def content_hash(self) -> str:
+        """What the item asks, hashed (everything but its key): equal hashes ask the same thing."""
+        content = {"prompt": self.prompt, "messages": self.messages, "input": self.input, "metadata": self.metadata}
+        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
     def prompt_text(self) -> str | None:
         if self.prompt is not None:
             return self.prompt
@@ -75,8 +82,10 @@ def check_batch_id(batch_id: str) -> str:
     return batch_id
 
 
-def item_idempotency_key(batch_id: str, item_key: str) -> str:
-    return f"batch:{batch_id}:{hashlib.sha256(item_key.encode()).hexdigest()[:32]}"
+def item_idempotency_key(batch_id: str, item: BatchItem) -> str:
+    """The item's identity: its batch, its key and its content. An edited item gets a new turn."""
+    key_hash = hashlib.sha256(item.key.encode()).hexdigest()[:32]
+    return f"batch:{batch_id}:{key_hash}:{item.content_hash()}"
 
 
 def record_finish(pipe: Any, keys: Keys, state: TurnState, ttl_s: int) -> None:
@@ -96,10 +105,12 @@ def record_finish(pipe: Any, keys: Keys, state: TurnState, ttl_s: int) -> None:
     pipe.expire(stream, ttl_s)
 
 
-def result_line(item_key: str, state: TurnState) -> dict[str, Any]:
-    """The JSONL output record for one finished item."""
+def result_line(item_key: str, state: TurnState, *, item_hash: str = "", reused: bool = False) -> dict[str, Any]:
+    """The JSONL output record for one finished item; `reused`: the turn came from an earlier run."""
     return {
         "key": item_key,
+        "item_hash": item_hash,
+        "reused": reused,
         "status": state.status.value,
         "turn_id": state.turn_id,
         "object": state.object,

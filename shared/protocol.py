@@ -18,6 +18,7 @@ REDIS_BROKER_SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
 RUN_STEP = "stepq.run_step"
 APPROVE = "stepq.approve"
 SWEEP = "stepq.sweep"
+BATCH_DRIVE = "stepq.batch_drive"
 
 
 def queue_for(settings: Settings, priority: str) -> str:

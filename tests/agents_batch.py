@@ -8,7 +8,7 @@ from stepq.agents import AgentDefinition
 from stepq.models import AssistantMessage, Delta, StepOutput, TextPart, Usage, UserMessage
 from stepq.providers.base import Emit, ProviderAdapter, ShouldStop, StepRequest
 from stepq.providers.registry import register_provider
-from stepq.providers.scripted import ScriptFailure, ScriptStep
+from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
 from stepq.ratelimit import RateLimit
 from stepq.tools import tool
 
@@ -100,4 +100,22 @@ anthropic_limited = AgentDefinition(
     default_provider="anthropic",
     default_model="claude-limited",
     rate_limit=RateLimit(rpm=3, window_s=2.0),
+)
+
+
+@tool(needs_approval=True)
+def bt_publish(label: str) -> str:
+    """Publish an item (a write: needs approval)."""
+    return f"published {label}"
+
+
+gated = AgentDefinition(
+    id="bt.gated",
+    priority="batch",
+    allowed_tools=["bt_publish"],
+    read_only=False,
+    script=[
+        ScriptStep(tool_calls=[ScriptToolCall(name="bt_publish", args={"label": "item"})]),
+        ScriptStep(text="done"),
+    ],
 )

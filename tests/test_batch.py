@@ -9,9 +9,9 @@ import sys
 import time
 
 from stepq.batch import BatchItem, item_idempotency_key
-from stepq.models import TurnStatus
+from stepq.models import EventType, TurnStatus
 from stepq.submit import create_turn
-from tests.conftest import ROOT, settings_env
+from tests.conftest import ROOT, WorkerProcess, eventually, settings_env
 
 
 def _write_items(path, n, bad_lines=()):
@@ -56,7 +56,7 @@ def test_interrupted_batch_resumes_with_each_item_exactly_once(settings, worker,
     last = BatchItem.model_validate({"key": "item-499", "input": {"text": "Contact 499 <c499@example.com>"}})
     orphan, created = create_turn(
         client.runtime, "bt.extract", prompt=last.prompt_text(), priority="batch",
-        idempotency_key=item_idempotency_key("resume-test", "item-499"),
+        idempotency_key=item_idempotency_key("resume-test", last),
         metadata={"batch_id": "resume-test", "item_key": "item-499"},
     )  # fmt: skip
     assert created
@@ -106,3 +106,155 @@ def test_unknown_agent_and_missing_input_are_clear_errors(settings, tmp_path):
     proc = _batch(settings, "--agent", "bt.nope", "--input", str(tmp_path / "x.jsonl"), "--output", str(tmp_path / "o"))
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "unknown agent 'bt.nope'" in err
+
+
+def _cli(settings, *args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "stepq.producer.cli", *args],
+        env=settings_env(settings), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def _contact(i, who="Contact"):
+    return {"key": f"item-{i}", "input": {"text": f"{who} {i} <c{i}@example.com>"}}
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_edited_item_is_a_new_turn_and_unchanged_items_are_reused(settings, worker, client, tmp_path):
+    items, out = tmp_path / "items.jsonl", tmp_path / "results.jsonl"
+    _write(items, [_contact(i) for i in range(6)])
+    args = ["--agent", "bt.extract", "--input", str(items), "--output", str(out), "--batch-id", "edit-test"]
+    first = _batch(settings, *args)
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    before = {r["key"]: r for r in _lines(out)}
+    assert not any(r["reused"] for r in before.values())
+
+    _write(items, [_contact(i, who="Edited" if i == 2 else "Contact") for i in range(6)])
+    second = _batch(settings, *args)
+    _, err = second.communicate(timeout=300)
+    assert second.returncode == 0, err
+    after = {r["key"]: r for r in _lines(out)}
+    assert len(after) == 6
+    assert after["item-2"]["object"] == {"name": "Edited 2", "email": "c2@example.com"}  # not the old answer
+    assert after["item-2"]["turn_id"] != before["item-2"]["turn_id"] and not after["item-2"]["reused"]
+    for key in ("item-0", "item-1", "item-3", "item-4", "item-5"):
+        assert after[key]["reused"] and after[key]["turn_id"] == before[key]["turn_id"]
+    assert "5 reused" in err
+    assert int(client.runtime.redis.hget(client.runtime.keys.batch("edit-test"), "created")) == 7
+
+    # the same through the workers' driver: the unchanged items are reused, the edited one runs
+    _write(items, [_contact(i, who="Again" if i == 4 else "Contact") for i in range(6)])
+    submit = _cli(
+        settings, "batch", "submit", "--agent", "bt.extract", "--input", str(items), "--batch-id", "edit-test"
+    )
+    assert submit.returncode == 0, submit.stderr
+    done = _cli(settings, "batch", "wait", "edit-test", "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = {r["key"]: r for r in _lines(out)}
+    assert rows["item-4"]["object"]["name"] == "Again 4" and not rows["item-4"]["reused"]
+    assert sum(r["reused"] for r in rows.values()) == 5 and "reused=5" in done.stderr
+
+
+def test_duplicate_keys_are_refused_with_their_lines(settings, worker, tmp_path):
+    items, out = tmp_path / "items.jsonl", tmp_path / "results.jsonl"
+    rows = [_contact(0), _contact(1), _contact(0, who="Other"), _contact(2), _contact(1, who="Last")]
+    _write(items, rows)
+    args = ["--agent", "bt.extract", "--input", str(items), "--output", str(out)]
+    refused = _batch(settings, *args)
+    _, err = refused.communicate(timeout=120)
+    assert refused.returncode == 2, err
+    assert "'item-0' on lines 1, 3" in err and "'item-1' on lines 2, 5" in err and "Traceback" not in err
+    assert not out.exists()
+    submit = _cli(settings, "batch", "submit", "--agent", "bt.extract", "--input", str(items))
+    assert submit.returncode == 2 and "'item-0' on lines 1, 3" in submit.stderr, submit.stderr
+
+    last = _batch(settings, *args, "--on-duplicate", "last")
+    _, err = last.communicate(timeout=300)
+    assert last.returncode == 0, err
+    by_key = {r["key"]: r for r in _lines(out)}
+    assert len(_lines(out)) == 3
+    assert by_key["item-0"]["object"]["name"] == "Other 0" and by_key["item-1"]["object"]["name"] == "Last 1"
+
+
+def test_bulk_approve_decides_every_parked_item_once(settings, client, tmp_path):
+    worker = WorkerProcess(settings, "bulk", concurrency=4)
+    try:
+        items = tmp_path / "items.jsonl"
+        _write(items, [{"key": f"g-{i}", "prompt": f"publish {i}"} for i in range(100)])
+        submit = _cli(settings, "batch", "submit", "--agent", "bt.gated", "--input", str(items),
+                      "--concurrency", "100", "--batch-id", "gated")  # fmt: skip
+        assert submit.returncode == 0, submit.stderr
+
+        def parked():
+            status = json.loads(_cli(settings, "batch", "status", "gated", "--json").stdout)
+            return status["awaiting_approval"] == 100
+
+        eventually(parked, timeout=180, what="100 items awaiting approval")
+        progress = _cli(settings, "batch", "status", "gated")
+        assert "awaiting_approval: 100" in progress.stdout
+        decided = _cli(
+            settings, "approve", "--batch", "gated", "--all", "--yes", "--reviewer", "ops", "--timeout", "120"
+        )
+        assert decided.returncode == 0, decided.stderr
+        assert "approved 100, refused 0" in decided.stdout
+        done = _cli(settings, "batch", "wait", "gated", "--output", str(tmp_path / "out.jsonl"))
+        assert done.returncode == 0, done.stderr
+        rows = _lines(tmp_path / "out.jsonl")
+        assert len(rows) == 100 and {r["status"] for r in rows} == {"completed"}
+        rt = client.runtime
+        for row in rows:  # each approval decided once, by the bulk reviewer, and its tool ran once
+            state = client.get(row["turn_id"])
+            calls = [e for e in client.events(row["turn_id"], idle_timeout=60) if e.type == EventType.APPROVAL_DECISION]
+            assert len(calls) == 1 and calls[0].data["decision"] == "approved"
+            record = rt.approvals.get(calls[0].data["approval_id"])
+            assert record.status == "approved" and record.reviewer == "ops"
+            assert rt.redis.hlen(rt.keys.tool_results(state.turn_id)) == 1
+        again = _cli(settings, "approve", "--batch", "gated", "--all", "--yes")
+        assert again.returncode == 0 and "approved 0, refused 0" in again.stdout
+    finally:
+        worker.stop()
+
+
+def test_submitted_batch_survives_its_cli_and_wait_returns_each_result_once(settings, client, tmp_path):
+    items, out = tmp_path / "items.jsonl", tmp_path / "results.jsonl"
+    _write_items(items, 300, bad_lines={5})
+    submit = _cli(settings, "batch", "submit", "--agent", "bt.extract", "--input", str(items),
+                  "--concurrency", "20", "--batch-id", "detached")  # fmt: skip
+    assert submit.returncode == 0, submit.stderr  # returns at once: no worker is even running yet
+    assert submit.stdout.strip() == "detached"
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "stepq.producer.cli", "batch", "wait", "detached", "--output", str(out)],
+        env=settings_env(settings), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert "batch detached: " in follower.stderr.readline()  # it follows the batch
+    follower.send_signal(signal.SIGKILL)  # the CLI dies; the batch lives in Redis and on the workers
+    follower.wait(timeout=30)
+    assert not out.exists()
+    worker = WorkerProcess(settings, "driver", concurrency=4)
+    try:
+
+        def some_done():
+            return json.loads(_cli(settings, "batch", "status", "detached", "--json").stdout)["finished"] >= 30
+
+        eventually(some_done, timeout=180, what="30 results")
+        worker.kill()  # kill -9 a worker that drives the batch: the driver's state is in Redis
+        worker = WorkerProcess(settings, "driver2", concurrency=4)
+        done = _cli(settings, "batch", "wait", "detached", "--output", str(out))
+        assert done.returncode == 1, done.stderr  # the bad line is a failed item
+        rows = _lines(out)
+        keys = [r["key"] for r in rows]
+        assert len(keys) == 300 and len(set(keys)) == 300
+        by_key = {r["key"]: r for r in rows}
+        assert by_key["bad-5"]["status"] == "failed" and "prompt" in by_key["bad-5"]["error"]
+        assert by_key["item-77"]["object"] == {"name": "Contact 77", "email": "c77@example.com"}
+        assert sum(r["status"] == "completed" for r in rows) == 299
+        record = client.runtime.redis.hgetall(client.runtime.keys.batch("detached"))
+        assert int(record["created"]) == 299  # no item submitted twice
+        again = _cli(settings, "batch", "results", "detached", "--output", str(tmp_path / "again.jsonl"))
+        assert again.returncode == 0 and _lines(tmp_path / "again.jsonl") == rows
+    finally:
+        worker.stop()

@@ -1,4 +1,4 @@
-"""Tasks: `run_step` (exactly one loop step per task), `approve`, and the periodic `sweep`.
+"""Tasks: `run_step` (exactly one loop step per task), `approve`, `batch_drive` and the periodic `sweep`.
 
 The task bodies are module-level functions registered on each app (the same callables
 for every app); they read their settings from the app that runs them.
@@ -12,12 +12,13 @@ from typing import Any
 
 from celery import Celery, Task
 
+from stepq import batch_driver
 from stepq.config import Settings
 from stepq.decisions import decide_approval, sweep
 from stepq.engine.runner import Decision, StepRunner
 from stepq.logging import log_context
 from stepq.metrics import STEP_DELIVERIES
-from stepq.protocol import APPROVE, RUN_STEP, SWEEP, queue_for
+from stepq.protocol import APPROVE, BATCH_DRIVE, RUN_STEP, SWEEP, queue_for
 from stepq.runtime import Runtime, get_runtime
 
 log = logging.getLogger("stepq.worker")
@@ -57,7 +58,24 @@ def run_step(self: Task, turn_id: str, step: int, attempt: int = 0) -> str:
             )
         elif decision.action == "reschedule":
             _enqueue_step(self, turn_id, step, decision.priority, countdown=decision.countdown)
+        if decision.batch and batch_driver.wake(_runtime(self), decision.batch):
+            _drive(self, decision.batch)  # a driven batch's turn ended: its next item goes out from here
         return f"{decision.action}:{decision.reason}"
+
+
+def _drive(task: Task, batch_id: str, full_check: bool = False) -> batch_driver.DrivePlan:
+    plan = batch_driver.drive(_runtime(task), batch_id, full_check=full_check)
+    for turn_id, priority in plan.send:
+        _enqueue_step(task, turn_id, 0, priority)
+        _runtime(task).turns.mark_dispatched(turn_id)
+    return plan
+
+
+def batch_drive(self: Task, batch_id: str) -> str:
+    """A driver pass for a submitted batch (sent by `stepq batch submit`); see stepq.batch_driver."""
+    batch_driver.wake(_runtime(self), batch_id)
+    plan = _drive(self, batch_id, full_check=True)
+    return "finished" if plan.finished else "busy" if plan.busy else f"sent {len(plan.send)}"
 
 
 def _log_decision(decision: Decision) -> None:
@@ -102,6 +120,10 @@ def sweep_turns(self: Task) -> int:
     for turn_id, step, priority in found:
         log.warning("sweeper re-enqueues turn %s step %s", turn_id, step)
         _enqueue_step(self, turn_id, step, priority)
+    rt = _runtime(self)
+    for batch_id in rt.redis.smembers(rt.keys.batch_active()):  # the driven batches' periodic tick
+        batch_driver.wake(rt, batch_id)
+        _drive(self, batch_id, full_check=True)
     return len(found)
 
 
@@ -110,3 +132,4 @@ def register_tasks(app: Celery) -> None:
     app.task(name=RUN_STEP, max_retries=None, **common)(run_step)
     app.task(name=APPROVE, **common)(approve)
     app.task(name=SWEEP, ignore_result=True, **common)(sweep_turns)
+    app.task(name=BATCH_DRIVE, ignore_result=True, **common)(batch_drive)

@@ -90,6 +90,7 @@ class Decision:
     reason: str = ""
     priority: str = "interactive"  # picks the queue the next message goes to
     start: tuple[str, ...] = ()  # other turns whose first step to send now (a thread's next turn)
+    batch: str = ""  # the batch of a batch turn that just ended (its driver may submit the next item)
 
 
 def _none(reason: str) -> Decision:
@@ -591,7 +592,10 @@ class StepRunner:
                 "error": state.error,
             },
         )
-        return replace(_none(f"turn {status.value}"), start=_maybe(start_next))
+        batch = state.metadata.get("batch_id")
+        return replace(
+            _none(f"turn {status.value}"), start=_maybe(start_next), batch=batch if isinstance(batch, str) else ""
+        )
 
     # ------------------------------------------------------------------ usage of failed attempts
 

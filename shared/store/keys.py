@@ -189,6 +189,30 @@ class Keys:
         """STREAM of the batch's finished turns, which a runner anywhere follows."""
         return f"{self.batch(batch_id)}:done"
 
+    def batch_input(self, batch_id: str) -> str:
+        """LIST of a submitted batch's items (compact JSON, input order), which the batch driver submits."""
+        return f"{self.batch(batch_id)}:input"
+
+    def batch_inflight(self, batch_id: str) -> str:
+        """HASH turn id -> JSON [index, item key, item hash] of the batch's turns still running."""
+        return f"{self.batch(batch_id)}:inflight"
+
+    def batch_results(self, batch_id: str) -> str:
+        """HASH item key -> result line (JSON) of a driven batch: one field per item, written once."""
+        return f"{self.batch(batch_id)}:results"
+
+    def batch_lock(self, batch_id: str) -> str:
+        """STRING: the token of the worker driving the batch right now (expires if it dies)."""
+        return f"{self.batch(batch_id)}:lock"
+
+    def batch_wake(self, batch_id: str) -> str:
+        """STRING flag: the batch has news (a turn finished) for its driver's next pass."""
+        return f"{self.batch(batch_id)}:wake"
+
+    def batch_active(self) -> str:
+        """SET of driven batches not finished yet, which the periodic tick drives."""
+        return f"{self.prefix}:batches:active"
+
     # ----------------------------------------------------------------- the broker (Celery on Redis)
 
     @property
