@@ -7,7 +7,7 @@ from stepq.models import EventType, FinishReason, TurnStatus
 
 def test_basic_turn_through_celery(worker, client, prefix):
     handle = client.submit("rt.basic", prompt="hello", metadata={"prefix": prefix})
-    result = handle.wait(timeout=30)
+    result = handle.wait(timeout=120)
     assert result.status == TurnStatus.COMPLETED
     assert result.finish_reason == FinishReason.STOP
     assert result.text == "all done here, thanks"

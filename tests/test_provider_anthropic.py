@@ -48,7 +48,7 @@ from tests.fakes.anthropic_server import (
 )
 
 API_KEY = "sk-ant-test-0123456789abcdef"
-WAIT = 30
+WAIT = 120  # generous: a turn on a loaded 2-core machine took over 30 s
 
 
 @pytest.fixture

@@ -93,7 +93,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeBedrock]:
 
 def run(client: Any, agent: str, prompt: str = "hi") -> tuple[TurnResult, list[Event]]:
     handle = client.submit(agent, prompt=prompt)
-    result = handle.wait(timeout=30)
+    result = handle.wait(timeout=120)
     return result, list(handle.events())
 
 

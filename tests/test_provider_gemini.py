@@ -90,7 +90,7 @@ def vertex(monkeypatch: pytest.MonkeyPatch, fake: g.FakeGemini, tmp_path) -> g.F
 
 def run(client: Any, agent: str, prompt: str = "hello") -> tuple[Any, list[Any]]:
     handle = client.submit(agent, prompt=prompt)
-    result = handle.wait(timeout=30)
+    result = handle.wait(timeout=120)
     return result, list(handle.events())
 
 
@@ -344,7 +344,7 @@ def test_cancel_is_noticed_while_the_upstream_is_silent(worker, client, studio):
         if event.type == EventType.TEXT_DELTA:
             break
     handle.cancel()
-    result = handle.wait(timeout=30)
+    result = handle.wait(timeout=120)
 
     assert result.status == TurnStatus.CANCELLED
     assert result.text == "thinking out loud"

@@ -232,7 +232,7 @@ def run_step_deliveries() -> Iterator[Counter[tuple[str, int]]]:
 
 def _barrier(client, prefix) -> None:
     """A later turn on the same queue: a duplicate message sent earlier would be consumed before it ends."""
-    assert client.submit("eng.simple", prompt="hi", metadata={"prefix": prefix}).wait(timeout=30).status == (
+    assert client.submit("eng.simple", prompt="hi", metadata={"prefix": prefix}).wait(timeout=120).status == (
         TurnStatus.COMPLETED
     )
 
@@ -244,7 +244,7 @@ def test_idempotent_submit_runs_one_step_zero(worker, client, prefix):
         second = client.submit("eng.simple", prompt="hi", idempotency_key="once", metadata={"prefix": prefix})
         assert first.turn_id == second.turn_id
         assert first.created and not second.created
-        assert first.wait(timeout=30).status == TurnStatus.COMPLETED
+        assert first.wait(timeout=120).status == TurnStatus.COMPLETED
         _barrier(client, prefix)
     assert seen[(first.turn_id, 0)] == 1
     assert seen[(first.turn_id, 1)] == 1
@@ -258,7 +258,7 @@ def test_resubmit_sends_a_turn_whose_submitter_died_before_sending(worker, clien
         assert created and client.runtime.turns.never_dispatched(orphan.turn_id)
         retry = client.submit("eng.simple", prompt="hi", idempotency_key="orphan", metadata={"prefix": prefix})
         assert retry.turn_id == orphan.turn_id and not retry.created
-        assert retry.wait(timeout=30).status == TurnStatus.COMPLETED
+        assert retry.wait(timeout=120).status == TurnStatus.COMPLETED
         again = client.submit("eng.simple", prompt="hi", idempotency_key="orphan", metadata={"prefix": prefix})
         assert again.turn_id == orphan.turn_id
         _barrier(client, prefix)
