@@ -14,10 +14,10 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stepq.errors import DefinitionError
-from stepq.models import LoopLimits, ToolSpec
+from stepq.models import Fallback, LoopLimits, ToolSpec
 from stepq.providers.base import OUTPUT_TOOL
 from stepq.providers.function import FunctionModel
-from stepq.providers.registry import check_tool_schemas, split_shorthand
+from stepq.providers.registry import check_tool_schemas, known_providers, split_shorthand
 from stepq.providers.scripted import ScriptStep
 from stepq.ratelimit import RateLimit
 from stepq.tools import ToolDefinition, all_tools
@@ -134,6 +134,10 @@ class AgentDefinition(BaseModel):
     """Step limit, stop conditions and budget."""
     allow_runtime_override: bool = False
     """Whether a caller may choose the provider and model per turn."""
+    fallbacks: list[Fallback] = Field(default_factory=list)
+    """Where a step goes, in order, when its attempts are exhausted with retryable errors before any content
+    streamed: `[{"provider": "bedrock", "model": "..."}, "anthropic-vertex/claude-..."]`. The turn stays on
+    the provider that answered; unset uses STEPQ_FALLBACKS."""
     retry_after_emission: bool = False
     """Retry a failed model call even after it streamed content (subscribers see a `step-reset`);
     by default only failures before the first chunk are retried."""
@@ -159,6 +163,14 @@ class AgentDefinition(BaseModel):
     function_model: FunctionModel | None = None
     """The offline `function` provider's model: `FunctionModel(fn)` (answers computed from each request)
     or `TestModel()`; the default provider when set and no `script` is."""
+
+    @field_validator("fallbacks")
+    @classmethod
+    def _check_fallbacks(cls, value: list[Fallback]) -> list[Fallback]:
+        unknown = [f.provider for f in value if f.provider not in known_providers()]
+        if unknown:
+            raise ValueError(f"fallbacks name unknown providers {unknown}; known: {', '.join(known_providers())}")
+        return value
 
     @field_validator("id")
     @classmethod
@@ -240,14 +252,16 @@ class AgentRegistry:
         if unknown:
             raise DefinitionError(f"agent {agent.id}: allowed_tools names unknown tools: {', '.join(unknown)}")
         provider, _ = split_shorthand(agent.default_provider, agent.default_model)
-        if provider:
+        providers = [p for p in (provider, *(f.provider for f in agent.fallbacks)) if p]
+        if providers:
             specs = [
                 ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema)
                 for t in agent.visible_tools()
             ]
             if agent.execution_mode == "object":
                 specs.append(agent.output_tool())
-            check_tool_schemas(provider, specs)
+            for name in dict.fromkeys(providers):  # the fallbacks must take the tools too
+                check_tool_schemas(name, specs)
         self._agents[agent.id] = agent
 
     def load_modules(self, modules: list[str]) -> None:

@@ -19,6 +19,7 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from stepq.errors import ConfigurationError
+from stepq.models import Fallback
 from stepq.ratelimit import RateLimit
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")  # redis+sentinel: failover through Sentinels
@@ -85,6 +86,9 @@ class Settings(BaseSettings):
     retry_base_s: float = Field(default=1.0, ge=0)
     retry_cap_s: float = Field(default=30.0, ge=0)
     retry_max_attempts: int = Field(default=5, ge=0)
+    # JSON list of {provider, model} (or "provider/model") a step fails over to, in order, when its attempts
+    # are exhausted before any content streamed; an agent's own `fallbacks` win
+    fallbacks: list[Fallback] = Field(default_factory=list)
 
     # Streams
     coalesce_window_ms: float = Field(default=10.0, ge=0)

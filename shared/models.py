@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 # --------------------------------------------------------------------------- transcript
 
@@ -296,6 +296,26 @@ class LoopLimits(BaseModel):
     max_wall_clock_s: float | None = None
     max_tokens: int | None = None
     answer_reserve_tokens: int | None = None  # object mode's hold-back for the answer step (see Budget)
+
+
+class Fallback(BaseModel):
+    """A provider/model a step moves to when its attempts on the current one are exhausted before any
+    content streamed. Written `{"provider": ..., "model": ...}` or as the `provider/model` shorthand."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    provider: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            provider, sep, model = value.partition("/")
+            if not sep:
+                raise ValueError(f"fallback {value!r}: write it as provider/model or {{provider, model}}")
+            return {"provider": provider, "model": model}
+        return value
 
 
 class PendingApproval(BaseModel):

@@ -43,6 +43,7 @@ from stepq.models import (
     Delta,
     EventType,
     FailedAttempt,
+    Fallback,
     FinishReason,
     LoopStop,
     ParkedStep,
@@ -66,7 +67,7 @@ from stepq.pricing import add_costs, step_cost
 from stepq.providers.base import OUTPUT_TOOL, ProviderAdapter, ProviderError, StepRequest
 from stepq.providers.registry import create_adapter
 from stepq.ratelimit import RateLimit, estimate_tokens
-from stepq.retry import retry_countdown
+from stepq.retry import next_fallback, retry_countdown
 from stepq.runtime import Runtime
 from stepq.store.approvals import ApprovalRecord
 from stepq.store.leases import StepLease
@@ -636,6 +637,9 @@ class StepRunner:
             return self._fail(state, emitter, f"provider error: {exc.describe()}")
         attempt = state.attempt + 1
         if attempt >= s.retry_max_attempts:
+            fallback = None if emitted else next_fallback(agent.fallbacks or s.fallbacks, state.provider, state.model)
+            if fallback is not None:
+                return self._fail_over(state, emitter, exc, fallback, attempt)
             return self._fail(state, emitter, f"provider error after {attempt} attempts: {exc.describe()}")
         countdown = retry_countdown(exc.retry_after_s, state.attempt, s.retry_base_s, s.retry_cap_s)
         if emitted:
@@ -660,6 +664,35 @@ class StepRunner:
             return _none(StepLoss.COMMIT_LOST)
         record_retry(state.provider, state.model, exc)
         return Decision("retry", step=state.step, countdown=countdown, attempt=attempt)
+
+    def _fail_over(
+        self, state: TurnState, emitter: StepEmitter, exc: ProviderError, fallback: Fallback, attempts: int
+    ) -> Decision:
+        """The step's attempts are spent before any content: its next attempt (and the rest of the turn) goes
+        to the next fallback. Each adapter maps the canonical transcript, so nothing else changes."""
+        emitter.publish(
+            EventType.STEP_RETRY,
+            {
+                "attempt": 0,
+                "countdown": 0.0,
+                "error": exc.message,
+                "status": exc.status,
+                "code": exc.code,
+                "retry_after": exc.retry_after_s,
+                "reason": f"failover after {attempts} attempts on {state.provider}/{state.model}",
+                "from": {"provider": state.provider, "model": state.model},
+                "fallback": fallback.model_dump(),
+            },
+        )
+        record_retry(state.provider, state.model, exc)
+        state.provider, state.model = fallback.provider, fallback.model
+        state.attempt = 0
+        state.not_before = None
+        if state.status == TurnStatus.QUEUED:
+            state.status = TurnStatus.RUNNING
+        if not self._commit(state):
+            return _none(StepLoss.COMMIT_LOST)
+        return Decision("retry", step=state.step, countdown=0.0, attempt=0, reason="failover")
 
     # ------------------------------------------------------------------ approvals
 
