@@ -4,6 +4,10 @@
     submit at most --inflight turns at a time on the batch queue, follow the batch's done stream,
     write one result line per item) against ONE `celery -A stepq.workers.celery_app worker` subprocess
     (threads pool, concurrency C; what `stepq worker --no-beat` runs).
+(c) driver: the same file through `stepq batch submit` + `stepq batch wait --output` minus argument
+    parsing: the items stored in Redis, the workers' batch driver keeps --inflight turns in flight (a
+    finishing turn's worker submits the next item), results collected in Redis and written at the end.
+    Runs against the same worker process as (a), right after it.
 (b) plain loop: the same file in one process, no broker: `create_turn` + `StepRunner(rt).deliver`
     for each item, then the same result line. Same Redis, same engine, same agent.
 
@@ -43,13 +47,14 @@ from bench._common import (
     unique_prefix,
 )
 from bench.agents_batch import EXTRACTED
+from stepq import batch_driver
 from stepq.batch import item_idempotency_key, result_line
 from stepq.config import Settings
 from stepq.engine.runner import StepRunner
 from stepq.models import TurnStatus
-from stepq.producer.batch import BatchRunner, read_items
+from stepq.producer.batch import BatchRunner, read_input, read_items, write_results
 from stepq.producer.client import Client
-from stepq.protocol import worker_queues
+from stepq.protocol import BATCH_DRIVE, queue_for, worker_queues
 from stepq.runtime import Runtime
 from stepq.submit import create_turn
 
@@ -152,6 +157,27 @@ def run_stepq(client: Client, items_path: Path, out_path: Path, inflight: int) -
     return wall, cpu
 
 
+def run_driver(client: Client, items_path: Path, out_path: Path, inflight: int) -> tuple[float, float]:
+    """`stepq batch submit` + `stepq batch wait --output` minus argument parsing. (wall s, own cpu s)"""
+    rt = client.runtime
+    batch_id = f"benchd-{uuid.uuid4().hex[:12]}"
+    started, own = now(), time.process_time()
+    items = read_input(items_path)
+    batch_driver.store_batch(rt, batch_id, AGENT, items, inflight)
+    client.celery.send_task(BATCH_DRIVE, args=[batch_id], queue=queue_for(client.settings, "batch"))
+    cursor = "$"
+    while rt.redis.hget(rt.keys.batch(batch_id), "state") != "finished":
+        reply = rt.redis.xread({rt.keys.batch_done(batch_id): cursor}, count=1000, block=500)
+        for _, entries in reply or []:
+            cursor = entries[-1][0]
+    write_results(client, batch_id, out_path)
+    wall, cpu = now() - started, time.process_time() - own
+    status = batch_driver.status(rt, batch_id)
+    if status["failed"] or status["done"] != len(items):
+        raise RuntimeError(f"batch {batch_id}: {status['done']} done, {status['failed']} failed of {len(items)}")
+    return wall, cpu
+
+
 def run_plain(rt: Runtime, items_path: Path, out_path: Path) -> tuple[float, float]:
     """The same items through the engine directly: create the turn, deliver its steps in this process, write results."""
     batch_id = f"plain-{uuid.uuid4().hex[:12]}"
@@ -181,18 +207,26 @@ def run_plain(rt: Runtime, items_path: Path, out_path: Path) -> tuple[float, flo
     return now() - started, time.process_time() - own
 
 
-def measure_stepq(settings: Settings, concurrency: int, workdir: Path, n: int, inflight: int, timeout: float) -> Sample:
+def measure_stepq(
+    settings: Settings, concurrency: int, workdir: Path, n: int, inflight: int, timeout: float
+) -> list[Sample]:
+    """The in-process BatchRunner, then the workers' batch driver, against the same worker process."""
     client = Client(settings)
-    warm, items, out = workdir / "warm.jsonl", workdir / "items.jsonl", workdir / f"out-c{concurrency}.jsonl"
+    warm, items = workdir / "warm.jsonl", workdir / "items.jsonl"
+    samples = []
     with worker_process(settings, concurrency) as worker_cpu:
         with deadline(120, "warm-up batch (is the worker running?)"):
             run_stepq(client, warm, workdir / "warm-out.jsonl", inflight)  # also proves the worker consumes
-        before = worker_cpu()
-        with deadline(timeout, f"stepq batch of {n} at concurrency {concurrency}"):
-            wall, own_cpu = run_stepq(client, items, out, inflight)
-        worker = worker_cpu() - before
-    check_output(out, n)
-    return Sample(f"stepq C={concurrency}", n, wall, worker, own_cpu)
+            run_driver(client, warm, workdir / "warm-out.jsonl", inflight)
+        for side, run in (("stepq", run_stepq), ("driver", run_driver)):
+            out = workdir / f"out-{side}-c{concurrency}.jsonl"
+            before = worker_cpu()
+            with deadline(timeout, f"{side} batch of {n} at concurrency {concurrency}"):
+                wall, own_cpu = run(client, items, out, inflight)
+            worker = worker_cpu() - before
+            check_output(out, n)
+            samples.append(Sample(f"{side} C={concurrency}", n, wall, worker, own_cpu))
+    return samples
 
 
 def measure_plain(settings: Settings, workdir: Path, n: int, timeout: float) -> Sample:
@@ -237,15 +271,16 @@ def main(argv: list[str] | None = None) -> int:
             for round_no in range(1, args.repeat + 1):
                 for c in [None, *args.concurrency]:  # None: the plain loop
                     if c is None:
-                        sample = measure_plain(settings, workdir, args.items, args.timeout)
+                        got = [measure_plain(settings, workdir, args.items, args.timeout)]
                     else:
-                        sample = measure_stepq(settings, c, workdir, args.items, args.inflight, args.timeout)
-                    samples.setdefault(sample.side, []).append(sample)
-                    print(
-                        f"round {round_no}: {sample.side:<14} {sample.rate:8.1f} items/s "
-                        f"({sample.wall_s:.2f}s, cpu {sample.cpu_ms():.2f} ms/item)",
-                        flush=True,
-                    )
+                        got = measure_stepq(settings, c, workdir, args.items, args.inflight, args.timeout)
+                    for sample in got:
+                        samples.setdefault(sample.side, []).append(sample)
+                        print(
+                            f"round {round_no}: {sample.side:<14} {sample.rate:8.1f} items/s "
+                            f"({sample.wall_s:.2f}s, cpu {sample.cpu_ms():.2f} ms/item)",
+                            flush=True,
+                        )
         plain_rate = median([s.rate for s in samples["plain loop"]])
         rows = []
         for side, got in samples.items():
@@ -257,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         print(table(headers, rows))
         print(
             "\nitems/s: wall clock from reading the input file to the last result line (median of rounds)."
-            "\ncpu ms/item: worker process + this process (client cpu: BatchRunner for stepq, the whole loop"
+            "\ncpu ms/item: worker process + this process (client cpu: BatchRunner for stepq, the waiting"
+            "\nclient for driver, the whole loop"
             "\nfor the plain loop). Neither includes the Redis server's CPU."
             "\nvs plain = items/s / plain-loop items/s."
         )

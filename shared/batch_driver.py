@@ -167,6 +167,11 @@ def _record(
     )
 
 
+def active(rt: Runtime) -> list[str]:
+    """The driven batches not finished yet."""
+    return sorted(cast(set[str], rt.redis.smembers(rt.keys.batch_active())))
+
+
 def wake(rt: Runtime, batch_id: str) -> bool:
     """Flag news for the batch's driver; False for a batch no driver runs (a foreground `stepq batch`)."""
     pipe = rt.redis.pipeline(transaction=False)

@@ -121,7 +121,7 @@ def sweep_turns(self: Task) -> int:
         log.warning("sweeper re-enqueues turn %s step %s", turn_id, step)
         _enqueue_step(self, turn_id, step, priority)
     rt = _runtime(self)
-    for batch_id in rt.redis.smembers(rt.keys.batch_active()):  # the driven batches' periodic tick
+    for batch_id in batch_driver.active(rt):  # the driven batches' periodic tick
         batch_driver.wake(rt, batch_id)
         _drive(self, batch_id, full_check=True)
     return len(found)
