@@ -21,6 +21,7 @@ import redis
 from celery import Celery
 
 from stepq import embedded, threads
+from stepq.attachments import Attachment
 from stepq.config import Settings, get_settings
 from stepq.errors import ApprovalError, NoWorkerError, StoreUnavailableError, TurnNotFoundError, WaitTimeoutError
 from stepq.models import Event, EventType, TurnResult, TurnState
@@ -196,6 +197,7 @@ class Client:
         model: str | None = None,
         loop: LoopOverrides | dict[str, Any] | None = None,
         priority: str | None = None,
+        attachments: list[Attachment] | None = None,
     ) -> TurnHandle:
         """Validate, store and enqueue a turn; returns its handle at once (the turn runs on a worker).
 
@@ -210,6 +212,8 @@ class Client:
         provider, model: choose per turn; only for agents with `allow_runtime_override=True`.
         loop: `LoopOverrides` (or a dict of it) that tighten the agent's loop; widening is refused.
         priority: `interactive` or `batch` (default: the agent's `priority`).
+        attachments: `Attachment`s (images, PDFs, text files) added to the last user message; the agent's
+            `accepted_media_types` and STEPQ_ATTACHMENT_* limits apply. File parts in `messages` work too.
 
         Raises SubmitError (UnknownAgentError, MissingFeaturesError, OverrideError, …) naming the
         problem; nothing is stored then.
@@ -226,6 +230,7 @@ class Client:
             model=model,
             loop=loop,
             priority=priority,
+            attachments=attachments,
         )
         if created or (
             idempotency_key is not None

@@ -12,6 +12,7 @@ from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
 from stepq.agents import AgentDefinition, Budget, LoopConfig, StopWhen
+from stepq.attachments import Attachment
 from stepq.config import Settings
 from stepq.errors import (
     ApprovalError,
@@ -66,6 +67,7 @@ __all__ = [
     "ApprovalError",
     "ApprovalReceipt",
     "ApprovalRefusal",
+    "Attachment",
     "Budget",
     "Client",
     "ConfigurationError",

@@ -158,11 +158,27 @@ class AgentDefinition(BaseModel):
     """Fleet-wide limit for this agent's provider/model; overrides STEPQ_RATE_LIMITS."""
     priority: Literal["interactive", "batch"] = "interactive"
     """`batch` sends this agent's turns to the batch queue, which workers drain after interactive turns."""
+    accepted_media_types: list[str] = Field(default_factory=list)
+    """Files callers may attach (`image/png`, `image/*`, `application/pdf`, `text/plain`...); none by default."""
     script: list[ScriptStep] | None = None
     """The offline `scripted` provider's steps: step N of a turn plays `script[N]` (the last repeats)."""
     function_model: FunctionModel | None = None
     """The offline `function` provider's model: `FunctionModel(fn)` (answers computed from each request)
     or `TestModel()`; the default provider when set and no `script` is."""
+
+    @field_validator("accepted_media_types")
+    @classmethod
+    def _check_media_types(cls, value: list[str]) -> list[str]:
+        from stepq.attachments import SUPPORTED_TYPES
+
+        families = {t.split("/")[0] + "/*" for t in SUPPORTED_TYPES}
+        for media_type in value:
+            if media_type.lower() not in SUPPORTED_TYPES | families:
+                raise ValueError(
+                    f"accepted_media_types: {media_type!r} is not a type stepq carries; use any of "
+                    f"{', '.join(sorted(SUPPORTED_TYPES | families))}"
+                )
+        return [t.lower() for t in value]
 
     @field_validator("fallbacks")
     @classmethod

@@ -102,6 +102,13 @@ class Settings(BaseSettings):
     max_messages: int = Field(default=500, ge=1)
     max_tool_result_chars: int = Field(default=20_000, ge=1)
 
+    # Attachments: files in user messages, checked at submit and stored once per turn
+    attachment_max_bytes: int = Field(default=32 * 2**20, ge=1)  # one file
+    attachment_turn_max_bytes: int = Field(default=64 * 2**20, ge=1)  # every file of one turn together
+    attachment_redis_max_bytes: int = Field(default=32 * 2**20, ge=0)  # a larger file is refused (no object store)
+    # URL prefixes (scheme://host[:port][/path]) whose files a worker may fetch; empty: URLs are refused
+    attachment_url_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
     # HTTP gateway (`stepq serve`); with no API keys and no JWT settings it starts only with --insecure-dev
     api_keys: list[dict[str, Any]] = Field(default_factory=list)  # JSON: [{sha256, tenant, subject, scopes}]
     api_keys_file: str | None = None  # the same JSON list in a file (a mounted secret)
@@ -152,7 +159,7 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("approval_old_secrets", "gateway_cors_origins", mode="before")
+    @field_validator("approval_old_secrets", "gateway_cors_origins", "attachment_url_allow", mode="before")
     @classmethod
     def _split_secrets(cls, value: object) -> object:
         if isinstance(value, str):
@@ -172,7 +179,7 @@ class Settings(BaseSettings):
                 env[key] = self.jwt_secret.get_secret_value() if self.jwt_secret else ""
             elif name == "approval_old_secrets":
                 env[key] = ",".join(s.get_secret_value() for s in self.approval_old_secrets)
-            elif name in ("agent_modules", "gateway_cors_origins"):
+            elif name in ("agent_modules", "gateway_cors_origins", "attachment_url_allow"):
                 env[key] = ",".join(value)
             elif isinstance(value, dict | list):
                 env[key] = json.dumps(value)

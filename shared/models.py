@@ -12,7 +12,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 # --------------------------------------------------------------------------- transcript
 
@@ -48,9 +56,59 @@ class SystemMessage(BaseModel):
     content: str
 
 
+class FilePart(BaseModel):
+    """A file in a user message (an image, a PDF or a plain-text file), held by reference.
+
+    The transcript keeps only the reference: `attachment_id` (stored once by stepq with the turn) or `url`
+    (an allowlisted http(s) URL the worker fetches, or a `gs://` object Gemini reads itself). `data`
+    (base64) is set only on the way in, before submit stores the bytes, and on the way out, when the
+    worker fills it in for the one provider call; it is never stored in the transcript."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["file"] = "file"
+    media_type: str
+    attachment_id: str | None = None
+    url: str | None = None
+    data: str | None = None
+    name: str | None = None
+    size: int | None = None
+
+
 class UserMessage(BaseModel):
+    """A user message: text, plus any files. `content` may be given as a list of parts, as chat APIs send
+    it (`[{"type": "text", ...}, {"type": "file", ...}]`): the texts join and the files move to `files`."""
+
     role: Literal["user"] = "user"
     content: str
+    files: list[FilePart] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_parts(cls, value: Any) -> Any:
+        if not isinstance(value, dict) or not isinstance(value.get("content"), list):
+            return value
+        texts: list[Any] = []
+        files: list[Any] = list(value.get("files") or [])
+        for part in value["content"]:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "file":
+                files.append({k: v for k, v in part.items()})
+            elif kind == "text" and set(part) <= {"type", "text"}:
+                texts.append(part.get("text"))
+            else:
+                return value  # not a part this message knows: validation names it
+        if not all(isinstance(t, str) for t in texts):
+            return value
+        return {**value, "content": "\n\n".join(texts), "files": files}
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """A message without files serializes as it always did (no empty `files` in every stored message)."""
+        data = handler(self)
+        if isinstance(data, dict) and not self.files:
+            data.pop("files", None)
+        return data
 
 
 class AssistantMessage(BaseModel):
@@ -340,6 +398,8 @@ class TurnState(BaseModel):
     # how many messages / trace steps are already in Redis: a commit appends only what is new
     _stored_messages: int = PrivateAttr(default=0)
     _stored_trace: int = PrivateAttr(default=0)
+    # a new turn's files (base64) by attachment id, from submit until they are stored (never in the state JSON)
+    _files: dict[str, str] = PrivateAttr(default_factory=dict)
 
     turn_id: str
     agent: str

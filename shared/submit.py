@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
+from stepq import attachments as files
 from stepq.agents import AgentDefinition, Budget, StopWhen
 from stepq.errors import MissingFeaturesError, OverrideError, SubmitError, UnknownAgentError
 from stepq.jsonsafe import non_finite_path
@@ -89,8 +90,16 @@ def _check_utf8(text: str, what: str) -> None:
 
 
 def build_messages(
-    rt: Runtime, agent: AgentDefinition, prompt: str | None, messages: list[Any] | None
+    rt: Runtime,
+    agent: AgentDefinition,
+    prompt: str | None,
+    messages: list[Any] | None,
+    attachments: list[Any] | None = None,
+    provider: str = "",
+    pending: dict[str, str] | None = None,
 ) -> list[Message]:
+    """The turn's messages, validated. Files (`attachments` and file parts) are checked and their bytes
+    moved into `pending` (to store with the turn), leaving references in the messages."""
     if (prompt is None) == (messages is None):
         raise SubmitError("give exactly one of prompt=… or messages=…")
     limit = rt.settings.max_prompt_chars
@@ -100,7 +109,10 @@ def build_messages(
         if len(prompt) > limit:
             raise SubmitError(f"prompt is {len(prompt)} characters; the limit is {limit} (STEPQ_MAX_PROMPT_CHARS)")
         _check_utf8(prompt, "prompt")
-        return [UserMessage(content=prompt)]
+        built: list[Message] = [UserMessage(content=prompt)]
+        files.attach(built, attachments, rt.settings)
+        _take_files(rt, agent, built, provider, pending)
+        return built
     try:
         parsed = _MESSAGES.validate_python(messages)
     except ValidationError as exc:
@@ -111,6 +123,8 @@ def build_messages(
     unknown = _unknown_field(messages, parsed, "messages")
     if unknown:
         raise SubmitError(f"malformed messages: unknown field {unknown} (it would be dropped)")
+    files.attach(parsed, attachments, rt.settings)
+    _take_files(rt, agent, parsed, provider, pending)
     if len(parsed) > rt.settings.max_messages:
         raise SubmitError(f"{len(parsed)} messages; the limit is {rt.settings.max_messages}")
     size = 0
@@ -125,6 +139,14 @@ def build_messages(
     if any(isinstance(m, SystemMessage) for m in parsed):
         raise SubmitError("system messages come from the agent definition, not the caller")
     return parsed
+
+
+def _take_files(
+    rt: Runtime, agent: AgentDefinition, messages: list[Message], provider: str, pending: dict[str, str] | None
+) -> None:
+    taken = files.prepare(messages, rt.settings, agent.id, agent.accepted_media_types, provider)
+    if pending is not None:
+        pending.update(taken)
 
 
 def _unknown_field(raw: Any, parsed: Any, loc: str) -> str | None:
@@ -160,6 +182,7 @@ def new_turn_state(
     model: str | None = None,
     loop: LoopOverrides | dict[str, Any] | None = None,
     priority: str | None = None,
+    attachments: list[Any] | None = None,
 ) -> tuple[AgentDefinition, TurnState]:
     """Validate a submit and build the turn it asks for, storing nothing (a thread stores its turns itself)."""
     agent = rt.agents.get(agent_id) if isinstance(agent_id, str) else None
@@ -180,12 +203,13 @@ def new_turn_state(
         raise SubmitError(f"metadata{bad[1:]} is NaN or Infinity, which JSON cannot carry: send null or a string")
     chosen_provider, chosen_model = resolve_model(agent, provider, model, rt.settings.provider, rt.settings.model)
     limits = tighten(agent, loop)
+    pending: dict[str, str] = {}
     state = TurnState(
         turn_id=new_turn_id(),
         agent=agent.id,
         provider=chosen_provider,
         model=chosen_model,
-        messages=build_messages(rt, agent, prompt, messages),
+        messages=build_messages(rt, agent, prompt, messages, attachments, chosen_provider, pending),
         limits=limits,
         metadata=metadata or {},
         priority=priority or agent.priority,
@@ -198,6 +222,7 @@ def new_turn_state(
         raise SubmitError(f"metadata is not JSON-serializable: {exc.errors()[0]['msg']}") from None
     except PydanticSerializationError as exc:
         raise SubmitError(f"metadata is not JSON-serializable: {exc}") from None
+    state._files = pending
     return agent, state
 
 
@@ -214,6 +239,7 @@ def create_turn(
     model: str | None = None,
     loop: LoopOverrides | dict[str, Any] | None = None,
     priority: str | None = None,
+    attachments: list[Any] | None = None,
 ) -> tuple[TurnState, bool]:
     """Validate and store a turn. Returns (state, created); created is False for a repeated key."""
     agent, state = new_turn_state(
@@ -228,10 +254,13 @@ def create_turn(
         model=model,
         loop=loop,
         priority=priority,
+        attachments=attachments,
     )
     batch_id = state.metadata.get("batch_id")
     counter = rt.keys.batch(batch_id) if isinstance(batch_id, str) else None
+    rt.turns.store_files(state)
     existing = rt.turns.create(state, idempotency_key, counter)
+    rt.turns.files_stored(state, kept=not existing)
     if existing:
         found = rt.turns.load(existing)
         if found is None:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import redis
 
-from stepq import threads
+from stepq import attachments, threads
 from stepq.agents import AgentDefinition
 from stepq.approvals import ApprovalClaim
 from stepq.batch import record_finish
@@ -46,6 +46,7 @@ from stepq.models import (
     Fallback,
     FinishReason,
     LoopStop,
+    Message,
     ParkedStep,
     PendingApproval,
     ReasoningPart,
@@ -218,12 +219,16 @@ class StepRunner:
             if tools and state.answer_due is None and state.step + 1 >= state.limits.max_steps:
                 state.answer_due = LoopStop.MAX_STEPS  # the last allowed step is the reserved answer step
             tool_choice = OUTPUT_TOOL if structured.must_answer_now(agent, state, bool(tools)) else "auto"
+        try:  # the files' bytes, for this call only (the transcript keeps references)
+            messages = state.messages if self._checkpoint is not None else self._with_files(state)
+        except attachments.AttachmentMissingError as exc:
+            return self._fail(state, emitter, str(exc))
         # built from already-validated parts: re-validating the whole transcript each step costs O(turn length)
         request = StepRequest.model_construct(
             provider=state.provider,
             model=state.model,
             system=agent.system_prompt or None,
-            messages=state.messages,
+            messages=messages,
             tools=specs,
             tool_choice=tool_choice,
             output_schema=output_schema,
@@ -543,6 +548,15 @@ class StepRunner:
         if agent.execution_mode == "object" and state.object is None:
             return self._fail(state, emitter, f"no valid object before the loop stopped ({stop.value})")
         return self._finish(state, emitter, TurnStatus.COMPLETED, stop.finish_reason)
+
+    def _with_files(self, state: TurnState) -> list[Message]:
+        """The transcript with each file's bytes filled in (stored ones from the turn, URLs fetched)."""
+        if not any(isinstance(m, UserMessage) and m.files for m in state.messages):
+            return state.messages
+        turns = self.rt.turns
+        return attachments.resolve(
+            state.messages, lambda file_id: turns.load_file(state.turn_id, file_id), self.rt.settings, state.provider
+        )
 
     def _fail(self, state: TurnState, emitter: StepEmitter, message: str) -> Decision:
         state.error = message

@@ -8,6 +8,7 @@ tool results become one user turn of `tool_result` blocks, and at most four
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from stepq.errors import DefinitionError
 from stepq.models import (
     AssistantMessage,
+    FilePart,
     ReasoningPart,
     SystemMessage,
     TextPart,
@@ -117,6 +119,21 @@ def tool_result_content(result: ToolResult) -> str:
     return json.dumps(result.output, ensure_ascii=False, default=str)
 
 
+def file_block(part: FilePart) -> Block:
+    """An image or document block with a base64 source; a text file goes as a document with a text source."""
+    if part.data is None:
+        raise ProviderError(f"file {part.name or part.url} cannot be sent to Anthropic (no data)", retryable=False)
+    if part.media_type == "text/plain":
+        text = base64.b64decode(part.data).decode("utf-8", errors="replace")
+        block: Block = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": text}}
+    else:
+        kind = "image" if part.media_type.startswith("image/") else "document"
+        block = {"type": kind, "source": {"type": "base64", "media_type": part.media_type, "data": part.data}}
+    if part.name and block["type"] == "document":
+        block["title"] = part.name
+    return block
+
+
 def _assistant_blocks(message: AssistantMessage) -> list[Block]:
     blocks: list[Block] = []
     for part in message.parts:
@@ -157,8 +174,8 @@ def to_wire(request: StepRequest) -> tuple[list[str], list[WireMessage]]:
             if message.content:
                 system.append(message.content)
         elif isinstance(message, UserMessage):
-            if message.content:
-                add("user", [{"type": "text", "text": message.content}])
+            text = [{"type": "text", "text": message.content}] if message.content else []
+            add("user", [*(file_block(f) for f in message.files), *text])
         elif isinstance(message, AssistantMessage):
             add("assistant", _assistant_blocks(message))
         elif isinstance(message, ToolResultMessage):

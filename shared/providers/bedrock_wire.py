@@ -20,6 +20,7 @@ from stepq.errors import DefinitionError
 from stepq.models import (
     AssistantMessage,
     AssistantPart,
+    FilePart,
     FinishReason,
     ReasoningPart,
     SystemMessage,
@@ -31,7 +32,7 @@ from stepq.models import (
     Usage,
     UserMessage,
 )
-from stepq.providers.base import OUTPUT_TOOL, StepRequest
+from stepq.providers.base import OUTPUT_TOOL, ProviderError, StepRequest
 
 PROVIDER = "bedrock"
 # Bedrock's ToolSpecification.name (botocore service model: pattern [a-zA-Z0-9_-]+, length 1..64)
@@ -154,6 +155,22 @@ def _assistant_blocks(message: AssistantMessage) -> list[dict[str, Any]]:
     return blocks
 
 
+_DOCUMENT_FORMATS = {"application/pdf": "pdf", "text/plain": "txt"}
+
+
+def file_block(part: FilePart, index: int) -> dict[str, Any]:
+    """An image or document block carrying the bytes (a document needs a plain name: letters, digits,
+    single spaces, hyphens, parentheses, brackets)."""
+    if part.data is None:
+        raise ProviderError(f"file {part.name or part.url} cannot be sent to Bedrock (no data)", retryable=False)
+    raw = base64.b64decode(part.data)
+    if part.media_type.startswith("image/"):
+        return {"image": {"format": part.media_type.split("/", 1)[1], "source": {"bytes": raw}}}
+    stem = (part.name or "").rsplit(".", 1)[0]
+    name = " ".join(re.sub(r"[^A-Za-z0-9\-()\[\] ]", " ", stem).split())[:100] or f"document {index}"
+    return {"document": {"format": _DOCUMENT_FORMATS[part.media_type], "name": name, "source": {"bytes": raw}}}
+
+
 def to_bedrock(request: StepRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
     """(system blocks, messages, history has tool blocks). Same-role neighbours are merged: Bedrock
     requires user/assistant alternation, and a note after tool results is a second user message."""
@@ -176,7 +193,8 @@ def to_bedrock(request: StepRequest) -> tuple[list[dict[str, Any]], list[dict[st
             if message.content:
                 system.append({"text": message.content})
         elif isinstance(message, UserMessage):
-            add("user", [{"text": message.content}] if message.content else [])
+            text = [{"text": message.content}] if message.content else []
+            add("user", [*(file_block(f, i) for i, f in enumerate(message.files, 1)), *text])
         elif isinstance(message, AssistantMessage):
             has_tools = has_tools or bool(message.tool_calls)
             add("assistant", _assistant_blocks(message))

@@ -20,6 +20,7 @@ from google.genai import types
 from stepq.models import (
     AssistantMessage,
     Delta,
+    FilePart,
     FinishReason,
     Message,
     ReasoningPart,
@@ -99,7 +100,8 @@ def to_contents(messages: list[Message]) -> tuple[list[types.Content], list[str]
         if isinstance(message, SystemMessage):
             system.append(message.content)
         elif isinstance(message, UserMessage):
-            contents.append(types.Content(role="user", parts=[types.Part(text=message.content)]))
+            text = [types.Part(text=message.content)] if message.content or not message.files else []
+            contents.append(types.Content(role="user", parts=[*(file_part(f) for f in message.files), *text]))
         elif isinstance(message, AssistantMessage):
             parts = _model_parts(message, call_ids)
             if parts:
@@ -109,6 +111,13 @@ def to_contents(messages: list[Message]) -> tuple[list[types.Content], list[str]
                 types.Content(role="user", parts=[_function_response(r, call_ids) for r in message.results])
             )
     return contents, system
+
+
+def file_part(part: FilePart) -> types.Part:
+    """Inline bytes (`inline_data`), or a `gs://` object by reference (`file_data`)."""
+    if part.data is not None:
+        return types.Part(inline_data=types.Blob(mime_type=part.media_type, data=base64.b64decode(part.data)))
+    return types.Part(file_data=types.FileData(file_uri=part.url, mime_type=part.media_type))
 
 
 def _model_parts(message: AssistantMessage, call_ids: dict[str, str]) -> list[types.Part]:

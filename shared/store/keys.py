@@ -83,6 +83,10 @@ class Keys:
         """The last step whose run_step message is known to have been sent (the sweeper's lost-message check)."""
         return f"{self.turn(turn_id)}:sent-step"
 
+    def attachments(self, turn_id: str) -> str:
+        """HASH attachment id (the sha256 of the bytes) -> base64 of each file the turn's messages reference."""
+        return f"{self.turn(turn_id)}:files"
+
     def per_turn(self, turn_id: str) -> list[str]:
         """Every key a turn owns, for expiry when it ends."""
         return [
@@ -99,6 +103,7 @@ class Keys:
             self.tool_results(turn_id),
             self.dispatched(turn_id),
             self.sent_step(turn_id),
+            self.attachments(turn_id),
         ]
 
     def idempotency(self, agent: str, key: str) -> str:

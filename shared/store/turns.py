@@ -189,6 +189,33 @@ class TurnStore:
             self._stored(state)
         return existing or None
 
+    def store_files(self, state: TurnState) -> None:
+        """Store a new turn's files (base64), once each, before the turn itself. They expire after the turn TTL
+        unless `files_stored` keeps them, so a submitter dying in between leaves nothing behind for good."""
+        if not state._files:
+            return
+        key = self.keys.attachments(state.turn_id)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(key, mapping=state._files)  # type: ignore[arg-type]  # redis-py's Mapping is invariant
+        pipe.expire(key, self.ttl_s)
+        pipe.execute()
+
+    def files_stored(self, state: TurnState, kept: bool) -> None:
+        """The turn was created (`kept`: its files live as long as it does, expiring when it ends) or an
+        idempotency key named an older turn (the new id is unused: its files go)."""
+        if not state._files:
+            return
+        key = self.keys.attachments(state.turn_id)
+        if kept:
+            self.client.persist(key)
+        else:
+            self.client.delete(key)
+        state._files = {}
+
+    def load_file(self, turn_id: str, attachment_id: str) -> str | None:
+        """One stored file's bytes as base64 (None once it expired with its turn)."""
+        return cast(str | None, self.client.hget(self.keys.attachments(turn_id), attachment_id))
+
     def load(self, turn_id: str) -> TurnState | None:
         """The turn with its transcript and trace: one round trip, parsing only what this process has not seen."""
         k = self.keys

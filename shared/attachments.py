@@ -1,0 +1,288 @@
+"""Attachments: files in user messages, checked at submit, stored once, resolved by the worker.
+
+A submit gathers every file (from `attachments=[…]` and from file parts in `messages`), checks each
+against the agent's `accepted_media_types`, the size limits and the URL allowlist, and only then stores
+the bytes: one Redis hash per turn, one field per distinct file (its sha256), expiring with the turn.
+The transcript holds the reference alone, so a 20 MB PDF costs 20 MB however many steps the turn runs.
+Just before each model call the worker reads the bytes back (or fetches an allowlisted URL) into a copy
+of the transcript that lives only for that call.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import mimetypes
+from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
+from typing import Any
+from urllib.error import URLError
+from urllib.parse import urlsplit
+from urllib.request import HTTPRedirectHandler, Request, build_opener
+
+from stepq.config import Settings
+from stepq.errors import StepqError, SubmitError
+from stepq.models import FilePart, Message, UserMessage
+
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})
+DOCUMENT_TYPES = frozenset({"application/pdf", "text/plain"})
+SUPPORTED_TYPES = IMAGE_TYPES | DOCUMENT_TYPES
+GCS_PROVIDERS = frozenset({"gemini"})  # providers that read a gs:// object themselves
+_FETCH_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """One file for `Client.submit(..., attachments=[…])`: bytes, a local path, or a URL.
+
+    `media_type` is guessed from the file name or URL when not given. A URL is fetched by the worker
+    and must match `STEPQ_ATTACHMENT_URL_ALLOW`; a `gs://` URL goes to Gemini as a file reference."""
+
+    data: bytes | None = None
+    path: str | PathLike[str] | None = None
+    url: str | None = None
+    media_type: str | None = None
+    name: str | None = None
+
+    @classmethod
+    def from_bytes(cls, data: bytes, media_type: str, name: str | None = None) -> Attachment:
+        return cls(data=data, media_type=media_type, name=name)
+
+    @classmethod
+    def from_path(cls, path: str | PathLike[str], media_type: str | None = None) -> Attachment:
+        return cls(path=path, media_type=media_type)
+
+    @classmethod
+    def from_url(cls, url: str, media_type: str | None = None, name: str | None = None) -> Attachment:
+        return cls(url=url, media_type=media_type, name=name)
+
+    def to_part(self, max_bytes: int) -> FilePart:
+        """The file part this attachment becomes (bytes ride base64 until submit stores them)."""
+        given = [x for x in (self.data, self.path, self.url) if x is not None]
+        if len(given) != 1:
+            raise SubmitError("an Attachment takes exactly one of data=, path= or url=")
+        name = self.name
+        data = self.data
+        if self.path is not None:
+            path = Path(self.path)
+            name = name or path.name
+            try:
+                size = path.stat().st_size
+                if size > max_bytes:
+                    raise SubmitError(
+                        f"attachment {path.name} is {size} bytes; the limit is {max_bytes} (STEPQ_ATTACHMENT_MAX_BYTES)"
+                    )
+                data = path.read_bytes()
+            except OSError as exc:
+                raise SubmitError(f"cannot read attachment {self.path}: {exc.strerror or exc}") from None
+        if data is not None and not isinstance(data, bytes | bytearray):
+            raise SubmitError(f"Attachment data must be bytes, not {type(data).__name__}")
+        media_type = self.media_type or _guess(name or self.url or "")
+        if not media_type:
+            raise SubmitError(f"cannot tell the media type of attachment {name or self.url!r}; pass media_type=")
+        if data is not None:
+            return FilePart(media_type=media_type, data=base64.b64encode(data).decode(), name=name)
+        return FilePart(media_type=media_type, url=self.url, name=name)
+
+
+def _guess(name: str) -> str | None:
+    guessed, _ = mimetypes.guess_type(urlsplit(name).path if "://" in name else name)
+    return guessed
+
+
+def attach(messages: list[Message], attachments: list[Any] | None, settings: Settings) -> None:
+    """Add `attachments` to the last user message (the prompt's)."""
+    if not attachments:
+        return
+    if not isinstance(attachments, list):
+        raise SubmitError(f"attachments must be a list of Attachment, not {type(attachments).__name__}")
+    users = [m for m in messages if isinstance(m, UserMessage)]
+    if not users:
+        raise SubmitError("attachments go with a user message; the messages have none")
+    for item in attachments:
+        if not isinstance(item, Attachment):
+            raise SubmitError(f"attachments must be Attachment objects, not {type(item).__name__}")
+        users[-1].files.append(item.to_part(settings.attachment_max_bytes))
+
+
+def prepare(
+    messages: list[Message], settings: Settings, agent_id: str, accepted: list[str], provider: str
+) -> dict[str, str]:
+    """Check every file part and turn inline data into stored references (in place).
+
+    Returns the files to store (base64), by attachment id. Raises SubmitError naming the first refused file;
+    nothing has been stored then."""
+    pending: dict[str, str] = {}
+    total = 0
+    for message in messages:
+        if not isinstance(message, UserMessage):
+            continue
+        for part in message.files:
+            label = part.name or part.url or part.media_type
+            media_type = part.media_type.strip().lower()
+            part.media_type = media_type
+            _check_type(media_type, label, agent_id, accepted)
+            if part.attachment_id is not None:
+                raise SubmitError(
+                    f"file {label!r} has an attachment_id, which stepq assigns; send the file again as data or url"
+                )
+            if (part.data is None) == (part.url is None):
+                raise SubmitError(f"file {label!r} needs exactly one of data (base64 or a data: URL) or url")
+            if part.url is not None:
+                check_url(part.url, settings, provider)
+                continue
+            raw = _decode(part.data or "", label, media_type)
+            size = len(raw)
+            if size > settings.attachment_max_bytes:
+                raise SubmitError(
+                    f"attachment {label!r} is {size} bytes; the limit is {settings.attachment_max_bytes} "
+                    "(STEPQ_ATTACHMENT_MAX_BYTES)"
+                )
+            if size > settings.attachment_redis_max_bytes:
+                raise SubmitError(
+                    f"attachment {label!r} is {size} bytes, above STEPQ_ATTACHMENT_REDIS_MAX_BYTES "
+                    f"({settings.attachment_redis_max_bytes}), and no object store is configured; send a smaller "
+                    "file or a URL the worker may fetch"
+                )
+            attachment_id = hashlib.sha256(raw).hexdigest()
+            if attachment_id not in pending:
+                total += size
+            pending[attachment_id] = base64.b64encode(raw).decode()
+            if total > settings.attachment_turn_max_bytes:
+                raise SubmitError(
+                    f"the turn's attachments total {total} bytes; the limit is {settings.attachment_turn_max_bytes} "
+                    "(STEPQ_ATTACHMENT_TURN_MAX_BYTES)"
+                )
+            part.data, part.attachment_id, part.size = None, attachment_id, size
+    return pending
+
+
+def _check_type(media_type: str, label: str, agent_id: str, accepted: list[str]) -> None:
+    if media_type not in SUPPORTED_TYPES:
+        raise SubmitError(
+            f"file {label!r} is {media_type}, which stepq does not carry; supported: {', '.join(sorted(SUPPORTED_TYPES))}"
+        )
+    family = media_type.split("/")[0] + "/*"
+    if media_type not in accepted and family not in accepted:
+        shown = ", ".join(accepted) or "none"
+        raise SubmitError(
+            f"agent {agent_id} does not accept {media_type} files (accepted: {shown}); "
+            "list the type in the agent's accepted_media_types"
+        )
+
+
+def _decode(data: str, label: str, media_type: str) -> bytes:
+    if data.startswith("data:"):
+        header, sep, data = data.partition(",")
+        if not sep or not header.endswith(";base64"):
+            raise SubmitError(f"file {label!r}: a data: URL must be base64 (data:{media_type};base64,...)")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise SubmitError(f"file {label!r}: data is not valid base64") from None
+
+
+def check_url(url: str, settings: Settings, provider: str) -> None:
+    """Refuse a URL no worker may fetch: not on STEPQ_ATTACHMENT_URL_ALLOW, or gs:// for a provider other
+    than Gemini (which reads the object itself)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "gs":
+        if provider not in GCS_PROVIDERS:
+            raise SubmitError(f"{url}: a gs:// file reaches only Gemini, and this turn runs on {provider}")
+        return
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise SubmitError(f"{url}: attachment URLs are http(s) on STEPQ_ATTACHMENT_URL_ALLOW, or gs:// for Gemini")
+    if not any(_allowed(parts, entry) for entry in settings.attachment_url_allow):
+        raise SubmitError(f"{url} is not on STEPQ_ATTACHMENT_URL_ALLOW; add its scheme://host[/path] prefix there")
+
+
+def _allowed(url: Any, entry: str) -> bool:
+    allow = urlsplit(entry)
+    try:
+        same_port = (url.port or _default_port(url.scheme)) == (allow.port or _default_port(allow.scheme))
+    except ValueError:
+        return False
+    return (
+        url.scheme.lower() == allow.scheme.lower()
+        and (url.hostname or "") == (allow.hostname or "").lower()
+        and same_port
+        and url.path.startswith(allow.path or "/")
+    )
+
+
+def _default_port(scheme: str) -> int:
+    return 443 if scheme.lower() == "https" else 80
+
+
+# --------------------------------------------------------------------------- the worker side
+
+
+class AttachmentMissingError(StepqError):
+    """A referenced file is gone (expired with its turn) or could not be fetched."""
+
+
+def resolve(
+    messages: list[Message], load: Any, settings: Settings, provider: str, cache: dict[str, bytes] | None = None
+) -> list[Message]:
+    """A copy of the transcript whose file parts carry their bytes (base64 `data`) for one provider call.
+
+    `load(attachment_id)` returns the stored base64 or None. The transcript itself is left as it is."""
+    out: list[Message] = []
+    for message in messages:
+        if not isinstance(message, UserMessage) or not message.files:
+            out.append(message)
+            continue
+        files = [_resolved(part, load, settings, provider, cache) for part in message.files]
+        out.append(message.model_copy(update={"files": files}))
+    return out
+
+
+def _resolved(part: FilePart, load: Any, settings: Settings, provider: str, cache: dict[str, bytes] | None) -> FilePart:
+    if part.attachment_id is not None:
+        stored = load(part.attachment_id)
+        if stored is None:
+            raise AttachmentMissingError(f"attachment {part.name or part.attachment_id} is no longer stored")
+        return part.model_copy(update={"data": stored})
+    if part.url is not None and urlsplit(part.url).scheme.lower() == "gs":
+        return part  # the provider reads it
+    if part.url is not None:
+        raw = cache.get(part.url) if cache is not None else None
+        if raw is None:
+            raw = fetch(part.url, settings, provider)
+            if cache is not None:
+                cache[part.url] = raw
+    else:
+        return part
+    return part.model_copy(update={"data": base64.b64encode(raw).decode()})
+
+
+def fetch(url: str, settings: Settings, provider: str) -> bytes:
+    """An allowlisted URL's bytes (checked again here: the allowlist may have changed since submit)."""
+    try:
+        check_url(url, settings, provider)
+    except SubmitError as exc:
+        raise AttachmentMissingError(str(exc)) from None
+    limit = settings.attachment_max_bytes
+    try:
+        with _OPENER.open(Request(url), timeout=_FETCH_TIMEOUT_S) as response:
+            body = response.read(limit + 1)
+    except URLError as exc:  # HTTPError included: a redirect or an error status
+        raise AttachmentMissingError(f"fetching {url} failed: {getattr(exc, 'code', None) or exc.reason}") from None
+    except OSError as exc:
+        raise AttachmentMissingError(f"fetching {url} failed: {type(exc).__name__}") from None
+    if len(body) > limit:
+        raise AttachmentMissingError(f"{url} is larger than {limit} bytes (STEPQ_ATTACHMENT_MAX_BYTES)")
+    return bytes(body)
+
+
+class _NoRedirect(HTTPRedirectHandler):
+    """A redirect could leave the allowlist: it is an error, not followed."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = build_opener(_NoRedirect())

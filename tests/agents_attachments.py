@@ -1,0 +1,47 @@
+"""Agents for the attachment tests: one per provider (the wire fakes play the model), one that accepts
+no files, and a scripted five-step agent that reads a PDF (for the stored-once measurement)."""
+
+from __future__ import annotations
+
+from stepq.agents import AgentDefinition, LoopConfig
+from stepq.providers.scripted import ScriptStep, ScriptToolCall
+from stepq.tools import tool
+from tests.agents_bedrock import BEDROCK_MODEL
+
+FILES = ["image/*", "application/pdf", "text/plain"]
+
+
+@tool
+def att_note(page: int) -> str:
+    """Note a page of the document."""
+    return f"noted page {page}"
+
+
+anthropic = AgentDefinition(
+    id="attach_t.anthropic", default_provider="anthropic", default_model="claude-test", accepted_media_types=FILES
+)
+gemini = AgentDefinition(
+    id="attach_t.gemini", default_provider="gemini", default_model="gemini-test", accepted_media_types=FILES
+)
+bedrock = AgentDefinition(
+    id="attach_t.bedrock", default_provider="bedrock", default_model=BEDROCK_MODEL, accepted_media_types=FILES
+)
+images_only = AgentDefinition(
+    id="attach_t.images_only",
+    default_provider="scripted",
+    accepted_media_types=["image/png"],
+    script=[ScriptStep(text="seen")],
+)
+text_only = AgentDefinition(id="attach_t.text_only", default_provider="scripted", script=[ScriptStep(text="no files")])
+reader = AgentDefinition(
+    id="attach_t.reader",
+    default_provider="scripted",
+    accepted_media_types=["application/pdf"],
+    allowed_tools=["att_note"],
+    loop=LoopConfig(max_steps=5),
+    script=[
+        *(ScriptStep(tool_calls=[ScriptToolCall(name="att_note", args={"page": n})], fresh_call_ids=True)
+          for n in range(1, 5)),
+        ScriptStep(text="read it"),
+    ],
+)  # fmt: skip

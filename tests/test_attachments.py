@@ -1,0 +1,332 @@
+"""Attachments end to end: submit (checks, storage), an in-process worker on real Redis, and the unmodified
+provider SDKs against the wire fakes, whose recorded request bodies show the native blocks."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import redis
+
+from stepq import Attachment, Client
+from stepq.config import Settings
+from stepq.errors import SubmitError
+from stepq.models import TurnStatus
+from stepq.runtime import Runtime
+from tests.conftest import REDIS_URL, make_settings
+from tests.fakes import anthropic_server as a
+from tests.fakes import bedrock_server as b
+from tests.fakes import gemini_server as g
+from tests.test_provider_bedrock import _isolate_aws
+from tests.test_provider_gemini import _clear_env
+
+PNG = b"\x89PNG\r\n\x1a\n" + os.urandom(64)
+PDF = b"%PDF-1.4\n" + os.urandom(256) + b"\n%%EOF"
+TEXT = "Invoice 42: 3 x widgets, total €12.\n".encode()
+WAIT = 60.0
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+class _Files(BaseHTTPRequestHandler):
+    """Serves PNG at any path (the test's allowlist decides which paths a worker may fetch)."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "image/png")
+        self.send_header("content-length", str(len(PNG)))
+        self.end_headers()
+        self.wfile.write(PNG)
+
+
+@pytest.fixture
+def files_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Files)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def settings(prefix: str, files_url: str) -> Settings:
+    return make_settings(prefix, attachment_url_allow=[f"{files_url}/files/"])
+
+
+@pytest.fixture
+def anthropic_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[a.FakeAnthropic]:
+    server = a.FakeAnthropic().start()
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", server.base_url)
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "test-anthropic-key")
+    monkeypatch.delenv("ANTHROPIC_AUTH_TOKEN", raising=False)
+    yield server
+    server.stop()
+
+
+def prefix_keys(prefix: str) -> set[str]:
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        return set(client.scan_iter(match=f"{prefix}:*", count=1000))
+    finally:
+        client.close()
+
+
+def completed(handle: Any) -> Any:
+    result = handle.wait(timeout=WAIT)
+    assert result.status == TurnStatus.COMPLETED, result.error
+    return result
+
+
+# --------------------------------------------------------------------------- providers
+
+
+def test_anthropic_gets_image_and_document_blocks(worker, client, anthropic_fake):
+    anthropic_fake.enqueue(a.text_reply("a widget invoice"))
+    handle = client.submit(
+        "attach_t.anthropic",
+        prompt="What is this?",
+        attachments=[
+            Attachment.from_bytes(PNG, "image/png"),
+            Attachment.from_bytes(PDF, "application/pdf", name="invoice.pdf"),
+            Attachment.from_bytes(TEXT, "text/plain", name="notes.txt"),
+        ],
+    )
+    assert completed(handle).text == "a widget invoice"
+
+    (request,) = anthropic_fake.requests
+    (message,) = request.body["messages"]
+    assert message["role"] == "user"
+    assert message["content"] == [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(PNG)}},
+        {
+            "type": "document",
+            "source": {"type": "base64", "media_type": "application/pdf", "data": b64(PDF)},
+            "title": "invoice.pdf",
+        },
+        {
+            "type": "document",
+            "source": {"type": "text", "media_type": "text/plain", "data": TEXT.decode()},
+            "title": "notes.txt",
+        },
+        {"type": "text", "text": "What is this?", "cache_control": {"type": "ephemeral"}},
+    ]
+
+
+def test_gemini_gets_inline_data_and_gs_file_data(worker, client, monkeypatch):
+    _clear_env(monkeypatch)
+    fake = g.FakeGemini().start()
+    try:
+        monkeypatch.setenv("GOOGLE_API_KEY", "test-gemini-key")
+        monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", fake.base_url)
+        fake.enqueue(g.text_reply("two files"))
+        handle = client.submit(
+            "attach_t.gemini",
+            prompt="Compare",
+            attachments=[
+                Attachment.from_bytes(PDF, "application/pdf"),
+                Attachment.from_url("gs://bucket-t/scans/page.png"),
+            ],
+        )
+        assert completed(handle).text == "two files"
+        (request,) = fake.requests
+    finally:
+        fake.stop()
+    (content,) = request.body["contents"]
+    inline, file_data, text = content["parts"]
+    # the SDK sends inline bytes as URL-safe base64 and the blob's fields in snake case (the API takes both)
+    assert inline["inlineData"]["mime_type"] == "application/pdf"
+    assert base64.urlsafe_b64decode(inline["inlineData"]["data"]) == PDF
+    assert file_data == {"fileData": {"file_uri": "gs://bucket-t/scans/page.png", "mime_type": "image/png"}}
+    assert text == {"text": "Compare"}
+
+
+def test_bedrock_gets_image_and_document_bytes(worker, client, monkeypatch):
+    fake = b.FakeBedrock()
+    try:
+        _isolate_aws(monkeypatch)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDSTEPQTEST")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
+        monkeypatch.setenv("AWS_REGION", "us-east-1")
+        monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", fake.url)
+        fake.add(b.turn(b.text_block(0, ["read"])))
+        handle = client.submit(
+            "attach_t.bedrock",
+            prompt="Read these",
+            attachments=[
+                Attachment.from_bytes(PNG, "image/png"),
+                Attachment.from_bytes(PDF, "application/pdf", name="Q3 invoice (final).pdf"),
+                Attachment.from_bytes(TEXT, "text/plain"),
+            ],
+        )
+        assert completed(handle).text == "read"
+        (request,) = fake.requests
+    finally:
+        fake.close()
+    (message,) = request.body["messages"]
+    assert message["content"] == [
+        {"image": {"format": "png", "source": {"bytes": b64(PNG)}}},
+        {"document": {"format": "pdf", "name": "Q3 invoice (final)", "source": {"bytes": b64(PDF)}}},
+        {"document": {"format": "txt", "name": "document 3", "source": {"bytes": b64(TEXT)}}},
+        {"text": "Read these"},
+    ]
+
+
+def test_file_parts_in_messages_are_stored_once_and_referenced(worker, client, rt: Runtime, anthropic_fake):
+    """A chat-style `content` list with a data: URL; the transcript in Redis keeps only the reference."""
+    anthropic_fake.enqueue(a.text_reply("a png"))
+    handle = client.submit(
+        "attach_t.anthropic",
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Describe"},
+                    {"type": "file", "media_type": "image/png", "data": f"data:image/png;base64,{b64(PNG)}"},
+                ],
+            }
+        ],
+    )
+    completed(handle)
+    (request,) = anthropic_fake.requests
+    assert request.body["messages"][0]["content"][0]["source"]["data"] == b64(PNG)
+
+    stored = rt.redis.lrange(rt.keys.messages(handle.turn_id), 0, -1)
+    assert b64(PNG) not in "".join(stored)
+    (file_part,) = json.loads(stored[0])["files"]
+    assert file_part["data"] is None and file_part["size"] == len(PNG)
+    assert rt.redis.hgetall(rt.keys.attachments(handle.turn_id)) == {file_part["attachment_id"]: b64(PNG)}
+    assert 0 < rt.redis.ttl(rt.keys.attachments(handle.turn_id)) <= rt.settings.event_ttl_s  # ended with the turn
+
+
+def test_a_url_on_the_allowlist_is_fetched_by_the_worker(worker, client, rt: Runtime, files_url, anthropic_fake):
+    anthropic_fake.enqueue(a.text_reply("fetched"))
+    url = f"{files_url}/files/photo.png"
+    handle = client.submit("attach_t.anthropic", prompt="Look", attachments=[Attachment.from_url(url)])
+    completed(handle)
+    (request,) = anthropic_fake.requests
+    block = request.body["messages"][0]["content"][0]
+    assert block == {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(PNG)}}
+    (file_part,) = json.loads(rt.redis.lrange(rt.keys.messages(handle.turn_id), 0, 0)[0])["files"]
+    assert file_part["url"] == url and file_part["attachment_id"] is None
+
+
+# --------------------------------------------------------------------------- refusals store nothing
+
+
+def _refused(client: Client, prefix: str, match: str, agent: str, **kwargs: Any) -> None:
+    before = prefix_keys(prefix)
+    with pytest.raises(SubmitError, match=match):
+        client.submit(agent, prompt="hi", **kwargs)
+    assert prefix_keys(prefix) == before
+
+
+def test_a_media_type_the_agent_does_not_accept_is_refused_and_nothing_is_stored(client, prefix):
+    _refused(
+        client,
+        prefix,
+        r"agent attach_t\.images_only does not accept application/pdf files \(accepted: image/png\)",
+        "attach_t.images_only",
+        attachments=[Attachment.from_bytes(PNG, "image/png"), Attachment.from_bytes(PDF, "application/pdf")],
+    )
+    _refused(
+        client,
+        prefix,
+        r"agent attach_t\.text_only does not accept image/png files \(accepted: none\)",
+        "attach_t.text_only",
+        attachments=[Attachment.from_bytes(PNG, "image/png")],
+    )
+    _refused(
+        client,
+        prefix,
+        "image/svg\\+xml, which stepq does not carry",
+        "attach_t.images_only",
+        attachments=[Attachment.from_bytes(b"<svg/>", "image/svg+xml")],
+    )
+
+
+def test_oversize_files_are_refused_and_nothing_is_stored(prefix, tmp_path):
+    with Client(make_settings(prefix, attachment_max_bytes=1000, attachment_turn_max_bytes=1500)) as small:
+        _refused(
+            small,
+            prefix,
+            r"is 1001 bytes; the limit is 1000 \(STEPQ_ATTACHMENT_MAX_BYTES\)",
+            "attach_t.images_only",
+            attachments=[Attachment.from_bytes(PNG[:8] + bytes(993), "image/png")],
+        )
+        big = tmp_path / "big.png"
+        big.write_bytes(bytes(1001))
+        _refused(
+            small, prefix, "big.png is 1001 bytes", "attach_t.images_only", attachments=[Attachment.from_path(big)]
+        )
+        _refused(
+            small,
+            prefix,
+            r"total 1600 bytes; the limit is 1500 \(STEPQ_ATTACHMENT_TURN_MAX_BYTES\)",
+            "attach_t.images_only",
+            attachments=[
+                Attachment.from_bytes(bytes(800), "image/png"),
+                Attachment.from_bytes(b"\x01" * 800, "image/png"),
+            ],
+        )
+
+
+def test_urls_off_the_allowlist_and_misplaced_gs_refs_are_refused_at_submit(client, prefix, files_url, anthropic_fake):
+    port = int(files_url.rsplit(":", 1)[1])
+    for url in (
+        f"{files_url}/other/photo.png",  # another path
+        f"http://127.0.0.1:{port + 1}/files/photo.png",  # another port
+        f"https://127.0.0.1:{port}/files/photo.png",  # another scheme
+        "http://127.0.0.1.evil.test/files/photo.png",
+        "file:///etc/passwd.png",
+    ):
+        _refused(
+            client, prefix, "STEPQ_ATTACHMENT_URL_ALLOW", "attach_t.anthropic", attachments=[Attachment.from_url(url)]
+        )
+    _refused(
+        client,
+        prefix,
+        "a gs:// file reaches only Gemini, and this turn runs on anthropic",
+        "attach_t.anthropic",
+        attachments=[Attachment.from_url("gs://bucket/x.pdf")],
+    )
+
+
+def test_a_caller_cannot_name_a_stored_attachment(client, prefix):
+    """Ids are stepq's: naming one (another turn's file, say) is refused."""
+    before = prefix_keys(prefix)
+    with pytest.raises(SubmitError, match="has an attachment_id, which stepq assigns"):
+        client.submit(
+            "attach_t.images_only",
+            messages=[
+                {"role": "user", "content": [{"type": "file", "media_type": "image/png", "attachment_id": "0" * 64}]}
+            ],
+        )
+    assert prefix_keys(prefix) == before
+
+
+# --------------------------------------------------------------------------- stored once
+
+
+def test_a_20_mb_pdf_is_stored_once_for_a_five_step_turn(worker, client, rt: Runtime):
+    pdf = b"%PDF-1.7\n" + os.urandom(20 * 2**20)
+    handle = client.submit(
+        "attach_t.reader", prompt="Read every page", attachments=[Attachment.from_bytes(pdf, "application/pdf")]
+    )
+    result = completed(handle)
+    assert len(result.trace.steps) == 5 and result.text == "read it"
+
+    turn_keys = list(rt.redis.scan_iter(match=f"{rt.keys.turn(handle.turn_id)}*", count=1000))
+    used = sum(int(rt.redis.memory_usage(key, samples=0) or 0) for key in turn_keys)
+    assert len(pdf) <= used < 2 * len(pdf), (used, len(pdf))
