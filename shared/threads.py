@@ -142,6 +142,7 @@ def continue_thread(
     tenant: str | None = None,
     metadata: dict[str, Any] | None = None,
     features: list[str] | None = None,
+    attachments: list[Any] | None = None,
 ) -> Continued:
     """Store the thread's next turn (its input: the thread's transcript, then these messages).
 
@@ -160,8 +161,17 @@ def continue_thread(
     if stored.tenant:
         turn_metadata["tenant"] = stored.tenant
     agent, state = new_turn_state(
-        rt, stored.agent, prompt=prompt, messages=messages, metadata=turn_metadata, features=features
+        rt,
+        stored.agent,
+        prompt=prompt,
+        messages=messages,
+        metadata=turn_metadata,
+        features=features,
+        attachments=attachments,
     )
+    ttl = rt.settings.thread_ttl_s
+    added = rt.turns.store_thread_files(thread_id, state._files, ttl) if state._files else []
+    state._files = {}
     new_messages = [_MESSAGE.dump_json(m).decode() for m in state.messages]
     state.thread_id = thread_id
     state.messages = []  # the thread's transcript goes in front of the new messages when the turn starts
@@ -173,6 +183,10 @@ def continue_thread(
         new_messages,
         time.time(),
     )
+    if outcome in ("missing", "busy"):
+        rt.turns.drop_thread_files(thread_id, added)
+    else:
+        rt.turns.renew_thread_files(thread_id, ttl)
     if outcome == "missing":
         raise _not_found(thread_id)
     if outcome == "busy":
@@ -204,6 +218,7 @@ def turn_finished(rt: Runtime, state: TurnState) -> str | None:
     if state.thread_id is None:
         return None
     messages = [_MESSAGE.dump_json(m).decode() for m in well_formed(state.messages)]
+    rt.turns.renew_thread_files(state.thread_id, rt.settings.thread_ttl_s)
     return rt.threads.finish(state.thread_id, state.turn_id, messages, time.time())
 
 

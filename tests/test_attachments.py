@@ -330,3 +330,36 @@ def test_a_20_mb_pdf_is_stored_once_for_a_five_step_turn(worker, client, rt: Run
     turn_keys = list(rt.redis.scan_iter(match=f"{rt.keys.turn(handle.turn_id)}*", count=1000))
     used = sum(int(rt.redis.memory_usage(key, samples=0) or 0) for key in turn_keys)
     assert len(pdf) <= used < 2 * len(pdf), (used, len(pdf))
+
+
+# --------------------------------------------------------------------------- threads
+
+
+def test_a_thread_keeps_its_files_for_later_turns(worker, client, rt: Runtime, anthropic_fake):
+    anthropic_fake.enqueue(a.text_reply("a png"), a.text_reply("still a png"))
+    thread = client.create_thread("attach_t.anthropic")
+    first = client.continue_thread(
+        thread.thread_id, prompt="What is it?", attachments=[Attachment.from_bytes(PNG, "image/png")]
+    )
+    completed(first)
+    second = client.continue_thread(thread.thread_id, prompt="And now?")
+    completed(second)
+
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64(PNG)}}
+    first_body, second_body = (r.body for r in anthropic_fake.requests)
+    assert first_body["messages"][0]["content"][0] == image
+    assert second_body["messages"][0]["content"][0] == image  # the earlier turn's file, read from the thread
+    files_key = rt.keys.thread_files(thread.thread_id)
+    assert list(rt.redis.hvals(files_key)) == [b64(PNG)]
+    assert rt.settings.event_ttl_s < rt.redis.ttl(files_key) <= rt.settings.thread_ttl_s
+    assert not rt.redis.exists(rt.keys.attachments(first.turn_id))
+
+
+def test_a_refused_thread_turn_stores_no_files(client, prefix, anthropic_fake):
+    thread = client.create_thread("attach_t.images_only")
+    before = prefix_keys(prefix)
+    with pytest.raises(SubmitError, match="does not accept application/pdf"):
+        client.continue_thread(
+            thread.thread_id, prompt="hi", attachments=[Attachment.from_bytes(PDF, "application/pdf")]
+        )
+    assert prefix_keys(prefix) == before

@@ -555,7 +555,10 @@ class StepRunner:
             return state.messages
         turns = self.rt.turns
         return attachments.resolve(
-            state.messages, lambda file_id: turns.load_file(state.turn_id, file_id), self.rt.settings, state.provider
+            state.messages,
+            lambda file_id: turns.load_file(state.turn_id, file_id, state.thread_id),
+            self.rt.settings,
+            state.provider,
         )
 
     def _fail(self, state: TurnState, emitter: StepEmitter, message: str) -> Decision:

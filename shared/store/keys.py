@@ -166,6 +166,10 @@ class Keys:
         """The thread's transcript: a list of message JSON, replaced from each turn that finishes."""
         return f"{self.thread(thread_id)}:messages"
 
+    def thread_files(self, thread_id: str) -> str:
+        """HASH attachment id -> base64 of the files the thread's turns were given (any later turn reads them)."""
+        return f"{self.thread(thread_id)}:files"
+
     def thread_turns(self, thread_id: str) -> str:
         """Every turn of the thread, oldest first."""
         return f"{self.thread(thread_id)}:turns"

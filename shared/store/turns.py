@@ -212,9 +212,31 @@ class TurnStore:
             self.client.delete(key)
         state._files = {}
 
-    def load_file(self, turn_id: str, attachment_id: str) -> str | None:
-        """One stored file's bytes as base64 (None once it expired with its turn)."""
-        return cast(str | None, self.client.hget(self.keys.attachments(turn_id), attachment_id))
+    def load_file(self, turn_id: str, attachment_id: str, thread_id: str | None = None) -> str | None:
+        """One stored file's bytes as base64: the turn's own, else its thread's (None once expired)."""
+        found = self.client.hget(self.keys.attachments(turn_id), attachment_id)
+        if found is None and thread_id is not None:
+            found = self.client.hget(self.keys.thread_files(thread_id), attachment_id)
+        return cast(str | None, found)
+
+    def store_thread_files(self, thread_id: str, files: dict[str, str], ttl_s: int) -> list[str]:
+        """Add a thread turn's files to the thread's (each once; the hash lives as long as the thread).
+        Returns the ids this call added, for `drop_thread_files` when the turn is refused after all."""
+        key = self.keys.thread_files(thread_id)
+        pipe = self.client.pipeline(transaction=True)
+        for file_id, data in files.items():
+            pipe.hsetnx(key, file_id, data)
+        pipe.expire(key, ttl_s)
+        added = pipe.execute()[:-1]
+        return [file_id for file_id, new in zip(files, added, strict=True) if new]
+
+    def drop_thread_files(self, thread_id: str, file_ids: list[str]) -> None:
+        if file_ids:
+            self.client.hdel(self.keys.thread_files(thread_id), *file_ids)
+
+    def renew_thread_files(self, thread_id: str, ttl_s: int) -> None:
+        """The thread was used: its files live as long as its transcript."""
+        self.client.expire(self.keys.thread_files(thread_id), ttl_s)
 
     def load(self, turn_id: str) -> TurnState | None:
         """The turn with its transcript and trace: one round trip, parsing only what this process has not seen."""
