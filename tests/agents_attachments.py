@@ -30,7 +30,7 @@ images_only = AgentDefinition(
     id="attach_t.images_only",
     default_provider="scripted",
     accepted_media_types=["image/png"],
-    script=[ScriptStep(text="seen")],
+    script=[ScriptStep(echo_messages=True)],  # "saw: user:<text> [image/png, N bytes]": what the worker sent
 )
 text_only = AgentDefinition(id="attach_t.text_only", default_provider="scripted", script=[ScriptStep(text="no files")])
 reader = AgentDefinition(

@@ -19,6 +19,7 @@ from stepq.config import Settings
 from stepq.errors import SubmitError
 from stepq.models import TurnStatus
 from stepq.runtime import Runtime
+from stepq.store.keys import Keys
 from tests.conftest import REDIS_URL, make_settings
 from tests.fakes import anthropic_server as a
 from tests.fakes import bedrock_server as b
@@ -363,3 +364,48 @@ def test_a_refused_thread_turn_stores_no_files(client, prefix, anthropic_fake):
             thread.thread_id, prompt="hi", attachments=[Attachment.from_bytes(PDF, "application/pdf")]
         )
     assert prefix_keys(prefix) == before
+
+
+# --------------------------------------------------------------------------- the chat gateway
+
+
+def test_the_chat_route_takes_file_parts(prefix: str) -> None:
+    """POST /v1/chat with an AI SDK file part (a data: URL): the model gets the file, the thread keeps it;
+    a type the agent does not accept is refused naming it, and nothing of it is stored."""
+    import httpx
+
+    from tests.chat_support import API_KEY, chat_stack, ui_chunks
+
+    def message(media_type: str, data: bytes) -> dict[str, Any]:
+        url = f"data:{media_type};base64,{b64(data)}"
+        parts = [{"type": "file", "mediaType": media_type, "url": url}, {"type": "text", "text": "what is it?"}]
+        return {"id": "u-1", "role": "user", "parts": parts}
+
+    with chat_stack(prefix) as stack:
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        with httpx.Client(base_url=stack.url, headers=headers, timeout=WAIT) as http:
+            body = {"id": "with-file", "messages": [message("image/png", PNG)], "trigger": "submit-message"}
+            with http.stream("POST", "/v1/chat?agent=attach_t.images_only", json=body) as response:
+                assert response.status_code == 200, response.read()
+                chunks = ui_chunks(response)
+            said = "".join(c["delta"] for c in chunks if c["type"] == "text-delta")
+            assert said == f"saw: user:what is it? [image/png, {len(PNG)} bytes]"
+
+            thread_id = chunks[0]["messageMetadata"]["threadId"]
+            store = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+            try:
+                files_key = Keys(stack.settings.key_prefix).thread_files(thread_id)
+                assert list(store.hvals(files_key)) == [b64(PNG)]
+                refused = http.post(
+                    "/v1/chat?agent=attach_t.images_only",
+                    json={
+                        "id": "with-file",
+                        "messages": [message("application/pdf", PDF)],
+                        "trigger": "submit-message",
+                    },
+                )
+                assert refused.status_code == 400
+                assert "attach_t.images_only does not accept application/pdf" in refused.json()["error"]["message"]
+                assert list(store.hvals(files_key)) == [b64(PNG)]
+            finally:
+                store.close()

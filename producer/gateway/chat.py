@@ -8,7 +8,8 @@ A chat id is a thread, created on first use and scoped to the caller's tenant (c
 so two tenants' equal ids are two threads). The agent is `?agent=` on the URL, else the body's `agent`,
 else the thread's, else STEPQ_GATEWAY_CHAT_AGENT. The last message decides what a POST does:
 
-- a user message: its text is the thread's next turn (file parts answer 415 until attachments exist);
+- a user message: its text and files (file parts: `data:` URLs, or URLs on STEPQ_ATTACHMENT_URL_ALLOW,
+  of the media types the agent accepts) are the thread's next turn;
 - an assistant message whose tool parts carry approval responses (`addToolApprovalResponse`): each is
   decided as the caller, exactly as POST /v1/approvals/{id} does, and the answer continues in the
   same assistant message.
@@ -94,9 +95,9 @@ async def _ask(
     gw: Gateway, principal: Principal, chat_id: str, agent: str | None, message: dict[str, Any]
 ) -> StreamingResponse:
     """A user message: the thread's next turn, streamed from its start."""
-    text = _user_text(message)
+    text, files = _user_input(message)
     thread = await _thread_for(gw, principal, chat_id, agent)
-    turn_id = await _continue(gw, principal, chat_id, thread, text)
+    turn_id = await _continue(gw, principal, chat_id, thread, text, files)
     return _stream_response(gw, turn_id, 0, _metadata(chat_id, thread))
 
 
@@ -206,11 +207,13 @@ async def _thread_for(gw: Gateway, principal: Principal, chat_id: str, agent: st
     return created
 
 
-async def _continue(gw: Gateway, principal: Principal, chat_id: str, thread: Thread, text: str) -> str:
+async def _continue(
+    gw: Gateway, principal: Principal, chat_id: str, thread: Thread, text: str, files: list[dict[str, Any]]
+) -> str:
+    content = [*files, *([{"type": "text", "text": text}] if text else [])]
+    ask: dict[str, Any] = {"messages": [{"role": "user", "content": content}]} if files else {"prompt": text}
     try:
-        handle = await gw.run_sync(
-            lambda: gw.client.continue_thread(thread.thread_id, prompt=text, tenant=principal.tenant)
-        )
+        handle = await gw.run_sync(lambda: gw.client.continue_thread(thread.thread_id, tenant=principal.tenant, **ask))
     except ThreadBusyError:
         raise GatewayError(
             409,
@@ -229,23 +232,30 @@ def _metadata(chat_id: str, thread: Thread) -> dict[str, Any]:
 # ---------------------------------------------------------------------- the request's last message
 
 
-def _user_text(message: dict[str, Any]) -> str:
+def _user_input(message: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """The user message's text, and its file parts as stepq file parts (checked when the turn is submitted:
+    the agent's accepted_media_types, the size limits, the URL allowlist)."""
     parts = message.get("parts")
     if not isinstance(parts, list):
         raise GatewayError(422, "invalid-request", "messages[-1].parts must be a list of UI message parts")
-    kinds = {p.get("type") for p in parts if isinstance(p, dict)}
-    if "file" in kinds:
-        raise GatewayError(
-            415,
-            "unsupported-media-type",
-            "file parts (attachments) are not supported yet; send the message as text parts",
-        )
+    files = []
+    for part in parts:
+        if not isinstance(part, dict) or part.get("type") != "file":
+            continue
+        url, media_type, name = part.get("url"), part.get("mediaType"), part.get("filename")
+        if not isinstance(url, str) or not isinstance(media_type, str):
+            raise GatewayError(422, "invalid-request", "a file part needs `url` and `mediaType` strings")
+        file: dict[str, Any] = {"type": "file", "media_type": media_type}
+        file["data" if url.startswith("data:") else "url"] = url
+        if isinstance(name, str) and name:
+            file["name"] = name
+        files.append(file)
     text = "".join(
         p["text"] for p in parts if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
     )
-    if not text.strip():
+    if not text.strip() and not files:
         raise GatewayError(422, "invalid-request", "the last user message has no text part")
-    return text
+    return text, files
 
 
 def _approval_responses(message: dict[str, Any]) -> list[Decision]:

@@ -12,6 +12,7 @@ several deltas and can inject the failures the retry rule cares about:
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
@@ -30,6 +31,7 @@ from stepq.models import (
     ToolCall,
     ToolResultMessage,
     Usage,
+    UserMessage,
 )
 from stepq.providers.base import OUTPUT_TOOL, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
 
@@ -91,7 +93,9 @@ def _summary(message: Message) -> str:
         return f"assistant:{message.text.splitlines()[-1] if message.text else ''}{calls}"
     if isinstance(message, ToolResultMessage):
         return "tool:" + ",".join(f"{r.name}={json.dumps(r.output, sort_keys=True)}" for r in message.results)
-    return f"{message.role}:{message.content}"
+    files = message.files if isinstance(message, UserMessage) else []
+    shown = "".join(f" [{f.media_type}, {len(base64.b64decode(f.data)) if f.data else 0} bytes]" for f in files)
+    return f"{message.role}:{message.content}{shown}"
 
 
 _FINISH_MAP = {
