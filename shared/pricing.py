@@ -13,7 +13,7 @@ from stepq.config import Prices
 from stepq.models import Usage
 
 # providers whose `input_tokens` already include `cache_read_tokens` (see docs/providers/)
-INPUT_INCLUDES_CACHE_READS = frozenset({"gemini"})
+INPUT_INCLUDES_CACHE_READS = frozenset({"gemini", "openai", "openai-compatible", "azure-openai"})
 _MILLION = Decimal(1_000_000)
 
 

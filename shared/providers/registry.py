@@ -49,6 +49,9 @@ _LAZY: dict[str, str] = {
     "anthropic-vertex": "stepq.providers.anthropic_vertex:create_adapter:check_configured",
     "gemini": "stepq.providers.gemini:create_adapter:check_configured",
     "bedrock": "stepq.providers.bedrock:create_adapter:check_configured",
+    "openai": "stepq.providers.openai:create_adapter:check_configured",
+    "openai-compatible": "stepq.providers.openai:create_compatible_adapter:check_compatible_configured",
+    "azure-openai": "stepq.providers.openai:create_azure_adapter:check_azure_configured",
 }
 # The pip extra that installs each adapter's SDK, and the SDK's top-level modules (how a missing extra shows).
 _EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -56,6 +59,9 @@ _EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
     "anthropic-vertex": ("anthropic", ("anthropic", "httpx2", "google")),
     "gemini": ("gemini", ("google",)),
     "bedrock": ("bedrock", ("boto3", "botocore", "urllib3")),
+    "openai": ("openai", ("openai", "httpx")),
+    "openai-compatible": ("openai", ("openai", "httpx")),
+    "azure-openai": ("openai", ("openai", "httpx")),
 }
 
 

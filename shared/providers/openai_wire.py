@@ -1,0 +1,274 @@
+"""Canonical step request -> OpenAI request parameters, for the Responses API and for Chat Completions.
+
+Pure functions, no SDK calls. Both shapes carry the same transcript: the system prompt, user text,
+assistant text and function calls, and tool results keyed by call id. Reasoning goes back only to the
+Responses API and only when OpenAI produced it (its encrypted content); other providers' reasoning is left
+out. A forced object-mode answer (`tool_choice == stepq_output`) goes out as the API's native JSON-schema
+output instead of a function call, and its JSON text comes back as the `stepq_output` call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from stepq.errors import DefinitionError
+from stepq.models import (
+    AssistantMessage,
+    ReasoningPart,
+    SystemMessage,
+    TextPart,
+    ToolCall,
+    ToolResult,
+    ToolResultMessage,
+    ToolSpec,
+    UserMessage,
+)
+from stepq.providers.base import OUTPUT_TOOL, ProviderError, StepRequest
+
+PROVIDER = "openai"  # the reasoning parts this module sends back (Responses API only)
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+SCHEMA_NAME = "stepq_output"
+
+Item = dict[str, Any]
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def tool_schema(spec: ToolSpec) -> dict[str, Any]:
+    """The tool's parameters: a JSON object schema at the root (an empty schema becomes one)."""
+    schema = dict(spec.input_schema or {})
+    if not schema:
+        return {"type": "object", "properties": {}}
+    if "type" not in schema and ("properties" in schema or "required" in schema):
+        schema["type"] = "object"
+    return schema
+
+
+def check_tools(specs: list[ToolSpec]) -> None:
+    """Raise DefinitionError for a tool OpenAI cannot be shown (bad name, non-object schema, duplicate)."""
+    seen: set[str] = set()
+    for spec in specs:
+        if not TOOL_NAME.match(spec.name):
+            raise DefinitionError(
+                f"tool {spec.name!r}: OpenAI function names must match ^[a-zA-Z0-9_-]{{1,64}}$; rename the tool"
+            )
+        if spec.name in seen:
+            raise DefinitionError(f"tool {spec.name!r} is declared twice for the openai provider")
+        seen.add(spec.name)
+        if tool_schema(spec).get("type") != "object":
+            raise DefinitionError(
+                f"tool {spec.name!r}: OpenAI needs parameters whose root is a JSON object "
+                '({"type": "object", ...}); wrap the value in an object property'
+            )
+
+
+def answers_with_schema(request: StepRequest) -> bool:
+    """A forced structured answer goes out as the API's JSON-schema output, not as a function call."""
+    return request.output_schema is not None and request.tool_choice == OUTPUT_TOOL
+
+
+def answer_schema(request: StepRequest) -> dict[str, Any]:
+    """The answer's schema as the output tool declares it (a non-object answer is wrapped in an object)."""
+    spec = next((t for t in request.tools if t.name == OUTPUT_TOOL), None)
+    return tool_schema(spec) if spec is not None else dict(request.output_schema or {})
+
+
+def _check_choice(choice: str, names: list[str]) -> None:
+    if choice not in ("auto", "none", "required") and choice not in names:
+        raise ProviderError(
+            f"tool_choice names {choice!r}, which is not among the tools shown to the model ({', '.join(names)})",
+            retryable=False,
+            code="invalid_tool_choice",
+        )
+
+
+# --------------------------------------------------------------------------- transcript pieces
+
+
+def tool_result_content(result: ToolResult) -> str:
+    """Errors read `Error executing tool <name>: <error>`; other outputs go as JSON text."""
+    if result.is_error:
+        output = result.output
+        error = output.get("error", output) if isinstance(output, dict) else output
+        text = error if isinstance(error, str) else json.dumps(error, ensure_ascii=False, default=str)
+        return f"Error executing tool {result.name}: {text}"
+    if isinstance(result.output, str):
+        return result.output
+    return json.dumps(result.output, ensure_ascii=False, default=str)
+
+
+def _arguments(call: ToolCall) -> str:
+    return json.dumps(call.args, ensure_ascii=False)
+
+
+def reasoning_item(part: ReasoningPart) -> Item | None:
+    """An OpenAI reasoning item to send back (its id, summary and encrypted content), else None."""
+    if part.provider != PROVIDER or not part.signature:
+        return None
+    try:
+        saved = json.loads(part.signature)
+    except ValueError:
+        return None
+    if not isinstance(saved, dict) or not saved.get("id"):
+        return None
+    item: Item = {"type": "reasoning", "id": saved["id"], "summary": []}
+    if part.text:
+        item["summary"] = [{"type": "summary_text", "text": part.text}]
+    if saved.get("encrypted_content"):
+        item["encrypted_content"] = saved["encrypted_content"]
+    return item
+
+
+# --------------------------------------------------------------------------- Responses API
+
+
+def responses_input(request: StepRequest) -> list[Item]:
+    items: list[Item] = []
+    for message in request.messages:
+        if isinstance(message, SystemMessage):
+            if message.content:
+                items.append({"role": "developer", "content": message.content})
+        elif isinstance(message, UserMessage):
+            if message.content:
+                items.append({"role": "user", "content": message.content})
+        elif isinstance(message, AssistantMessage):
+            for part in message.parts:
+                if isinstance(part, ReasoningPart):
+                    reasoning = reasoning_item(part)
+                    if reasoning is not None:
+                        items.append(reasoning)
+                elif isinstance(part, TextPart) and part.text:
+                    items.append({"role": "assistant", "content": part.text})
+                elif isinstance(part, ToolCall):
+                    items.append(
+                        {"type": "function_call", "call_id": part.id, "name": part.name, "arguments": _arguments(part)}
+                    )
+        elif isinstance(message, ToolResultMessage):
+            items.extend(
+                {"type": "function_call_output", "call_id": r.tool_call_id, "output": tool_result_content(r)}
+                for r in message.results
+            )
+    return items
+
+
+def responses_params(request: StepRequest) -> dict[str, Any]:
+    """Keyword arguments for `client.responses.create(stream=True, ...)`."""
+    options = request.options
+    params: dict[str, Any] = {"model": request.model, "input": responses_input(request)}
+    params["store"] = bool(options.get("store", False))  # stateless: every step sends the whole transcript
+    if request.system:
+        params["instructions"] = request.system
+    if answers_with_schema(request):
+        params["text"] = {"format": _json_schema_format(request, nested=False)}
+    else:
+        tools = list(request.tools)
+        if tools:
+            params["tools"] = [
+                {
+                    "type": "function",
+                    "name": t.name,
+                    "description": t.description or "",
+                    "parameters": tool_schema(t),
+                    "strict": False,
+                }
+                for t in tools
+            ]
+            choice = request.tool_choice
+            if choice is not None and choice != "auto":
+                _check_choice(choice, [t.name for t in tools])
+                params["tool_choice"] = (
+                    choice if choice in ("none", "required") else {"type": "function", "name": choice}
+                )
+            if options.get("disable_parallel_tool_use"):
+                params["parallel_tool_calls"] = False
+    if request.max_tokens is not None:
+        params["max_output_tokens"] = request.max_tokens
+    if request.temperature is not None:
+        params["temperature"] = request.temperature
+    effort, summary = options.get("reasoning_effort"), options.get("reasoning_summary")
+    if effort or summary:
+        reasoning: dict[str, Any] = {}
+        if effort:
+            reasoning["effort"] = str(effort)
+        reasoning["summary"] = str(summary or "auto")
+        params["reasoning"] = reasoning
+        if not params["store"]:
+            params["include"] = ["reasoning.encrypted_content"]  # sent back on the next step
+    return params
+
+
+def _json_schema_format(request: StepRequest, nested: bool) -> dict[str, Any]:
+    body = {"name": SCHEMA_NAME, "schema": answer_schema(request), "strict": bool(request.options.get("strict"))}
+    return {"type": "json_schema", "json_schema": body} if nested else {"type": "json_schema", **body}
+
+
+# --------------------------------------------------------------------------- Chat Completions
+
+
+def chat_messages(request: StepRequest) -> list[Item]:
+    messages: list[Item] = []
+    if request.system:
+        messages.append({"role": "system", "content": request.system})
+    for message in request.messages:
+        if isinstance(message, SystemMessage):
+            if message.content:
+                messages.append({"role": "system", "content": message.content})
+        elif isinstance(message, UserMessage):
+            messages.append({"role": "user", "content": message.content})
+        elif isinstance(message, AssistantMessage):
+            text = "".join(p.text for p in message.parts if isinstance(p, TextPart))
+            calls = message.tool_calls
+            wire: Item = {"role": "assistant", "content": text or None}
+            if calls:
+                wire["tool_calls"] = [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c)}}
+                    for c in calls
+                ]
+            if text or calls:
+                messages.append(wire)
+        elif isinstance(message, ToolResultMessage):
+            messages.extend(
+                {"role": "tool", "tool_call_id": r.tool_call_id, "content": tool_result_content(r)}
+                for r in message.results
+            )
+    return messages
+
+
+def chat_params(request: StepRequest) -> dict[str, Any]:
+    """Keyword arguments for `client.chat.completions.create(stream=True, ...)`."""
+    options = request.options
+    params: dict[str, Any] = {
+        "model": request.model,
+        "messages": chat_messages(request),
+        "stream_options": {"include_usage": True},  # the usage arrives in a last chunk
+    }
+    if answers_with_schema(request):
+        params["response_format"] = _json_schema_format(request, nested=True)
+    elif request.tools:
+        params["tools"] = [
+            {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description or "", "parameters": tool_schema(t)},
+            }
+            for t in request.tools
+        ]
+        choice = request.tool_choice
+        if choice is not None and choice != "auto":
+            _check_choice(choice, [t.name for t in request.tools])
+            params["tool_choice"] = (
+                choice if choice in ("none", "required") else {"type": "function", "function": {"name": choice}}
+            )
+        if options.get("disable_parallel_tool_use"):
+            params["parallel_tool_calls"] = False
+    if request.max_tokens is not None:
+        params[str(options.get("max_tokens_param", "max_tokens"))] = request.max_tokens
+    if request.temperature is not None:
+        params["temperature"] = request.temperature
+    if request.stop_sequences:
+        params["stop"] = list(request.stop_sequences)
+    if options.get("reasoning_effort"):
+        params["reasoning_effort"] = str(options["reasoning_effort"])
+    return params
