@@ -45,3 +45,12 @@ operator = AgentDefinition(
     default_model="claude-primary",
     script=[ScriptStep(text="answered by the operator's fallback")],
 )
+
+# Anthropic first, OpenAI (the fake Responses API) when Anthropic keeps failing
+to_openai = AgentDefinition(
+    id="failover_t.to_openai",
+    allowed_tools=["failover_lookup"],
+    default_provider="anthropic",
+    default_model="claude-primary",
+    fallbacks=[{"provider": "openai", "model": "gpt-backup"}],
+)

@@ -110,6 +110,36 @@ def test_tool_round_trip_across_the_switch_translates_the_transcript(worker, cli
     ]
 
 
+def test_anthropic_to_openai_carries_the_tool_round_trip_in_openai_shape(worker, client, fake, monkeypatch):
+    from tests.fakes.openai_server import FakeOpenAI, call_item, response_stream, response_text
+
+    backup = FakeOpenAI().start()
+    try:
+        monkeypatch.setenv("OPENAI_BASE_URL", backup.base_url + "/v1")
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-failover-test")
+        fake.enqueue(*(overloaded() for _ in range(ATTEMPTS)))
+        backup.enqueue(
+            response_stream(call_item("call_o", "failover_lookup", ['{"query": "o"}'])),
+            response_text("openai answered"),
+        )
+        result, events = run(client, "failover_t.to_openai", prompt="find o")
+        first, second = backup.wait_for_requests(2)
+    finally:
+        backup.stop()
+
+    assert result.status == TurnStatus.COMPLETED, result.error
+    assert result.text == "openai answered"
+    assert [(s.provider, s.model) for s in result.trace.steps] == [("openai", "gpt-backup")] * 2
+    assert len(fake.requests) == ATTEMPTS
+    assert first.body["input"] == [{"role": "user", "content": "find o"}]
+    assert second.body["input"][-1] == {
+        "type": "function_call_output",
+        "call_id": "call_o",
+        "output": '{"answer": "result for o"}',
+    }
+    assert retries(events)[-1].data["fallback"] == {"provider": "openai", "model": "gpt-backup"}
+
+
 def test_no_failover_after_content_was_streamed(worker, client, fake):
     partial = text_block(0, ["partial ", "answer"])[:3]
     fake.enqueue(SSEReply([message_start(), *partial, error_event("overloaded_error", "Overloaded")]))
