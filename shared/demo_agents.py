@@ -68,10 +68,11 @@ class Contact(BaseModel):
 
 extractor = AgentDefinition(
     id="demo.extractor",
-    description="Extracts a contact card from free text (object mode).",
+    description="Extracts a contact card from free text, a business card photo or a PDF (object mode).",
     system_prompt="Extract the contact as JSON.",
     execution_mode="object",
     output=Contact,
+    accepted_media_types=["image/*", "application/pdf", "text/plain"],
     script=[
         ScriptStep(object={"name": "Ada Lovelace", "company": "Analytical Engines Ltd"}),  # missing email
         ScriptStep(
