@@ -3,7 +3,8 @@
 A submit gathers every file (from `attachments=[…]` and from file parts in `messages`), checks each
 against the agent's `accepted_media_types`, the size limits and the URL allowlist, and only then stores
 the bytes: one Redis hash per turn, one field per distinct file (its sha256), expiring with the turn.
-The transcript holds the reference alone, so a 20 MB PDF costs 20 MB however many steps the turn runs.
+The transcript holds the reference alone, so a 20 MB PDF is stored once (as base64) however many steps
+the turn runs.
 Just before each model call the worker reads the bytes back (or fetches an allowlisted URL) into a copy
 of the transcript that lives only for that call.
 """
@@ -15,6 +16,7 @@ import binascii
 import hashlib
 import mimetypes
 from dataclasses import dataclass
+from importlib.util import find_spec
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,8 @@ IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})
 DOCUMENT_TYPES = frozenset({"application/pdf", "text/plain"})
 SUPPORTED_TYPES = IMAGE_TYPES | DOCUMENT_TYPES
 GCS_PROVIDERS = frozenset({"gemini"})  # providers that read a gs:// object themselves
+# providers whose adapters send files (any other would drop them silently: refused at submit instead)
+FILE_PROVIDERS = frozenset({"anthropic", "anthropic-vertex", "gemini", "bedrock", "scripted", "function", "test"})
 _FETCH_TIMEOUT_S = 30.0
 
 
@@ -124,6 +128,11 @@ def prepare(
             media_type = part.media_type.strip().lower()
             part.media_type = media_type
             _check_type(media_type, label, agent_id, accepted)
+            if provider not in FILE_PROVIDERS:
+                raise SubmitError(
+                    f"agent {agent_id} runs on {provider}, which stepq cannot send files to yet; "
+                    f"files go to {', '.join(sorted(FILE_PROVIDERS))}"
+                )
             if part.attachment_id is not None:
                 raise SubmitError(
                     f"file {label!r} has an attachment_id, which stepq assigns; send the file again as data or url"
@@ -193,8 +202,12 @@ def check_url(url: str, settings: Settings, provider: str) -> None:
         if provider not in GCS_PROVIDERS:
             raise SubmitError(f"{url}: a gs:// file reaches only Gemini, and this turn runs on {provider}")
         return
-    if scheme not in ("http", "https") or not parts.hostname:
-        raise SubmitError(f"{url}: attachment URLs are http(s) on STEPQ_ATTACHMENT_URL_ALLOW, or gs:// for Gemini")
+    if scheme not in ("http", "https", "s3") or not parts.hostname:
+        raise SubmitError(
+            f"{url}: attachment URLs are http(s) or s3:// on STEPQ_ATTACHMENT_URL_ALLOW, or gs:// for Gemini"
+        )
+    if scheme == "s3" and find_spec("boto3") is None:
+        raise SubmitError(f"{url}: s3:// files are read with boto3; install it (pip install 'stepq[bedrock]')")
     if not any(_allowed(parts, entry) for entry in settings.attachment_url_allow):
         raise SubmitError(f"{url} is not on STEPQ_ATTACHMENT_URL_ALLOW; add its scheme://host[/path] prefix there")
 
@@ -266,6 +279,8 @@ def fetch(url: str, settings: Settings, provider: str) -> bytes:
     except SubmitError as exc:
         raise AttachmentMissingError(str(exc)) from None
     limit = settings.attachment_max_bytes
+    if urlsplit(url).scheme.lower() == "s3":
+        return _fetch_s3(url, limit)
     try:
         with _OPENER.open(Request(url), timeout=_FETCH_TIMEOUT_S) as response:
             body = response.read(limit + 1)
@@ -276,6 +291,25 @@ def fetch(url: str, settings: Settings, provider: str) -> bytes:
     if len(body) > limit:
         raise AttachmentMissingError(f"{url} is larger than {limit} bytes (STEPQ_ATTACHMENT_MAX_BYTES)")
     return bytes(body)
+
+
+def _fetch_s3(url: str, limit: int) -> bytes:
+    """An s3:// object through boto3, with the worker's AWS credentials (its standard chain)."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    parts = urlsplit(url)
+    try:
+        found = boto3.client("s3").get_object(Bucket=parts.netloc, Key=parts.path.lstrip("/"))
+        if int(found.get("ContentLength") or 0) > limit:
+            found["Body"].close()
+            raise AttachmentMissingError(f"{url} is larger than {limit} bytes (STEPQ_ATTACHMENT_MAX_BYTES)")
+        return bytes(found["Body"].read())
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "error")
+        raise AttachmentMissingError(f"fetching {url} failed: {code}") from None
+    except BotoCoreError as exc:
+        raise AttachmentMissingError(f"fetching {url} failed: {type(exc).__name__}") from None
 
 
 class _NoRedirect(HTTPRedirectHandler):

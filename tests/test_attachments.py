@@ -11,15 +11,20 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import httpx
 import pytest
 import redis
+from celery.contrib.testing.worker import start_worker
 
 from stepq import Attachment, Client
 from stepq.config import Settings
 from stepq.errors import SubmitError
 from stepq.models import TurnStatus
+from stepq.protocol import worker_queues
 from stepq.runtime import Runtime
 from stepq.store.keys import Keys
+from stepq.workers.app import create_app
+from tests.chat_support import API_KEY, chat_stack, ui_chunks
 from tests.conftest import REDIS_URL, make_settings
 from tests.fakes import anthropic_server as a
 from tests.fakes import bedrock_server as b
@@ -372,9 +377,6 @@ def test_a_refused_thread_turn_stores_no_files(client, prefix, anthropic_fake):
 def test_the_chat_route_takes_file_parts(prefix: str) -> None:
     """POST /v1/chat with an AI SDK file part (a data: URL): the model gets the file, the thread keeps it;
     a type the agent does not accept is refused naming it, and nothing of it is stored."""
-    import httpx
-
-    from tests.chat_support import API_KEY, chat_stack, ui_chunks
 
     def message(media_type: str, data: bytes) -> dict[str, Any]:
         url = f"data:{media_type};base64,{b64(data)}"
@@ -409,3 +411,67 @@ def test_the_chat_route_takes_file_parts(prefix: str) -> None:
                 assert list(store.hvals(files_key)) == [b64(PNG)]
             finally:
                 store.close()
+
+
+# --------------------------------------------------------------------------- s3://
+
+
+class _FakeS3(BaseHTTPRequestHandler):
+    """GetObject over the S3 REST API (path style): one object, anything else is NoSuchKey."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[str] = []
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        _FakeS3.seen.append(f"{self.headers.get('host')} {self.path} signed={'authorization' in self.headers}")
+        if self.path.split("?")[0] == "/scans-t/cards/card.png":
+            body, status = PNG, 200
+        else:
+            body = b"<Error><Code>NoSuchKey</Code><Message>The specified key does not exist.</Message></Error>"
+            status = 404
+        self.send_response(status)
+        self.send_header("content-type", "image/png" if status == 200 else "application/xml")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_an_s3_object_is_read_by_the_worker_through_boto3(prefix, anthropic_fake, monkeypatch):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeS3)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _isolate_aws(monkeypatch)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDSTEPQTEST")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{server.server_address[1]}")
+    settings = make_settings(prefix, attachment_url_allow=["s3://scans-t/cards/"])
+    try:
+        app = create_app(settings)
+        with (
+            start_worker(app, pool="threads", concurrency=2, perform_ping_check=False, queues=worker_queues(settings)),
+            Client(settings) as client,
+        ):
+            anthropic_fake.enqueue(a.text_reply("a card"))
+            handle = client.submit(
+                "attach_t.anthropic", prompt="Read", attachments=[Attachment.from_url("s3://scans-t/cards/card.png")]
+            )
+            completed(handle)
+            block = anthropic_fake.requests[0].body["messages"][0]["content"][0]
+            assert block["source"] == {"type": "base64", "media_type": "image/png", "data": b64(PNG)}
+            assert any("/scans-t/cards/card.png signed=True" in line for line in _FakeS3.seen)
+
+            with pytest.raises(SubmitError, match="not on STEPQ_ATTACHMENT_URL_ALLOW"):
+                client.submit("attach_t.anthropic", prompt="x", attachments=[Attachment.from_url("s3://other/a.png")])
+
+            gone = client.submit(
+                "attach_t.anthropic", prompt="Read", attachments=[Attachment.from_url("s3://scans-t/cards/gone.png")]
+            )
+            result = gone.wait(timeout=WAIT)
+            assert result.status == TurnStatus.FAILED
+            assert result.error is not None and "s3://scans-t/cards/gone.png failed: NoSuchKey" in result.error
+    finally:
+        server.shutdown()
+        server.server_close()
