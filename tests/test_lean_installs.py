@@ -62,7 +62,14 @@ def stepq_cmd() -> list[str]:
 
 @pytest.mark.parametrize(
     ("provider", "blocked", "extra"),
-    [("gemini", ["google"], "gemini"), ("anthropic", ["anthropic"], "anthropic"), ("bedrock", ["boto3"], "bedrock")],
+    [
+        ("gemini", ["google"], "gemini"),
+        ("anthropic", ["anthropic"], "anthropic"),
+        ("bedrock", ["boto3"], "bedrock"),
+        ("openai", ["openai"], "openai"),
+        ("openai-compatible", ["openai"], "openai"),
+        ("azure-openai", ["openai"], "openai"),
+    ],
 )
 def test_provider_without_its_extra_fails_at_agent_load(tmp_path: Path, provider: str, blocked: list[str], extra: str):
     env = blocked_env(tmp_path, blocked, provider)

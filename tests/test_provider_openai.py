@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from stepq.config import Settings
-from stepq.errors import DefinitionError, MissingExtraError, SubmitError
+from stepq.errors import DefinitionError, SubmitError
 from stepq.models import EventType, FinishReason, ToolSpec, TurnStatus
 from stepq.pricing import step_cost
 from tests.conftest import make_settings
@@ -363,15 +363,3 @@ def test_check_tools_rejects_what_openai_cannot_declare():
         check_tools([ToolSpec(name="bad name", description="", input_schema={})])
     with pytest.raises(DefinitionError, match="root is a JSON object"):
         check_tools([ToolSpec(name="arr", description="", input_schema={"type": "array"})])
-
-
-def test_a_missing_sdk_names_the_extra(monkeypatch):
-    import sys
-
-    from stepq.providers import registry
-
-    monkeypatch.setitem(sys.modules, "openai", None)  # what an install without the extra looks like
-    monkeypatch.delitem(sys.modules, "stepq.providers.openai", raising=False)
-    monkeypatch.delitem(sys.modules, "stepq.providers.openai_stream", raising=False)
-    with pytest.raises(MissingExtraError, match=r"stepq\[openai\]"):
-        registry.check_tool_schemas("azure-openai", [])
