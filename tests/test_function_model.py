@@ -101,3 +101,22 @@ def test_function_model_sees_messages_tools_and_schema():
     out = FunctionModel(fn).stream_step(request, deltas.append, lambda: False)
     assert out.message.text == "0 tools, prompt 'hello there'" == "".join(d.text for d in deltas)
     assert asked[0].output_schema is None and asked[0].answer_now is False
+
+
+def test_the_function_provider_without_a_function_is_refused_at_submit():
+    import pytest
+
+    from stepq import AgentDefinition, SubmitError
+    from stepq.providers.registry import resolve_model
+
+    agent = AgentDefinition(id="fnt.none", default_provider="function")
+    with pytest.raises(SubmitError, match="function_model"):
+        resolve_model(agent, None, None, None, None)
+    assert resolve_model(agent.model_copy(update={"function_model": TestModel()}), None, None, None, None) == (
+        "function",
+        "function",
+    )
+    assert resolve_model(AgentDefinition(id="fnt.any", default_provider="test"), None, None, None, None) == (
+        "test",
+        "test",
+    )

@@ -155,6 +155,8 @@ def resolve_model(
     if chosen_provider not in _FACTORIES and chosen_provider not in _LAZY:
         raise SubmitError(f"unknown provider {chosen_provider!r}; known: {', '.join(known_providers())}")
     check_configured(chosen_provider)
+    if chosen_provider == "function" and agent.function_model is None:
+        _function(agent, "")  # refused at submit, with the fix named, not inside a running turn
     chosen_model = model or default_model or env_m or (chosen_provider if chosen_provider in OFFLINE else None)
     if chosen_model is None:
         raise SubmitError(f"no model for agent {agent.id} on {chosen_provider}: set default_model or STEPQ_MODEL")
