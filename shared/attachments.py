@@ -15,7 +15,7 @@ import base64
 import binascii
 import hashlib
 import mimetypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.util import find_spec
 from os import PathLike
 from pathlib import Path
@@ -111,14 +111,19 @@ def attach(messages: list[Message], attachments: list[Any] | None, settings: Set
         users[-1].files.append(item.to_part(settings.attachment_max_bytes))
 
 
-def prepare(
-    messages: list[Message], settings: Settings, agent_id: str, accepted: list[str], provider: str
-) -> dict[str, str]:
-    """Check every file part and turn inline data into stored references (in place).
+@dataclass
+class Pending:
+    """A submit's files, checked but not stored yet: base64 by attachment id (for Redis), and bytes by
+    s3:// URI (files above STEPQ_ATTACHMENT_REDIS_MAX_BYTES, for the object store)."""
 
-    Returns the files to store (base64), by attachment id. Raises SubmitError naming the first refused file;
-    nothing has been stored then."""
-    pending: dict[str, str] = {}
+    stored: dict[str, str] = field(default_factory=dict)
+    objects: dict[str, bytes] = field(default_factory=dict)
+
+
+def prepare(messages: list[Message], settings: Settings, agent_id: str, accepted: list[str], provider: str) -> Pending:
+    """Check every file part and turn inline data into references (in place). Raises SubmitError naming
+    the first refused file; nothing has been stored then."""
+    pending = Pending()
     total = 0
     for message in messages:
         if not isinstance(message, UserMessage):
@@ -149,22 +154,32 @@ def prepare(
                     f"attachment {label!r} is {size} bytes; the limit is {settings.attachment_max_bytes} "
                     "(STEPQ_ATTACHMENT_MAX_BYTES)"
                 )
-            if size > settings.attachment_redis_max_bytes:
+            store = settings.attachment_store_url
+            if size > settings.attachment_redis_max_bytes and not store:
                 raise SubmitError(
                     f"attachment {label!r} is {size} bytes, above STEPQ_ATTACHMENT_REDIS_MAX_BYTES "
-                    f"({settings.attachment_redis_max_bytes}), and no object store is configured; send a smaller "
-                    "file or a URL the worker may fetch"
+                    f"({settings.attachment_redis_max_bytes}), and no object store is configured "
+                    "(STEPQ_ATTACHMENT_STORE_URL); send a smaller file or a URL the worker may fetch"
                 )
             attachment_id = hashlib.sha256(raw).hexdigest()
-            if attachment_id not in pending:
+            if attachment_id not in pending.stored and not any(u.endswith(attachment_id) for u in pending.objects):
                 total += size
-            pending[attachment_id] = base64.b64encode(raw).decode()
             if total > settings.attachment_turn_max_bytes:
                 raise SubmitError(
                     f"the turn's attachments total {total} bytes; the limit is {settings.attachment_turn_max_bytes} "
                     "(STEPQ_ATTACHMENT_TURN_MAX_BYTES)"
                 )
-            part.data, part.attachment_id, part.size = None, attachment_id, size
+            if size > settings.attachment_redis_max_bytes and store:
+                if find_spec("boto3") is None:
+                    raise SubmitError(
+                        "STEPQ_ATTACHMENT_STORE_URL needs boto3; install it (pip install 'stepq[bedrock]')"
+                    )
+                uri = f"{store.rstrip('/')}/{attachment_id}"
+                pending.objects[uri] = raw
+                part.data, part.url, part.size = None, uri, size
+            else:
+                pending.stored[attachment_id] = base64.b64encode(raw).decode()
+                part.data, part.attachment_id, part.size = None, attachment_id, size
     return pending
 
 
@@ -193,9 +208,10 @@ def _decode(data: str, label: str, media_type: str) -> bytes:
         raise SubmitError(f"file {label!r}: data is not valid base64") from None
 
 
-def check_url(url: str, settings: Settings, provider: str) -> None:
+def check_url(url: str, settings: Settings, provider: str, stored_by_us: bool = False) -> None:
     """Refuse a URL no worker may fetch: not on STEPQ_ATTACHMENT_URL_ALLOW, or gs:// for a provider other
-    than Gemini (which reads the object itself)."""
+    than Gemini (which reads the object itself). `stored_by_us`: the worker's check, which also lets
+    through stepq's own object store (a caller may not name objects there)."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme == "gs":
@@ -208,7 +224,10 @@ def check_url(url: str, settings: Settings, provider: str) -> None:
         )
     if scheme == "s3" and find_spec("boto3") is None:
         raise SubmitError(f"{url}: s3:// files are read with boto3; install it (pip install 'stepq[bedrock]')")
-    if not any(_allowed(parts, entry) for entry in settings.attachment_url_allow):
+    allow = [*settings.attachment_url_allow]
+    if stored_by_us and settings.attachment_store_url:
+        allow.append(settings.attachment_store_url.rstrip("/") + "/")
+    if not any(_allowed(parts, entry) for entry in allow):
         raise SubmitError(f"{url} is not on STEPQ_ATTACHMENT_URL_ALLOW; add its scheme://host[/path] prefix there")
 
 
@@ -275,7 +294,7 @@ def _resolved(part: FilePart, load: Any, settings: Settings, provider: str, cach
 def fetch(url: str, settings: Settings, provider: str) -> bytes:
     """An allowlisted URL's bytes (checked again here: the allowlist may have changed since submit)."""
     try:
-        check_url(url, settings, provider)
+        check_url(url, settings, provider, stored_by_us=True)
     except SubmitError as exc:
         raise AttachmentMissingError(str(exc)) from None
     limit = settings.attachment_max_bytes
@@ -291,6 +310,26 @@ def fetch(url: str, settings: Settings, provider: str) -> bytes:
     if len(body) > limit:
         raise AttachmentMissingError(f"{url} is larger than {limit} bytes (STEPQ_ATTACHMENT_MAX_BYTES)")
     return bytes(body)
+
+
+def upload(objects: dict[str, bytes]) -> None:
+    """Put files above the Redis threshold into the object store (content-addressed: a repeat is harmless).
+    Give the store's prefix a lifecycle rule: these objects do not expire with their turn by themselves."""
+    if not objects:
+        return
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    client = boto3.client("s3")
+    for uri, raw in objects.items():
+        parts = urlsplit(uri)
+        try:
+            client.put_object(Bucket=parts.netloc, Key=parts.path.lstrip("/"), Body=raw)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "error")
+            raise SubmitError(f"storing a file in {uri} failed: {code}") from None
+        except BotoCoreError as exc:
+            raise SubmitError(f"storing a file in {uri} failed: {type(exc).__name__}") from None
 
 
 def _fetch_s3(url: str, limit: int) -> bytes:

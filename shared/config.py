@@ -22,7 +22,7 @@ from stepq.errors import ConfigurationError
 from stepq.models import Fallback
 from stepq.ratelimit import RateLimit
 
-REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel")  # redis+sentinel: failover through Sentinels
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")  # sentinel: failover; cluster: Redis Cluster
 # Values never echoed in an error message (the variable is named, the value is not): these, and every
 # SecretStr setting.
 SECRET_SETTINGS = frozenset({"approval_secret", "approval_old_secrets", "jwt_secret", "api_keys"})
@@ -105,7 +105,9 @@ class Settings(BaseSettings):
     # Attachments: files in user messages, checked at submit and stored once per turn
     attachment_max_bytes: int = Field(default=32 * 2**20, ge=1)  # one file
     attachment_turn_max_bytes: int = Field(default=64 * 2**20, ge=1)  # every file of one turn together
-    attachment_redis_max_bytes: int = Field(default=32 * 2**20, ge=0)  # a larger file is refused (no object store)
+    attachment_redis_max_bytes: int = Field(default=32 * 2**20, ge=0)  # a larger file goes to the object store
+    # s3://bucket/prefix: where files above attachment_redis_max_bytes go (through boto3)
+    attachment_store_url: str | None = Field(default=None, pattern=r"^s3://[a-z0-9][a-z0-9.-]+(/.*)?$")
     # URL prefixes (scheme://host[:port][/path]) whose files a worker may fetch; empty: URLs are refused
     attachment_url_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
@@ -142,7 +144,11 @@ class Settings(BaseSettings):
             )
             raise ValueError(f"{shown!r} has no scheme; use {example}")
         if info.field_name == "redis_url" and scheme.lower() not in REDIS_SCHEMES:
-            raise ValueError(f"{shown!r}: the scheme must be redis://, rediss://, unix:// or redis+sentinel://")
+            raise ValueError(
+                f"{shown!r}: the scheme must be redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://"
+            )
+        if info.field_name == "broker_url" and scheme.lower() == "redis+cluster":
+            raise ValueError(f"{shown!r}: Celery cannot use a Redis Cluster as its broker; use amqp://host (RabbitMQ)")
         return value
 
     @field_validator("key_prefix")
@@ -193,9 +199,24 @@ class Settings(BaseSettings):
         return not self.redis_url
 
     @property
+    def redis_cluster(self) -> bool:
+        """True when `redis_url` names a Redis Cluster (`redis+cluster://host:port[,host:port...]`)."""
+        return bool(self.redis_url) and str(self.redis_url).lower().startswith("redis+cluster://")
+
+    @property
+    def state_prefix(self) -> str:
+        """The prefix of stepq's Redis keys. On a Redis Cluster it is a hash tag (`{stepq}`): the first tag in a
+        key picks its slot, so every key of a deployment lives in one slot and every script stays cluster-safe."""
+        return f"{{{self.key_prefix}}}" if self.redis_cluster else self.key_prefix
+
+    @property
     def effective_broker_url(self) -> str:
         if self.broker_url:
             return self.broker_url
+        if self.redis_cluster:
+            raise ConfigurationError(
+                "STEPQ_REDIS_URL is a Redis Cluster, which cannot be Celery's broker: set STEPQ_BROKER_URL=amqp://host"
+            )
         return self.redis_url or "memory://"
 
     @property

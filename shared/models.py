@@ -400,6 +400,7 @@ class TurnState(BaseModel):
     _stored_trace: int = PrivateAttr(default=0)
     # a new turn's files (base64) by attachment id, from submit until they are stored (never in the state JSON)
     _files: dict[str, str] = PrivateAttr(default_factory=dict)
+    _objects: dict[str, bytes] = PrivateAttr(default_factory=dict)  # files above the Redis threshold, by s3:// URI
 
     turn_id: str
     agent: str

@@ -96,7 +96,7 @@ def build_messages(
     messages: list[Any] | None,
     attachments: list[Any] | None = None,
     provider: str = "",
-    pending: dict[str, str] | None = None,
+    pending: files.Pending | None = None,
 ) -> list[Message]:
     """The turn's messages, validated. Files (`attachments` and file parts) are checked and their bytes
     moved into `pending` (to store with the turn), leaving references in the messages."""
@@ -142,11 +142,12 @@ def build_messages(
 
 
 def _take_files(
-    rt: Runtime, agent: AgentDefinition, messages: list[Message], provider: str, pending: dict[str, str] | None
+    rt: Runtime, agent: AgentDefinition, messages: list[Message], provider: str, pending: files.Pending | None
 ) -> None:
     taken = files.prepare(messages, rt.settings, agent.id, agent.accepted_media_types, provider)
     if pending is not None:
-        pending.update(taken)
+        pending.stored.update(taken.stored)
+        pending.objects.update(taken.objects)
 
 
 def _unknown_field(raw: Any, parsed: Any, loc: str) -> str | None:
@@ -203,7 +204,7 @@ def new_turn_state(
         raise SubmitError(f"metadata{bad[1:]} is NaN or Infinity, which JSON cannot carry: send null or a string")
     chosen_provider, chosen_model = resolve_model(agent, provider, model, rt.settings.provider, rt.settings.model)
     limits = tighten(agent, loop)
-    pending: dict[str, str] = {}
+    pending = files.Pending()
     state = TurnState(
         turn_id=new_turn_id(),
         agent=agent.id,
@@ -222,7 +223,7 @@ def new_turn_state(
         raise SubmitError(f"metadata is not JSON-serializable: {exc.errors()[0]['msg']}") from None
     except PydanticSerializationError as exc:
         raise SubmitError(f"metadata is not JSON-serializable: {exc}") from None
-    state._files = pending
+    state._files, state._objects = pending.stored, pending.objects
     return agent, state
 
 
@@ -258,6 +259,7 @@ def create_turn(
     )
     batch_id = state.metadata.get("batch_id")
     counter = rt.keys.batch(batch_id) if isinstance(batch_id, str) else None
+    files.upload(state._objects)
     rt.turns.store_files(state)
     existing = rt.turns.create(state, idempotency_key, counter)
     rt.turns.files_stored(state, kept=not existing)

@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, TypeAdapter
 
+from stepq.attachments import upload
 from stepq.errors import SubmitError, ThreadBusyError, ThreadNotFoundError, UnknownAgentError
 from stepq.models import (
     AssistantMessage,
@@ -170,6 +171,7 @@ def continue_thread(
         attachments=attachments,
     )
     ttl = rt.settings.thread_ttl_s
+    upload(state._objects)
     added = rt.turns.store_thread_files(thread_id, state._files, ttl) if state._files else []
     state._files = {}
     new_messages = [_MESSAGE.dump_json(m).decode() for m in state.messages]

@@ -4,6 +4,7 @@ provider SDKs against the wire fakes, whose recorded request bodies show the nat
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import threading
@@ -417,18 +418,29 @@ def test_the_chat_route_takes_file_parts(prefix: str) -> None:
 
 
 class _FakeS3(BaseHTTPRequestHandler):
-    """GetObject over the S3 REST API (path style): one object, anything else is NoSuchKey."""
+    """PutObject and GetObject over the S3 REST API (path style); a missing key is NoSuchKey."""
 
     protocol_version = "HTTP/1.1"
     seen: list[str] = []
+    objects: dict[str, bytes] = {"/scans-t/cards/card.png": PNG}
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def do_PUT(self) -> None:
+        path = self.path.split("?")[0]
+        _FakeS3.seen.append(f"PUT {path}")
+        _FakeS3.objects[path] = self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.send_response(200)
+        self.send_header("etag", '"fake"')
+        self.send_header("content-length", "0")
+        self.end_headers()
+
     def do_GET(self) -> None:
         _FakeS3.seen.append(f"{self.headers.get('host')} {self.path} signed={'authorization' in self.headers}")
-        if self.path.split("?")[0] == "/scans-t/cards/card.png":
-            body, status = PNG, 200
+        found = _FakeS3.objects.get(self.path.split("?")[0])
+        if found is not None:
+            body, status = found, 200
         else:
             body = b"<Error><Code>NoSuchKey</Code><Message>The specified key does not exist.</Message></Error>"
             status = 404
@@ -472,6 +484,61 @@ def test_an_s3_object_is_read_by_the_worker_through_boto3(prefix, anthropic_fake
             result = gone.wait(timeout=WAIT)
             assert result.status == TurnStatus.FAILED
             assert result.error is not None and "s3://scans-t/cards/gone.png failed: NoSuchKey" in result.error
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_file_above_the_redis_threshold_goes_to_the_object_store_once(prefix, anthropic_fake, monkeypatch):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeS3)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _isolate_aws(monkeypatch)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDSTEPQTEST")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "fake-secret")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{server.server_address[1]}")
+    settings = make_settings(prefix, attachment_redis_max_bytes=1000, attachment_store_url="s3://store-t/stepq")
+    big = b"%PDF-1.7\n" + os.urandom(5000)
+    try:
+        app = create_app(settings)
+        with (
+            start_worker(app, pool="threads", concurrency=2, perform_ping_check=False, queues=worker_queues(settings)),
+            Client(settings) as client,
+        ):
+            rt = client.runtime
+            _refused(
+                client,
+                prefix,
+                "does not accept application/pdf",
+                "attach_t.images_only",
+                attachments=[Attachment.from_bytes(big, "application/pdf")],
+            )
+            assert not [line for line in _FakeS3.seen if line.startswith("PUT ")]  # nothing uploaded either
+
+            anthropic_fake.enqueue(a.text_reply("big"), a.text_reply("small"))
+            handle = client.submit(
+                "attach_t.anthropic", prompt="Read", attachments=[Attachment.from_bytes(big, "application/pdf")]
+            )
+            completed(handle)
+            uri = f"s3://store-t/stepq/{hashlib.sha256(big).hexdigest()}"
+            assert [line for line in _FakeS3.seen if line.startswith("PUT ")] == [f"PUT {uri[4:]}"]
+            assert _FakeS3.objects[uri[4:]] == big
+            (part,) = json.loads(rt.redis.lrange(rt.keys.messages(handle.turn_id), 0, 0)[0])["files"]
+            assert (part["url"], part["attachment_id"], part["size"]) == (uri, None, len(big))
+            assert not rt.redis.exists(rt.keys.attachments(handle.turn_id))  # not in Redis
+            block = anthropic_fake.requests[0].body["messages"][0]["content"][0]
+            assert block["source"] == {"type": "base64", "media_type": "application/pdf", "data": b64(big)}
+
+            with pytest.raises(SubmitError, match="not on STEPQ_ATTACHMENT_URL_ALLOW"):  # callers cannot name it
+                client.submit(
+                    "attach_t.anthropic", prompt="x", attachments=[Attachment.from_url(uri, "application/pdf")]
+                )
+
+            small = client.submit(
+                "attach_t.anthropic", prompt="Look", attachments=[Attachment.from_bytes(PNG, "image/png")]
+            )
+            completed(small)  # below the threshold: Redis, as before
+            assert rt.redis.hvals(rt.keys.attachments(small.turn_id)) == [b64(PNG)]
     finally:
         server.shutdown()
         server.server_close()
