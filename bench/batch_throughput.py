@@ -293,8 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "\nitems/s: wall clock from reading the input file to the last result line (median of rounds)."
             "\ncpu ms/item: worker process + this process (client cpu: BatchRunner for stepq, the waiting"
-            "\nclient for driver, the whole loop"
-            "\nfor the plain loop). Neither includes the Redis server's CPU."
+            "\nclient for driver, the whole loop for the plain loop). Neither includes the Redis server's CPU."
             "\nvs plain = items/s / plain-loop items/s."
         )
         return 0

@@ -167,7 +167,7 @@ class BatchRunner:
         self.out = out
         self.concurrency = max(1, concurrency)
         self.progress_stream = progress_stream
-        self.in_flight: dict[str, tuple[str, str]] = {}  # turn id -> (item key, item hash)
+        self.in_flight: dict[str, tuple[str, str, bool]] = {}  # turn id -> (item key, item hash, reused)
         self._last_render = 0.0
         self._prices = client.settings.prices  # validated at start (STEPQ_PRICES)
 
@@ -212,10 +212,10 @@ class BatchRunner:
         state = self.client.get(handle.turn_id)
         if state.status.terminal:  # finished in an earlier run: written now, not paid for again
             progress.reused += 1
-            self._write_state(item.key, item_hash, state, progress, reused=True)
+            self._write_state(item.key, item_hash, True, state, progress, listed=False)
         else:
             progress.reused += not handle.created
-            self.in_flight[handle.turn_id] = (item.key, item_hash)
+            self.in_flight[handle.turn_id] = (item.key, item_hash, not handle.created)
             # listed in Redis too, so `stepq approve --batch` finds the batch's parked turns from anywhere
             self.rt.redis.hset(
                 self.rt.keys.batch_inflight(self.batch_id), handle.turn_id, json.dumps([0, item.key, item_hash])
@@ -261,9 +261,9 @@ class BatchRunner:
         progress.awaiting = awaiting
 
     def _write_state(
-        self, key: str, item_hash: str, state: TurnState, progress: Progress, reused: bool = False
+        self, key: str, item_hash: str, reused: bool, state: TurnState, progress: Progress, listed: bool = True
     ) -> None:
-        if not reused:
+        if listed:
             self.rt.redis.hdel(self.rt.keys.batch_inflight(self.batch_id), state.turn_id)
         progress.input_tokens += state.usage.input_tokens
         progress.output_tokens += state.usage.output_tokens

@@ -204,16 +204,18 @@ def drive(rt: Runtime, batch_id: str, *, full_check: bool = False) -> DrivePlan:
 
 def _pass(rt: Runtime, batch_id: str, token: str, plan: DrivePlan, full_check: bool) -> None:
     keys, r = rt.keys, rt.redis
-    record = cast(dict[str, str], r.hgetall(keys.batch(batch_id)))
+    pipe = r.pipeline(transaction=False)
+    pipe.hgetall(keys.batch(batch_id))
+    pipe.hlen(keys.batch_inflight(batch_id))
+    record, listed = cast(tuple[dict[str, str], int], tuple(pipe.execute()))
     if not record:  # expired (nobody followed it for the event TTL): nothing left to drive
         r.srem(keys.batch_active(), batch_id)
     if record.get("state") != "running":
         plan.finished = record.get("state") == "finished"
         return
-    _collect(rt, batch_id, record, full_check)
+    in_flight = int(listed) - _collect(rt, batch_id, record, full_check)
     cursor, stored = int(record.get("cursor", 0)), int(record.get("stored", 0))
     limit = max(1, int(record.get("concurrency", 1)))
-    in_flight = int(r.hlen(keys.batch_inflight(batch_id)))
     while cursor < stored and in_flight < limit:
         raw = cast(str | None, r.lindex(keys.batch_input(batch_id), cursor))
         if raw is None:  # the input expired under a batch left unfollowed for the event TTL
@@ -228,7 +230,18 @@ def _pass(rt: Runtime, batch_id: str, token: str, plan: DrivePlan, full_check: b
         pipe.hset(keys.batch(batch_id), mapping={"state": "finished", "finished_at": time.time()})
         pipe.srem(keys.batch_active(), batch_id)
         pipe.execute()
+        _keep(rt, batch_id)  # the results stay for the event TTL from the end
         plan.finished = True
+
+
+def _keep(rt: Runtime, batch_id: str) -> None:
+    """Push the batch's keys' expiry to the event TTL from now."""
+    keys, ttl = rt.keys, rt.settings.event_ttl_s
+    pipe = rt.redis.pipeline(transaction=False)
+    for key in (keys.batch(batch_id), keys.batch_input(batch_id), keys.batch_results(batch_id),
+                keys.batch_inflight(batch_id), keys.batch_done(batch_id)):  # fmt: skip
+        pipe.expire(key, ttl)
+    pipe.execute()
 
 
 def _place(
@@ -268,10 +281,11 @@ def _place(
     return turn_id if moved == 1 else None
 
 
-def _collect(rt: Runtime, batch_id: str, record: dict[str, str], full_check: bool) -> None:
-    """Record the results of in-flight turns that finished."""
+def _collect(rt: Runtime, batch_id: str, record: dict[str, str], full_check: bool) -> int:
+    """Record the results of in-flight turns that finished; returns how many left the in-flight list."""
     keys, r = rt.keys, rt.redis
-    cursor = record.get("stream_cursor", "0-0")
+    start = cursor = record.get("stream_cursor", "0-0")
+    removed = 0
     finished: list[str] = []
     while True:
         entries = cast(
@@ -284,6 +298,7 @@ def _collect(rt: Runtime, batch_id: str, record: dict[str, str], full_check: boo
         cursor = entries[-1][0]
     if full_check:
         finished.extend(cast(list[str], r.hkeys(keys.batch_inflight(batch_id))))
+    finished = list(dict.fromkeys(finished))  # the tick's full check may list a turn the stream named too
     if finished:
         entries_raw = cast(list[str | None], r.hmget(keys.batch_inflight(batch_id), finished))
         for turn_id, raw_entry in zip(finished, entries_raw, strict=True):
@@ -295,16 +310,16 @@ def _collect(rt: Runtime, batch_id: str, record: dict[str, str], full_check: boo
                 row = {"key": key, "item_hash": item_hash, "reused": False, "status": "failed",
                        "error": f"turn {turn_id} expired before its result was collected"}  # fmt: skip
                 _record(rt, batch_id, key, row, index=index, turn_id=turn_id, reused=False)
+                removed += 1
             elif state.status.terminal:
                 row = result_line(key, state, item_hash=item_hash)
                 _record(rt, batch_id, key, row, index=index, turn_id=turn_id, reused=False)
-    r.hset(keys.batch(batch_id), "stream_cursor", cursor)
-    ttl = rt.settings.event_ttl_s
-    pipe = r.pipeline(transaction=False)
-    for key in (keys.batch(batch_id), keys.batch_input(batch_id), keys.batch_results(batch_id),
-                keys.batch_inflight(batch_id)):  # fmt: skip
-        pipe.expire(key, ttl)
-    pipe.execute()
+                removed += 1
+    if cursor != start:
+        r.hset(keys.batch(batch_id), "stream_cursor", cursor)
+    if full_check:  # on the tick: a long batch's keys outlive the event TTL while it runs
+        _keep(rt, batch_id)
+    return removed
 
 
 def status(rt: Runtime, batch_id: str) -> dict[str, Any]:
