@@ -2,7 +2,8 @@
 
 A submit gathers every file (from `attachments=[…]` and from file parts in `messages`), checks each
 against the agent's `accepted_media_types`, the size limits and the URL allowlist, and only then stores
-the bytes: one Redis hash per turn, one field per distinct file (its sha256), expiring with the turn.
+the bytes: one Redis hash per turn (or per thread), one field per distinct file (its sha256), expiring
+with its owner; a file above the Redis threshold goes to the object store (STEPQ_ATTACHMENT_STORE_URL).
 The transcript holds the reference alone, so a 20 MB PDF is stored once (as base64) however many steps
 the turn runs.
 Just before each model call the worker reads the bytes back (or fetches an allowlisted URL) into a copy
@@ -41,8 +42,9 @@ _FETCH_TIMEOUT_S = 30.0
 class Attachment:
     """One file for `Client.submit(..., attachments=[…])`: bytes, a local path, or a URL.
 
-    `media_type` is guessed from the file name or URL when not given. A URL is fetched by the worker
-    and must match `STEPQ_ATTACHMENT_URL_ALLOW`; a `gs://` URL goes to Gemini as a file reference."""
+    `media_type` is guessed from the file name or URL when not given. An http(s) or s3:// URL is read
+    by the worker and must match `STEPQ_ATTACHMENT_URL_ALLOW`; a `gs://` URL goes to Gemini as a file
+    reference."""
 
     data: bytes | None = None
     path: str | PathLike[str] | None = None
