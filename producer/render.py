@@ -219,8 +219,11 @@ def trace_table(trace: LoopTrace) -> list[str]:
     for s, row in zip(trace.steps, rows, strict=True):
         lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
         for a in s.failed_attempts:
+            moved = a.provider is not None and (a.provider, a.model) != (s.provider, s.model)
+            where = f" on {a.provider}/{a.model}" if moved else ""  # failed before a failover
             lines.append(
-                f"  ↳ attempt {a.attempt} failed ({a.error or 'error'}): {usage_line(a.usage)} · cost {money(a.cost)}"
+                f"  ↳ attempt {a.attempt}{where} failed ({a.error or 'error'}): {usage_line(a.usage)}"
+                f" · cost {money(a.cost)}"
             )
     return lines
 

@@ -305,6 +305,8 @@ class FailedAttempt(BaseModel):
     usage: Usage
     cost: float | None = None  # when STEPQ_PRICES has the model
     error: str = ""  # the error's status or code (never its text)
+    provider: str | None = None  # who failed (after a failover, not the provider the step's trace names)
+    model: str | None = None
 
 
 class StepTrace(BaseModel):

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from stepq.agents import AgentDefinition
 from stepq.config import Settings
 from stepq.models import EventType, Fallback, TurnStatus
+from stepq.producer.render import trace_table
 from stepq.retry import next_fallback
 from tests.conftest import make_settings
 from tests.fakes.anthropic_server import (
@@ -138,6 +139,22 @@ def test_anthropic_to_openai_carries_the_tool_round_trip_in_openai_shape(worker,
         "output": '{"answer": "result for o"}',
     }
     assert retries(events)[-1].data["fallback"] == {"provider": "openai", "model": "gpt-backup"}
+
+
+def test_billed_failed_attempts_name_the_primary_in_the_fallbacks_step(worker, client, fake):
+    failing = SSEReply([message_start(input_tokens=321), error_event("overloaded_error", "Overloaded")])
+    fake.enqueue(*(failing for _ in range(ATTEMPTS)))
+    result, _ = run(client, "failover_t.to_scripted", prompt="find x")
+
+    assert result.status == TurnStatus.COMPLETED, result.error
+    step = result.trace.steps[0]
+    assert step.provider == "scripted"
+    assert [(a.provider, a.model, a.usage.input_tokens) for a in step.failed_attempts] == [
+        ("anthropic", "claude-primary", 321)
+    ] * ATTEMPTS
+    table = trace_table(result.trace)
+    assert table[1].split()[1] == "scripted/backup"
+    assert all("on anthropic/claude-primary failed (overloaded_error)" in line for line in table[2 : 2 + ATTEMPTS])
 
 
 def test_no_failover_after_content_was_streamed(worker, client, fake):

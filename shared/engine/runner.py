@@ -629,7 +629,14 @@ class StepRunner:
         state.usage = state.usage + usage
         state.cost = add_costs(state.cost, cost)
         state.failed_attempts.append(
-            FailedAttempt(attempt=state.attempt, usage=usage, cost=cost, error=retry_reason(exc))
+            FailedAttempt(
+                attempt=state.attempt,
+                usage=usage,
+                cost=cost,
+                error=retry_reason(exc),
+                provider=state.provider,
+                model=state.model,
+            )
         )
         record_usage(state.agent, self._tenant(state), state.provider, state.model, usage, cost)
 
