@@ -363,3 +363,17 @@ def test_check_tools_rejects_what_openai_cannot_declare():
         check_tools([ToolSpec(name="bad name", description="", input_schema={})])
     with pytest.raises(DefinitionError, match="root is a JSON object"):
         check_tools([ToolSpec(name="arr", description="", input_schema={"type": "array"})])
+
+
+def test_a_compatible_server_saying_stop_next_to_tool_calls_still_ends_in_tool_calls():
+    from openai.types.chat import ChatCompletionChunk
+
+    from stepq.providers.openai_stream import ChatAccumulator
+
+    deltas: list[Any] = []
+    acc = ChatAccumulator(deltas.append, schema_answer=False, step=0)
+    for raw in [*chat_tool_call("call_s", "openai_lookup", ['{"query": "s"}']), chunk({}, "stop")]:
+        acc.feed(ChatCompletionChunk.model_validate(raw))
+    output = acc.output()
+    assert output.finish_reason == FinishReason.TOOL_CALLS and output.raw_finish_reason == "stop"
+    assert [(c.id, c.args) for c in output.message.tool_calls] == [("call_s", {"query": "s"})]

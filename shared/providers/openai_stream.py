@@ -265,6 +265,8 @@ class ChatAccumulator(_Base):
         finish = CHAT_FINISH.get(self.finish or "", FinishReason.STOP)
         if self.schema_answer and finish == FinishReason.TOOL_CALLS:
             finish = FinishReason.STOP
+        elif message.tool_calls and not self.schema_answer and finish == FinishReason.STOP:
+            finish = FinishReason.TOOL_CALLS  # some compatible servers say `stop` next to tool calls
         return StepOutput(message=message, usage=self.usage(), raw_finish_reason=self.finish, finish_reason=finish)
 
 
