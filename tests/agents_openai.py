@@ -76,3 +76,11 @@ azure = AgentDefinition(
     default_provider="azure-openai",
     default_model="my-deployment",
 )
+
+stall = AgentDefinition(
+    id="openai_t.stall",
+    default_provider="openai",
+    default_model="gpt-test",
+    # longer than any gap in a healthy reply on a loaded machine; the stall test waits this long once
+    provider_options={"stall_timeout_s": 5.0},
+)

@@ -244,6 +244,14 @@ def test_stream_cut_before_completion_is_retried(worker, client, fake):
     assert [r.data["code"] for r in of_type(events, EventType.STEP_RETRY)] == ["incomplete"]
 
 
+def test_stalled_stream_is_retried(worker, client, fake):
+    fake.enqueue(SSEReply(response_text("x").events, hold_after=1), response_text("after stall"))
+    result, events = run(client, "openai_t.stall")
+    assert result.status == TurnStatus.COMPLETED, result.error
+    assert result.text == "after stall"
+    assert [r.data["code"] for r in of_type(events, EventType.STEP_RETRY)] == ["stall"]
+
+
 # --------------------------------------------------------------------------- Chat Completions (`openai-compatible`)
 
 

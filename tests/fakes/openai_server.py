@@ -26,12 +26,14 @@ from tests.fakes.scripted_http import ScriptedHTTPServer
 @dataclass
 class SSEReply:
     """A 200 event stream (`named`: Responses events carry `event:` lines). `close_after` drops the
-    connection after that many events; `done` ends a Chat Completions stream with `data: [DONE]`."""
+    connection after that many events; `hold_after` stops after that many events and keeps the connection
+    open (a stalled upstream); `done` ends a Chat Completions stream with `data: [DONE]`."""
 
     events: list[dict[str, Any]]
     named: bool = True
     done: bool = False
     close_after: int | None = None
+    hold_after: int | None = None
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -322,6 +324,9 @@ def _handler_for(fake: FakeOpenAI) -> type[BaseHTTPRequestHandler]:
             try:
                 for n, event in enumerate(reply.events):
                     if reply.close_after is not None and n >= reply.close_after:
+                        return
+                    if reply.hold_after is not None and n >= reply.hold_after:
+                        fake.release.wait(timeout=60)
                         return
                     name = f"event: {event['type']}\n" if reply.named and "type" in event else ""
                     self.wfile.write(f"{name}data: {json.dumps(event)}\n\n".encode())
