@@ -498,8 +498,9 @@ def approve_batch_command(client: Client, args: Any) -> int:
         print("stepq approve --batch: takes no APPROVAL_ID (it decides the batch's pending approvals)", file=sys.stderr)
         return 2
     try:
+        batch_status(client, args.batch)  # an unknown batch is an error, not "approved 0"
         found = parked_approvals(client, args.batch, args.filter)
-    except ValueError as exc:
+    except (ValueError, LookupError) as exc:
         print(f"stepq approve --batch: {exc}", file=sys.stderr)
         return 2
     approved = bool(args.yes)
