@@ -82,11 +82,11 @@ def collect_status(rt: Runtime, limit: int = 20, now: float | None = None) -> di
     return {
         "key_prefix": settings.key_prefix,
         "queues": queues,
-        "workers": live_workers(client, settings.key_prefix, now),
+        "workers": live_workers(client, settings.state_prefix, now),
         "active_turns": {"count": int(active_count), "turns": running},
         "awaiting_approval": {
             "count": int(awaiting_count),
-            "pending_approvals": pending_approval_count(client, settings.key_prefix, now),
+            "pending_approvals": pending_approval_count(client, settings.state_prefix, now),
             "turns": parked,
         },
     }

@@ -22,7 +22,7 @@ from stepq.errors import ConfigurationError
 from stepq.models import Fallback
 from stepq.ratelimit import RateLimit
 
-REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")  # sentinel: failover; cluster: Redis Cluster
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")  # +sentinel: failover, +cluster
 # Values never echoed in an error message (the variable is named, the value is not): these, and every
 # SecretStr setting.
 SECRET_SETTINGS = frozenset({"approval_secret", "approval_old_secrets", "jwt_secret", "api_keys"})

@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 from stepq.config import Settings
 from stepq.models import StepLoss, ToolResultStatus
 from stepq.protocol import celery_config, worker_queues
+from stepq.store.connection import state_client
 from stepq.store.keys import Keys
 
 if TYPE_CHECKING:
@@ -326,12 +327,12 @@ class StateCollector(Collector):
         if self.settings.redis_url:
             try:
                 if self._state is None:
-                    self._state = redis.Redis.from_url(
+                    self._state = state_client(
                         self.settings.redis_url,
                         socket_timeout=SCRAPE_SOCKET_TIMEOUT_S,
                         socket_connect_timeout=SCRAPE_SOCKET_TIMEOUT_S,
                     )
-                pending = pending_approval_count(self._state, self.settings.key_prefix)
+                pending = pending_approval_count(self._state, self.settings.state_prefix)
             except Exception:
                 pending = None
         return depths, pending

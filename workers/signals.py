@@ -100,7 +100,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
             "started_at": round(started, 3),
         }
 
-    program.heartbeat = Heartbeat(get_redis(s), s.key_prefix, sender.hostname, info, HEARTBEAT_INTERVAL_S)
+    program.heartbeat = Heartbeat(get_redis(s), s.state_prefix, sender.hostname, info, HEARTBEAT_INTERVAL_S)
     program.heartbeat.start()
     # Everything loaded so far (modules, agents, SDKs) moves out of the collector's reach: a full collection
     # then scans only what steps allocate. Without it, full collections stalled a worker with 200 steps

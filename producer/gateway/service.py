@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
 import redis.asyncio as aioredis
 from fastapi import FastAPI
+from redis.asyncio.cluster import ClusterNode
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from stepq.config import Settings
 from stepq.errors import ConfigurationError
@@ -25,6 +27,7 @@ from stepq.producer.gateway.errors import GatewayError
 from stepq.producer.gateway.metrics import GatewayMetrics
 from stepq.producer.gateway.streams import EventReader, StreamHub
 from stepq.runtime import Runtime
+from stepq.store.connection import CLUSTER_SCHEME, parse_cluster_url
 
 CLIENT_NAME = "stepq-gateway"
 T = TypeVar("T")
@@ -72,6 +75,8 @@ class Gateway:
         url = self.settings.redis_url
         if url is None:
             self.redis, self._pubsub_redis = _embedded_clients(self.client.runtime)
+        elif url.startswith(CLUSTER_SCHEME):
+            self.redis, self._pubsub_redis = _cluster_clients(url, self.settings.gateway_redis_pool)
         else:
             pool = aioredis.BlockingConnectionPool.from_url(
                 url, decode_responses=True, max_connections=self.settings.gateway_redis_pool, timeout=30
@@ -110,6 +115,19 @@ class Gateway:
         if state is None or state.metadata.get("tenant") != principal.tenant:
             raise not_found_turn(turn_id)
         return state
+
+
+def _cluster_clients(url: str, pool_size: int) -> tuple[aioredis.Redis, aioredis.Redis]:
+    """Commands through the async cluster client; pub/sub on one plain connection to one node, since a
+    cluster forwards every PUBLISH to all its nodes (a subscriber on any node hears every channel)."""
+    target = parse_cluster_url(url)
+    nodes = [ClusterNode(host, port) for host, port in target.nodes]
+    commands = AsyncRedisCluster(
+        startup_nodes=nodes, password=target.password, decode_responses=True, max_connections=pool_size
+    )
+    host, port = target.nodes[0]
+    pubsub = aioredis.Redis(host=host, port=port, password=target.password, decode_responses=True, max_connections=1)
+    return cast("aioredis.Redis", commands), pubsub
 
 
 def _embedded_clients(runtime: Runtime) -> tuple[aioredis.Redis, aioredis.Redis]:

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from stepq.errors import ApprovalRefusal
 from stepq.store.keys import Keys
+from stepq.store.pipelines import queue_script
 
 # KEYS: approval. ARGV: now, decision, reviewer, reason. Returns {refusal code or '', the approval's status}.
 _DECIDE = """
@@ -84,9 +85,7 @@ class ApprovalStore:
         decision on one is refused as `turn-not-waiting`; one decided before keeps its decision."""
         pipe = self.client.pipeline(transaction=False)
         for approval_id in approval_ids:
-            self._decide(
-                keys=[self.keys.approval(approval_id)], args=[f"{now:.6f}", "cancelled", "", reason], client=pipe
-            )
+            queue_script(pipe, self._decide, [self.keys.approval(approval_id)], [f"{now:.6f}", "cancelled", "", reason])
         pipe.execute()
 
     def expire(self, approval_id: str, now: float) -> None:

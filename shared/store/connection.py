@@ -9,10 +9,15 @@ Outages are waited out, not died of: every client has explicit socket timeouts, 
 fails with a connection error or a timeout is retried with capped exponential backoff until the
 outage window (`STEPQ_REDIS_OUTAGE_S`) has passed since its first failure. A Redis restart or a
 failover (tens of seconds) then costs a pause, not a failed turn; only a longer outage raises.
+
+`STEPQ_REDIS_URL` may name a Redis Cluster instead: `redis+cluster://[:password@]host:port[,host:port...]`
+(any reachable nodes; the client learns the rest). stepq's keys then share one hash tag (see
+`Settings.state_prefix`), so every script and transaction stays in one slot.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import socket
 import threading
@@ -20,10 +25,11 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -114,6 +120,59 @@ def client_options(settings: Settings) -> dict[str, Any]:
 
 
 SENTINEL_SCHEME = "redis+sentinel://"
+CLUSTER_SCHEME = "redis+cluster://"
+
+
+@dataclass(frozen=True)
+class ClusterTarget:
+    nodes: list[tuple[str, int]]
+    password: str | None
+
+
+def parse_cluster_url(url: str) -> ClusterTarget:
+    """`redis+cluster://[:password@]host:port[,host:port...]` (no database: a cluster has only db 0)."""
+    parsed = urllib.parse.urlsplit(url)
+    creds, _, hosts = parsed.netloc.rpartition("@")
+    password = urllib.parse.unquote(creds.partition(":")[2] if ":" in creds else creds) or None
+    nodes = []
+    for host in filter(None, hosts.split(",")):
+        name, _, port = host.rpartition(":")
+        if not name or not port.isdigit():
+            raise ConfigurationError(f"STEPQ_REDIS_URL: cluster node {host!r} needs host:port")
+        nodes.append((name, int(port)))
+    if not nodes or parsed.path.strip("/"):
+        raise ConfigurationError(
+            "STEPQ_REDIS_URL: a cluster URL is redis+cluster://[:password@]host:port[,host:port...]"
+        )
+    return ClusterTarget(nodes, password)
+
+
+def cluster_client(url: str, **options: Any) -> RedisCluster:
+    """redis-py's cluster client over the nodes the URL names (it discovers the others itself)."""
+    target = parse_cluster_url(url)
+    return RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
+        password=target.password,
+        decode_responses=True,
+        **options,
+    )
+
+
+def cluster_options(settings: Settings) -> dict[str, Any]:
+    """The cluster client counts its retries (it re-reads the slot map between them) instead of timing them:
+    enough capped-backoff attempts to span the outage window."""
+    options = client_options(settings)
+    del options["retry_on_error"], options["health_check_interval"]
+    attempts = max(3, math.ceil(settings.redis_outage_s / BACKOFF_CAP_S))
+    options["retry"] = Retry(ExponentialWithJitterBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), attempts)
+    return options
+
+
+def state_client(url: str, **options: Any) -> redis.Redis:
+    """A plain client for `STEPQ_REDIS_URL` with the caller's options (a cluster URL gets the cluster client)."""
+    if url.startswith(CLUSTER_SCHEME):
+        return cast("redis.Redis", cluster_client(url, **options))
+    return redis.Redis.from_url(url, **options)
 
 
 @dataclass(frozen=True)
@@ -170,6 +229,8 @@ def _make_client(settings: Settings) -> redis.Redis:
     global _fake_server
     if settings.redis_url and settings.redis_url.startswith(SENTINEL_SCHEME):
         return _sentinel_client(settings, settings.redis_url)
+    if settings.redis_url and settings.redis_url.startswith(CLUSTER_SCHEME):
+        return state_client(settings.redis_url, max_connections=MAX_CONNECTIONS, **cluster_options(settings))
     if settings.redis_url:
         return redis.Redis.from_url(
             settings.redis_url, decode_responses=True, max_connections=MAX_CONNECTIONS, **client_options(settings)

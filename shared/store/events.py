@@ -24,6 +24,7 @@ from stepq.errors import EventCursorError, WaitTimeoutError
 from stepq.jsonsafe import finite
 from stepq.models import CONTENT_EVENTS, Event, EventType
 from stepq.store.keys import Keys
+from stepq.store.pipelines import queue_evalsha
 
 # KEYS: seq, events, channel, emitted. ARGV: maxlen, then per event: body, content flag, step.
 # Several events of one turn go in one call (a step's flush); returns the last seq.
@@ -135,7 +136,7 @@ class _GroupCommit:
             return
         pipe = self._client.pipeline(transaction=False)
         for p in batch:
-            pipe.evalsha((p.script or self._script).sha, len(p.keys), *p.keys, *p.args)
+            queue_evalsha(pipe, p.script or self._script, p.keys, p.args)
         try:
             results = pipe.execute(raise_on_error=False)
         except Exception as exc:  # the round trip itself failed (connection): so did every write in it

@@ -126,6 +126,12 @@ class Keys:
         return f"{self.prefix}:awaiting"
 
     @property
+    def absent(self) -> str:
+        """A name no command ever writes: what a script gets for an optional key the caller has none of
+        (a real name in the prefix's hash slot, where '' would hash to a slot of its own on a cluster)."""
+        return f"{self.prefix}:absent"
+
+    @property
     def sweep_lock(self) -> str:
         return f"{self.prefix}:sweep-lock"
 

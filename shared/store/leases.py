@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import redis
 
 from stepq.store.keys import Keys
+from stepq.store.pipelines import queue_script
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -106,7 +107,7 @@ class LeaseManager:
         for lease in leases:
             pipe.exists(self.keys.cancel(lease.turn_id))
         for lease in due:
-            self._renew(keys=[self.keys.lease(lease.turn_id)], args=[lease.token, lease.ttl_ms], client=pipe)
+            queue_script(pipe, self._renew, [self.keys.lease(lease.turn_id)], [lease.token, lease.ttl_ms])
         results = pipe.execute()
         for lease, flag in zip(leases, results[: len(leases)], strict=True):
             if flag:

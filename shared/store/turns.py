@@ -26,8 +26,10 @@ from redis.commands.core import Script
 from stepq.models import Message, StepOutput, StepTrace, TurnState, TurnStatus
 from stepq.store.keys import Keys
 
+# KEYS[8] names no key (`Keys.absent`): an optional key (idempotency, counter) equal to it is not used. A real
+# name in the prefix's slot, not '', so the script stays in one cluster slot.
 _CREATE = """
-if KEYS[1] ~= '' then
+if KEYS[1] ~= KEYS[8] then
   local existing = redis.call('GET', KEYS[1])
   if existing then return existing end
   redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[4])
@@ -36,7 +38,7 @@ redis.call('SET', KEYS[2], ARGV[1])
 redis.call('SET', KEYS[3], '0')
 redis.call('SET', KEYS[7], '0')  -- step 0's message is sent by the submitter
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[2])
-if KEYS[5] ~= '' then
+if KEYS[5] ~= KEYS[8] then
   redis.call('HINCRBY', KEYS[5], 'created', 1)
   redis.call('EXPIRE', KEYS[5], ARGV[4])
 end
@@ -165,7 +167,7 @@ class TurnStore:
         `counter_key` (a batch's record) gets its `created` count bumped in the same atomic step,
         so the count is exact even when the submitter dies right after creating the turn."""
         k = self.keys
-        idem = k.idempotency(state.agent, idempotency_key) if idempotency_key else ""
+        idem = k.idempotency(state.agent, idempotency_key) if idempotency_key else k.absent
         messages = [_MESSAGE.dump_json(m).decode() for m in state.messages]
         existing = self._create(
             keys=[
@@ -173,9 +175,10 @@ class TurnStore:
                 k.turn(state.turn_id),
                 k.version(state.turn_id),
                 k.active,
-                counter_key or "",
+                counter_key or k.absent,
                 k.messages(state.turn_id),
                 k.sent_step(state.turn_id),
+                k.absent,
             ],
             args=[
                 state.model_dump_json(exclude=_HISTORY_FIELDS),

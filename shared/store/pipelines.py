@@ -1,0 +1,33 @@
+"""Queueing a Lua script on a pipeline, on a single Redis and on a Redis Cluster alike.
+
+redis-py's cluster pipeline refuses EVALSHA (it cannot load a missing script on the right node mid-pipeline),
+so there the script goes as EVAL with its body; the server caches it the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from redis.cluster import ClusterPipeline
+from redis.commands.core import Script
+
+
+def queue_script(
+    pipe: redis.client.Pipeline | ClusterPipeline, script: Script, keys: list[str], args: list[Any]
+) -> None:
+    """Add one call of `script` to `pipe` (its reply lands in the pipeline's results like any command's)."""
+    if isinstance(pipe, ClusterPipeline):
+        pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
+    else:
+        script(keys=keys, args=args, client=pipe)
+
+
+def queue_evalsha(
+    pipe: redis.client.Pipeline | ClusterPipeline, script: Script, keys: list[str], args: list[Any]
+) -> None:
+    """Like `queue_script`, without the pipeline's own script loading (the caller retries a NoScriptError)."""
+    if isinstance(pipe, ClusterPipeline):
+        pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
+    else:
+        pipe.evalsha(script.sha, len(keys), *keys, *args)

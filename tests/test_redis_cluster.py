@@ -1,0 +1,254 @@
+"""State on a real Redis Cluster: three masters started here on spare ports, a real worker process on the
+RabbitMQ broker, a full turn with tools, an approval and streaming, events replayed, the sweeper on the
+cluster's indexes, and the gateway's async cluster client reading the same log."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+import redis
+from kombu import Connection
+from redis.cluster import ClusterNode, RedisCluster
+
+from stepq.config import Settings
+from stepq.errors import ConfigurationError
+from stepq.models import EventType, TurnStatus
+from stepq.runtime import get_runtime
+from tests.conftest import AMQP_URL, WorkerProcess, eventually, make_settings
+from tests.test_durability import _amqp_available, _side_effects
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("redis-server") is None or shutil.which("redis-cli") is None, reason="redis-server is not installed"
+)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _free_port(taken: list[int]) -> int:
+    """A port that is free together with its cluster bus port (+10000), so at most 55535."""
+    while True:
+        port = random.randint(20000, 45000)
+        if port not in taken and port + 10000 not in taken and _bindable(port) and _bindable(port + 10000):
+            return port
+
+
+def _answers(port: int, server: subprocess.Popen[bytes]) -> bool:
+    if server.poll() is not None:
+        raise AssertionError(f"redis-server on port {port} exited with code {server.returncode}")
+    try:
+        with redis.Redis(port=port, socket_connect_timeout=1) as node:
+            return bool(node.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def _cluster_ok(ports: list[int]) -> bool:
+    for port in ports:
+        with redis.Redis(port=port, decode_responses=True) as node:
+            if node.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+                return False
+    return True
+
+
+def _start_node(port: int, workdir: Path) -> subprocess.Popen[bytes]:
+    conf = str(workdir / f"nodes-{port}.conf")
+    return subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+         "--cluster-config-file", conf, "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cluster_url() -> Iterator[str]:
+    """Three cluster-enabled masters (no replicas, no persistence), joined into one cluster."""
+    workdir = Path(tempfile.mkdtemp(prefix="stepq-cluster-"))
+    ports: list[int] = []
+    for _ in range(3):
+        ports.append(_free_port(ports))
+    servers = [_start_node(port, workdir) for port in ports]
+    try:
+        for port, server in zip(ports, servers, strict=True):
+            eventually(lambda p=port, s=server: _answers(p, s), timeout=60, what=f"redis-server on port {port}")
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-replicas", "0",
+             "--cluster-yes"],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120,
+        )  # fmt: skip
+        eventually(lambda: _cluster_ok(ports), timeout=120, what="cluster_state:ok on every node")
+        yield "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports[:2])
+    finally:
+        for server in servers:
+            server.terminate()
+        for server in servers:
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster_settings(cluster_url: str, prefix: str) -> Iterator[Settings]:
+    settings = make_settings(prefix, redis_url=cluster_url, broker_url=AMQP_URL)
+    yield settings
+    with Connection(AMQP_URL) as conn:
+        channel = conn.channel()
+        for name in (settings.queue, f"{settings.queue}.batch"):
+            with contextlib.suppress(Exception):
+                channel.queue_delete(name)
+                channel.exchange_delete(name)
+
+
+def _nodes_holding(settings: Settings, pattern: str) -> set[str]:
+    """The cluster nodes that hold at least one key matching `pattern`."""
+    client = get_runtime(settings).redis
+    assert isinstance(client, RedisCluster)
+    holders = set()
+    for node in client.get_primaries():
+        if client.keys(pattern, target_nodes=node):
+            holders.add(node.name)
+    return holders
+
+
+@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+def test_a_turn_with_tools_an_approval_and_streaming_runs_on_the_cluster(
+    cluster_settings: Settings, prefix: str
+) -> None:
+    from stepq.producer.client import Client
+
+    settings = cluster_settings
+    log = Path(tempfile.mkdtemp(prefix="stepq-cluster-log-")) / "worker.log"
+    worker = WorkerProcess(settings, "cl1", log_path=str(log))
+    try:
+        client = Client(settings)
+        assert isinstance(client.runtime.redis, RedisCluster)
+        handle = client.submit("rt.approver", prompt="go", metadata={"prefix": prefix})
+        live = []
+        for event in handle.events(idle_timeout=120):
+            live.append(event)
+            if event.type == EventType.APPROVAL_REQUEST:
+                break
+        request = live[-1]
+        assert request.type == EventType.APPROVAL_REQUEST
+        assert any(e.type == EventType.TEXT_DELTA for e in live)  # streamed through cluster pub/sub
+        assert any(e.type == EventType.TOOL_RESULT and e.data["name"] == "rt_echo" for e in live)
+        eventually(
+            lambda: client.get(handle.turn_id).status == TurnStatus.AWAITING_APPROVAL, timeout=120, what="the park"
+        )
+        assert _side_effects(prefix, handle.turn_id, "gated") == 0
+
+        assert client.approve(request.data["approval_id"], True, reviewer="ops").wait(120)
+        result = handle.wait(timeout=120)
+        assert result.status == TurnStatus.COMPLETED and result.text == "done"
+        assert _side_effects(prefix, handle.turn_id, "gated") == 1
+
+        # the log replays gap-free from the start and from a cursor, after the turn ended
+        replay = list(client.events(handle.turn_id, after=0, idle_timeout=120))
+        assert [e.seq for e in replay] == list(range(1, len(replay) + 1))
+        assert replay[-1].type == EventType.TURN_FINISH
+        assert [e.seq for e in live] == [e.seq for e in replay[: len(live)]]
+        tail = list(client.events(handle.turn_id, after=request.seq, idle_timeout=120))
+        assert tail == replay[request.seq :]
+        decisions = [e for e in replay if e.type == EventType.APPROVAL_DECISION]
+        assert [d.data["decision"] for d in decisions] == ["approved"]
+
+        # every key of the deployment shares the `{prefix}` tag: one slot, so every script stays in it
+        assert len(_nodes_holding(settings, f"{{{prefix}}}:*")) == 1
+    finally:
+        worker.stop()
+    text = log.read_text(errors="replace") if log.exists() else ""
+    assert "CROSSSLOT" not in text and "Traceback" not in text, text[-4000:]
+
+
+def test_the_sweeper_works_on_the_cluster_indexes(cluster_settings: Settings, prefix: str) -> None:
+    from stepq.decisions import sweep
+    from stepq.engine.runner import StepRunner
+    from stepq.submit import create_turn
+
+    rt = get_runtime(cluster_settings)
+    state, _ = create_turn(rt, "rt.basic", prompt="go", metadata={"prefix": prefix})
+    decision = StepRunner(rt).deliver(state.turn_id, 0)
+    assert decision.action == "next" and decision.step == 1  # committed; its message is never sent
+    rt.redis.zadd(rt.keys.active, {state.turn_id: 0})  # as if committed one lease TTL ago
+    rt.redis.delete(rt.keys.sweep_lock)
+    assert sweep(rt, queued_grace_s=3600) == [(state.turn_id, 1, "interactive")]
+    rt.turns.mark_sent(state.turn_id, 1)
+    rt.redis.zadd(rt.keys.active, {state.turn_id: 0})
+    rt.redis.delete(rt.keys.sweep_lock)
+    assert sweep(rt, queued_grace_s=3600) == []
+
+
+def test_the_gateway_reads_events_through_the_async_cluster_client(cluster_settings: Settings, prefix: str) -> None:
+    from stepq.producer.gateway.service import _cluster_clients
+    from stepq.producer.gateway.streams import EventReader
+    from stepq.submit import create_turn
+
+    rt = get_runtime(cluster_settings)
+    state, _ = create_turn(rt, "rt.basic", prompt="go", metadata={"prefix": prefix})
+    expected = [e.seq for e in rt.events.read(state.turn_id, 0)]
+    assert expected
+
+    async def read() -> tuple[list[int], int]:
+        commands, pubsub = _cluster_clients(str(cluster_settings.redis_url), 4)
+        try:
+            reader = EventReader(commands, rt.keys)
+            got = [e.seq for e in await reader.read(state.turn_id, 0)]
+            owner, last = await reader.owner_and_last_seq(state.turn_id)  # a pipeline through the cluster client
+            assert owner is not None and last == expected[-1]
+            # a cluster forwards PUBLISH to every node: the gateway's one-node subscriber hears a turn's channel
+            sub = pubsub.pubsub()
+            await sub.subscribe(rt.keys.channel(state.turn_id))
+            await sub.get_message(timeout=10)  # the subscribe confirmation
+            rt.redis.publish(rt.keys.channel(state.turn_id), "ping")
+            message = None
+            with anyio.fail_after(60):
+                while message is None:
+                    message = await sub.get_message(ignore_subscribe_messages=True, timeout=1)
+            await sub.aclose()
+            return got, 1 if message["data"] == "ping" else 0
+        finally:
+            await commands.aclose()
+            await pubsub.aclose()
+
+    got, heard = anyio.run(read)
+    assert got == expected and heard == 1
+
+
+def test_a_cluster_is_refused_as_the_broker_in_one_line(cluster_url: str) -> None:
+    with pytest.raises(ConfigurationError, match="STEPQ_BROKER_URL=amqp://") as error:
+        _ = make_settings("x", redis_url=cluster_url).effective_broker_url
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="cannot use a Redis Cluster as its broker"):
+        make_settings("x", broker_url=cluster_url)
+
+
+def test_the_cluster_client_follows_the_url(cluster_url: str) -> None:
+    from stepq.store.connection import parse_cluster_url
+
+    target = parse_cluster_url(cluster_url)
+    assert len(target.nodes) == 2
+    with pytest.raises(ConfigurationError, match="host:port"):
+        parse_cluster_url("redis+cluster://127.0.0.1")
+    client = RedisCluster(startup_nodes=[ClusterNode(*target.nodes[0])])
+    try:
+        assert len(client.get_primaries()) == 3  # the client learned the third master from the first
+    finally:
+        client.close()
