@@ -17,6 +17,7 @@ from stepq.config import Settings
 from stepq.errors import (
     ApprovalError,
     ApprovalRefusal,
+    AttachmentError,
     ConfigurationError,
     DefinitionError,
     EventCursorError,
@@ -68,6 +69,7 @@ __all__ = [
     "ApprovalReceipt",
     "ApprovalRefusal",
     "Attachment",
+    "AttachmentError",
     "Budget",
     "Client",
     "ConfigurationError",

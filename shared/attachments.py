@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 from urllib.request import HTTPRedirectHandler, Request, build_opener
 
 from stepq.config import Settings
-from stepq.errors import StepqError, SubmitError
+from stepq.errors import AttachmentError, StepqError, SubmitError
 from stepq.models import FilePart, Message, UserMessage
 
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})
@@ -68,7 +68,7 @@ class Attachment:
         """The file part this attachment becomes (bytes ride base64 until submit stores them)."""
         given = [x for x in (self.data, self.path, self.url) if x is not None]
         if len(given) != 1:
-            raise SubmitError("an Attachment takes exactly one of data=, path= or url=")
+            raise AttachmentError("an Attachment takes exactly one of data=, path= or url=")
         name = self.name
         data = self.data
         if self.path is not None:
@@ -77,17 +77,17 @@ class Attachment:
             try:
                 size = path.stat().st_size
                 if size > max_bytes:
-                    raise SubmitError(
+                    raise AttachmentError(
                         f"attachment {path.name} is {size} bytes; the limit is {max_bytes} (STEPQ_ATTACHMENT_MAX_BYTES)"
                     )
                 data = path.read_bytes()
             except OSError as exc:
-                raise SubmitError(f"cannot read attachment {self.path}: {exc.strerror or exc}") from None
+                raise AttachmentError(f"cannot read attachment {self.path}: {exc.strerror or exc}") from None
         if data is not None and not isinstance(data, bytes | bytearray):
-            raise SubmitError(f"Attachment data must be bytes, not {type(data).__name__}")
+            raise AttachmentError(f"Attachment data must be bytes, not {type(data).__name__}")
         media_type = self.media_type or _guess(name or self.url or "")
         if not media_type:
-            raise SubmitError(f"cannot tell the media type of attachment {name or self.url!r}; pass media_type=")
+            raise AttachmentError(f"cannot tell the media type of attachment {name or self.url!r}; pass media_type=")
         if data is not None:
             return FilePart(media_type=media_type, data=base64.b64encode(data).decode(), name=name)
         return FilePart(media_type=media_type, url=self.url, name=name)
@@ -103,13 +103,13 @@ def attach(messages: list[Message], attachments: list[Any] | None, settings: Set
     if not attachments:
         return
     if not isinstance(attachments, list):
-        raise SubmitError(f"attachments must be a list of Attachment, not {type(attachments).__name__}")
+        raise AttachmentError(f"attachments must be a list of Attachment, not {type(attachments).__name__}")
     users = [m for m in messages if isinstance(m, UserMessage)]
     if not users:
-        raise SubmitError("attachments go with a user message; the messages have none")
+        raise AttachmentError("attachments go with a user message; the messages have none")
     for item in attachments:
         if not isinstance(item, Attachment):
-            raise SubmitError(f"attachments must be Attachment objects, not {type(item).__name__}")
+            raise AttachmentError(f"attachments must be Attachment objects, not {type(item).__name__}")
         users[-1].files.append(item.to_part(settings.attachment_max_bytes))
 
 
@@ -136,29 +136,29 @@ def prepare(messages: list[Message], settings: Settings, agent_id: str, accepted
             part.media_type = media_type
             _check_type(media_type, label, agent_id, accepted)
             if provider not in FILE_PROVIDERS:
-                raise SubmitError(
+                raise AttachmentError(
                     f"agent {agent_id} runs on {provider}, which stepq cannot send files to yet; "
                     f"files go to {', '.join(sorted(FILE_PROVIDERS))}"
                 )
             if part.attachment_id is not None:
-                raise SubmitError(
+                raise AttachmentError(
                     f"file {label!r} has an attachment_id, which stepq assigns; send the file again as data or url"
                 )
             if (part.data is None) == (part.url is None):
-                raise SubmitError(f"file {label!r} needs exactly one of data (base64 or a data: URL) or url")
+                raise AttachmentError(f"file {label!r} needs exactly one of data (base64 or a data: URL) or url")
             if part.url is not None:
                 check_url(part.url, settings, provider)
                 continue
             raw = _decode(part.data or "", label, media_type)
             size = len(raw)
             if size > settings.attachment_max_bytes:
-                raise SubmitError(
+                raise AttachmentError(
                     f"attachment {label!r} is {size} bytes; the limit is {settings.attachment_max_bytes} "
                     "(STEPQ_ATTACHMENT_MAX_BYTES)"
                 )
             store = settings.attachment_store_url
             if size > settings.attachment_redis_max_bytes and not store:
-                raise SubmitError(
+                raise AttachmentError(
                     f"attachment {label!r} is {size} bytes, above STEPQ_ATTACHMENT_REDIS_MAX_BYTES "
                     f"({settings.attachment_redis_max_bytes}), and no object store is configured "
                     "(STEPQ_ATTACHMENT_STORE_URL); send a smaller file or a URL the worker may fetch"
@@ -167,13 +167,13 @@ def prepare(messages: list[Message], settings: Settings, agent_id: str, accepted
             if attachment_id not in pending.stored and not any(u.endswith(attachment_id) for u in pending.objects):
                 total += size
             if total > settings.attachment_turn_max_bytes:
-                raise SubmitError(
+                raise AttachmentError(
                     f"the turn's attachments total {total} bytes; the limit is {settings.attachment_turn_max_bytes} "
                     "(STEPQ_ATTACHMENT_TURN_MAX_BYTES)"
                 )
             if size > settings.attachment_redis_max_bytes and store:
                 if find_spec("boto3") is None:
-                    raise SubmitError(
+                    raise AttachmentError(
                         "STEPQ_ATTACHMENT_STORE_URL needs boto3; install it (pip install 'stepq[bedrock]')"
                     )
                 uri = f"{store.rstrip('/')}/{attachment_id}"
@@ -187,15 +187,17 @@ def prepare(messages: list[Message], settings: Settings, agent_id: str, accepted
 
 def _check_type(media_type: str, label: str, agent_id: str, accepted: list[str]) -> None:
     if media_type not in SUPPORTED_TYPES:
-        raise SubmitError(
-            f"file {label!r} is {media_type}, which stepq does not carry; supported: {', '.join(sorted(SUPPORTED_TYPES))}"
+        raise AttachmentError(
+            f"file {label!r} is {media_type}, which stepq does not carry; supported: {', '.join(sorted(SUPPORTED_TYPES))}",
+            unsupported_type=True,
         )
     family = media_type.split("/")[0] + "/*"
     if media_type not in accepted and family not in accepted:
         shown = ", ".join(accepted) or "none"
-        raise SubmitError(
+        raise AttachmentError(
             f"agent {agent_id} does not accept {media_type} files (accepted: {shown}); "
-            "list the type in the agent's accepted_media_types"
+            "list the type in the agent's accepted_media_types",
+            unsupported_type=True,
         )
 
 
@@ -203,11 +205,11 @@ def _decode(data: str, label: str, media_type: str) -> bytes:
     if data.startswith("data:"):
         header, sep, data = data.partition(",")
         if not sep or not header.endswith(";base64"):
-            raise SubmitError(f"file {label!r}: a data: URL must be base64 (data:{media_type};base64,...)")
+            raise AttachmentError(f"file {label!r}: a data: URL must be base64 (data:{media_type};base64,...)")
     try:
         return base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
-        raise SubmitError(f"file {label!r}: data is not valid base64") from None
+        raise AttachmentError(f"file {label!r}: data is not valid base64") from None
 
 
 def check_url(url: str, settings: Settings, provider: str, stored_by_us: bool = False) -> None:
@@ -218,19 +220,19 @@ def check_url(url: str, settings: Settings, provider: str, stored_by_us: bool = 
     scheme = parts.scheme.lower()
     if scheme == "gs":
         if provider not in GCS_PROVIDERS:
-            raise SubmitError(f"{url}: a gs:// file reaches only Gemini, and this turn runs on {provider}")
+            raise AttachmentError(f"{url}: a gs:// file reaches only Gemini, and this turn runs on {provider}")
         return
     if scheme not in ("http", "https", "s3") or not parts.hostname:
-        raise SubmitError(
+        raise AttachmentError(
             f"{url}: attachment URLs are http(s) or s3:// on STEPQ_ATTACHMENT_URL_ALLOW, or gs:// for Gemini"
         )
     if scheme == "s3" and find_spec("boto3") is None:
-        raise SubmitError(f"{url}: s3:// files are read with boto3; install it (pip install 'stepq[bedrock]')")
+        raise AttachmentError(f"{url}: s3:// files are read with boto3; install it (pip install 'stepq[bedrock]')")
     allow = [*settings.attachment_url_allow]
     if stored_by_us and settings.attachment_store_url:
         allow.append(settings.attachment_store_url.rstrip("/") + "/")
     if not any(_allowed(parts, entry) for entry in allow):
-        raise SubmitError(f"{url} is not on STEPQ_ATTACHMENT_URL_ALLOW; add its scheme://host[/path] prefix there")
+        raise AttachmentError(f"{url} is not on STEPQ_ATTACHMENT_URL_ALLOW; add its scheme://host[/path] prefix there")
 
 
 def _allowed(url: Any, entry: str) -> bool:
@@ -329,9 +331,9 @@ def upload(objects: dict[str, bytes]) -> None:
             client.put_object(Bucket=parts.netloc, Key=parts.path.lstrip("/"), Body=raw)
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "error")
-            raise SubmitError(f"storing a file in {uri} failed: {code}") from None
+            raise AttachmentError(f"storing a file in {uri} failed: {code}") from None
         except BotoCoreError as exc:
-            raise SubmitError(f"storing a file in {uri} failed: {type(exc).__name__}") from None
+            raise AttachmentError(f"storing a file in {uri} failed: {type(exc).__name__}") from None
 
 
 def _fetch_s3(url: str, limit: int) -> bytes:

@@ -10,7 +10,8 @@ them all. The tree (a second base in brackets keeps older `except ValueError` co
     ├── SubmitError [ValueError]    a submit was refused; nothing was stored
     │   ├── UnknownAgentError
     │   ├── MissingFeaturesError
-    │   └── OverrideError           a caller override tried to widen the agent's loop
+    │   ├── OverrideError           a caller override tried to widen the agent's loop
+    │   └── AttachmentError         a file was refused (`.unsupported_type`: its media type was why)
     ├── TurnNotFoundError [LookupError]
     ├── ThreadNotFoundError [LookupError]  unknown, expired, or another tenant's
     ├── ThreadBusyError              a turn of the thread is running and the policy is `reject`
@@ -70,6 +71,15 @@ class MissingFeaturesError(SubmitError):
 
 class OverrideError(SubmitError):
     """A caller override tried to widen what the agent definition allows."""
+
+
+class AttachmentError(SubmitError):
+    """A file was refused at submit: its type (`unsupported_type` is then True; HTTP 415), its size, its
+    URL, or a provider that cannot take files."""
+
+    def __init__(self, message: str, *, unsupported_type: bool = False) -> None:
+        super().__init__(message)
+        self.unsupported_type = unsupported_type
 
 
 class TurnNotFoundError(StepqError, LookupError):

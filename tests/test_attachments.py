@@ -407,7 +407,7 @@ def test_the_chat_route_takes_file_parts(prefix: str) -> None:
                         "trigger": "submit-message",
                     },
                 )
-                assert refused.status_code == 400
+                assert refused.status_code == 415 and refused.json()["error"]["code"] == "unsupported-media-type"
                 assert "attach_t.images_only does not accept application/pdf" in refused.json()["error"]["message"]
                 assert list(store.hvals(files_key)) == [b64(PNG)]
             finally:

@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from stepq.errors import (
     ApprovalError,
+    AttachmentError,
     StepqError,
     SubmitError,
     ThreadBusyError,
@@ -61,6 +62,8 @@ def from_stepq(exc: StepqError) -> GatewayError:
         return GatewayError(404, "not-found", str(exc))
     if isinstance(exc, ThreadBusyError):
         return GatewayError(409, "thread-busy", str(exc))
+    if isinstance(exc, AttachmentError) and exc.unsupported_type:
+        return GatewayError(415, "unsupported-media-type", str(exc))
     if isinstance(exc, SubmitError):
         return GatewayError(400, _code_of(exc), str(exc))
     if isinstance(exc, ApprovalError):
