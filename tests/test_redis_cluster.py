@@ -252,3 +252,31 @@ def test_the_cluster_client_follows_the_url(cluster_url: str) -> None:
         assert len(client.get_primaries()) == 3  # the client learned the third master from the first
     finally:
         client.close()
+
+
+@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+def test_the_gateway_streams_a_turn_from_the_cluster_over_sse(cluster_url: str, prefix: str) -> None:
+    from tests.gateway_support import api_keys_setting, serve, sse_events, submit
+
+    settings = make_settings(
+        prefix, redis_url=cluster_url, broker_url=AMQP_URL, api_keys=api_keys_setting(), gateway_rate_limit_rpm=0
+    )
+    worker = WorkerProcess(settings, "cl2")
+    try:
+        with serve(settings) as gw, gw.client() as http:
+            turn_id = submit(http, "rt.slow_stream", "go", metadata={"prefix": prefix})
+            with http.stream("GET", f"/v1/turns/{turn_id}/events") as response:
+                seen = list(sse_events(response))
+            turn = http.get(f"/v1/turns/{turn_id}").json()
+    finally:
+        worker.stop()
+        with Connection(AMQP_URL) as conn:
+            channel = conn.channel()
+            for name in (settings.queue, f"{settings.queue}.batch"):
+                with contextlib.suppress(Exception):
+                    channel.queue_delete(name)
+                    channel.exchange_delete(name)
+    assert seen[-1].event == "turn-finish"
+    assert [e.id for e in seen] == list(range(1, len(seen) + 1))  # every event once, in order
+    assert any(e.event == "text-delta" for e in seen)
+    assert turn["status"] == "completed" and turn["result"]["text"] == "x" * 40
