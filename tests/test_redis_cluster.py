@@ -280,3 +280,27 @@ def test_the_gateway_streams_a_turn_from_the_cluster_over_sse(cluster_url: str, 
     assert [e.id for e in seen] == list(range(1, len(seen) + 1))  # every event once, in order
     assert any(e.event == "text-delta" for e in seen)
     assert turn["status"] == "completed" and turn["result"]["text"] == "x" * 40
+
+
+@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+def test_a_thread_carries_its_transcript_across_turns_on_the_cluster(cluster_settings: Settings) -> None:
+    from stepq.producer.client import Client
+    from tests.test_threads import WAIT_S, saw
+
+    worker = WorkerProcess(cluster_settings, "cl3")
+    try:
+        client = Client(cluster_settings)
+        thread = client.create_thread("thr.chat")
+        first = client.continue_thread(thread.thread_id, prompt="hi, I am Ada").wait(timeout=WAIT_S)
+        assert first.status == TurnStatus.COMPLETED
+        second = client.continue_thread(thread.thread_id, prompt="weather in Oslo?").wait(timeout=WAIT_S)
+        assert second.status == TurnStatus.COMPLETED
+        assert saw(second.text) == (
+            "saw: user:hi, I am Ada | assistant:nice to meet you | user:weather in Oslo? | "
+            'assistant:let me look call:thr_weather | tool:thr_weather={"city": "Oslo", "weather": "sunny"}'
+        )
+        stored = client.get_thread(thread.thread_id)
+        assert stored.running_turn_id is None
+        assert [t.status for t in stored.turns] == ["completed"] * 2
+    finally:
+        worker.stop()

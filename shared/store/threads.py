@@ -57,7 +57,7 @@ for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 return {outcome, running}
 """
 
-# KEYS: thread, transcript, turns, queue, next turn's messages, next turn's thread input, active,
+# KEYS: thread, transcript, turns, queue, next turn's messages, next turn's thread input (`Keys.absent` for none), active,
 #       the finishing turn's thread input
 # ARGV: turn id, the queue head the caller expects ('' = none), ttl, now, the turn's whole transcript...
 _FINISH = """
@@ -183,8 +183,8 @@ class ThreadStore:
         for _ in range(100):  # another producer queued or a waiting turn left between the read and the script
             keys = [
                 *self._thread_keys(thread_id),
-                k.messages(head) if head else "",
-                k.thread_input(head) if head else "",
+                k.messages(head) if head else k.absent,
+                k.thread_input(head) if head else k.absent,
                 k.active,
                 k.thread_input(turn_id),
             ]
