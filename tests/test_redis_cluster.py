@@ -304,3 +304,21 @@ def test_a_thread_carries_its_transcript_across_turns_on_the_cluster(cluster_set
         assert [t.status for t in stored.turns] == ["completed"] * 2
     finally:
         worker.stop()
+
+
+@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+def test_a_batch_runs_and_resubmits_idempotently_on_the_cluster(cluster_settings: Settings) -> None:
+    from stepq.producer.client import Client
+
+    worker = WorkerProcess(cluster_settings, "cl4")
+    try:
+        client = Client(cluster_settings)
+        items = [{"key": f"k{i}", "input": {"text": f"Contact {i} <c{i}@example.com>"}} for i in range(5)]
+        batch_id, handles = client.submit_batch("bt.extract", items, key="cluster-batch")
+        assert batch_id == "cluster-batch" and all(h.created for h in handles)
+        assert all(h.wait(timeout=120).status == TurnStatus.COMPLETED for h in handles)
+        _, again = client.submit_batch("bt.extract", items, key="cluster-batch")
+        assert [h.turn_id for h in again] == [h.turn_id for h in handles]
+        assert not any(h.created for h in again)
+    finally:
+        worker.stop()
