@@ -24,6 +24,7 @@ from stepq import embedded, threads
 from stepq.attachments import Attachment
 from stepq.config import Settings, get_settings
 from stepq.errors import ApprovalError, NoWorkerError, StoreUnavailableError, TurnNotFoundError, WaitTimeoutError
+from stepq.logging import redact_url
 from stepq.models import Event, EventType, TurnResult, TurnState
 from stepq.protocol import APPROVE, RUN_STEP, celery_config, queue_for
 from stepq.runtime import Runtime, get_runtime
@@ -100,7 +101,7 @@ def store_outage(settings: Settings) -> Iterator[None]:
         yield
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise StoreUnavailableError(
-            f"Redis ({settings.redis_url}) did not answer for {settings.redis_outage_s:.0f} s "
+            f"Redis ({redact_url(settings.redis_url or '')}) did not answer for {settings.redis_outage_s:.0f} s "
             f"(STEPQ_REDIS_OUTAGE_S): {type(exc).__name__}: {exc}; check that Redis is up, then retry"
         ) from exc
 

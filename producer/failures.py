@@ -15,13 +15,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from urllib.parse import urlsplit, urlunsplit
 
 import kombu.exceptions
 import redis
 
 from stepq.config import Settings
 from stepq.errors import StepqError, StoreUnavailableError, TurnNotFoundError, WaitTimeoutError
+from stepq.logging import redact_url
 
 EMBEDDED_STATE_HINT = (
     "embedded mode (STEPQ_REDIS_URL unset) keeps turns inside the process that ran them; "
@@ -47,15 +47,6 @@ def err(message: str) -> None:
     print(f"stepq: {message}", file=sys.stderr, flush=True)
 
 
-def redacted(url: str) -> str:
-    """A URL without its password, for error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()).rstrip(".") or type(exc).__name__
 
@@ -72,10 +63,10 @@ def describe(exc: BaseException, settings: Settings | None) -> Failure | None:
     if isinstance(exc, StepqError):  # submit, definition (an agent module that fails to import), approval…
         return Failure(_one_line(exc), 2)
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
-        where = f" at {redacted(settings.redis_url)}" if settings is not None and settings.redis_url else ""
+        where = f" at {redact_url(settings.redis_url)}" if settings is not None and settings.redis_url else ""
         return Failure(f"cannot reach Redis{where}: {_one_line(exc)}. Is it running, and is STEPQ_REDIS_URL right?", 1)
     if isinstance(exc, kombu.exceptions.OperationalError):
-        where = f" at {redacted(settings.effective_broker_url)}" if settings is not None else ""
+        where = f" at {redact_url(settings.effective_broker_url)}" if settings is not None else ""
         return Failure(
             f"cannot reach the broker{where}: {_one_line(exc)}. Is it running, and are STEPQ_BROKER_URL "
             "(default: STEPQ_REDIS_URL) right?",

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from stepq.config import Settings
 
@@ -237,3 +237,12 @@ def configure_logging(settings: Settings, level: int | str | None = None) -> Non
     if level is not None:
         root.setLevel(level)
     install_on_logger(root, settings)
+
+
+def redact_url(url: str) -> str:
+    """A URL with its password masked, for error messages (a Redis or broker URL may carry one)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:{MASK}@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

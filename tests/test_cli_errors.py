@@ -21,6 +21,9 @@ from tests.conftest import settings_env
 from tests.test_cli import ROOT, TIMEOUT, stepq_cmd, turn_id_of
 
 
+PASSWORD = "s3cret-pw"  # in the unreachable Redis URL: it must never reach an error line
+
+
 def closed_port() -> int:
     """A local port nothing listens on: bound for a free number, then closed (connecting is refused)."""
     with socket.socket() as sock:
@@ -63,10 +66,11 @@ def assert_one_line_failure(proc: subprocess.CompletedProcess[str], *expected: s
 
 @pytest.fixture
 def unreachable_env(tmp_path: Path) -> dict[str, str]:
-    """STEPQ_REDIS_URL at a closed port; STEPQ_REDIS_OUTAGE_S=0 so the client gives up at the first refusal."""
+    """STEPQ_REDIS_URL (with a password) at a closed port; STEPQ_REDIS_OUTAGE_S=0 so the client gives up at
+    the first refusal."""
     port = closed_port()
     return embedded_env(
-        STEPQ_REDIS_URL=f"redis://127.0.0.1:{port}/0",
+        STEPQ_REDIS_URL=f"redis://:{PASSWORD}@127.0.0.1:{port}/0",
         STEPQ_REDIS_OUTAGE_S="0",
         STEPQ_AGENT_MODULES="stepq.demo_agents",
     )
@@ -89,7 +93,20 @@ def test_redis_unreachable_is_one_line(unreachable_env, tmp_path, command):
     port = unreachable_env["STEPQ_REDIS_URL"].rsplit(":", 1)[1].split("/")[0]
     line = assert_one_line_failure(proc, "stepq: error: cannot reach", port)
     assert proc.returncode == 1, line
+    assert PASSWORD not in proc.stderr + proc.stdout
     assert not (tmp_path / "out.jsonl").exists()  # the batch stopped before touching its output
+
+
+def test_store_unavailable_error_never_carries_the_redis_password():
+    from stepq import Client, StoreUnavailableError
+    from stepq.config import Settings
+
+    url = f"redis://:{PASSWORD}@127.0.0.1:{closed_port()}/0"
+    client = Client(Settings(redis_url=url, redis_outage_s=0, agent_modules=["stepq.demo_agents"]))
+    with pytest.raises(StoreUnavailableError) as info:
+        client.get("t_0123456789abcdef")
+    assert PASSWORD not in str(info.value)
+    assert ":***@127.0.0.1" in str(info.value)
 
 
 def test_broker_unreachable_in_approve_is_one_line(settings):
