@@ -20,7 +20,6 @@ import pytest
 from tests.conftest import settings_env
 from tests.test_cli import ROOT, TIMEOUT, stepq_cmd, turn_id_of
 
-
 PASSWORD = "s3cret-pw"  # in the unreachable Redis URL: it must never reach an error line
 
 
