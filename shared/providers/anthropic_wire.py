@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 from typing import Any
 
-from stepq.errors import DefinitionError
 from stepq.models import (
     AssistantMessage,
     FilePart,
@@ -26,13 +24,12 @@ from stepq.models import (
     ToolSpec,
     UserMessage,
 )
-from stepq.providers.base import ProviderError, StepRequest
+from stepq.providers.base import ProviderError, StepRequest, check_object_tools, object_schema
 
 PROVIDER = "anthropic"
 DEFAULT_MAX_TOKENS = 8192  # used when the agent sets no max_output_tokens (the API requires one)
 THINKING_HEADROOM = 4096  # output room left for the answer when only a thinking budget is given
 MAX_CACHE_BREAKPOINTS = 4  # the API rejects more than four cache_control markers
-TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 Block = dict[str, Any]
 WireMessage = dict[str, Any]
@@ -41,38 +38,15 @@ WireMessage = dict[str, Any]
 # --------------------------------------------------------------------------- tools
 
 
-def tool_schema(spec: ToolSpec) -> dict[str, Any]:
-    """The tool's JSON schema as Anthropic wants it: an object at the root (an empty schema becomes one)."""
-    schema = dict(spec.input_schema or {})
-    if not schema:
-        return {"type": "object", "properties": {}}
-    if "type" not in schema and ("properties" in schema or "required" in schema):
-        schema["type"] = "object"
-    return schema
-
-
 def check_tools(specs: list[ToolSpec]) -> None:
     """Raise DefinitionError for a tool Anthropic cannot be shown (bad name, non-object schema, duplicate)."""
-    seen: set[str] = set()
-    for spec in specs:
-        if not TOOL_NAME.match(spec.name):
-            raise DefinitionError(
-                f"tool {spec.name!r}: Anthropic tool names must match ^[a-zA-Z0-9_-]{{1,64}}$; rename the tool"
-            )
-        if spec.name in seen:
-            raise DefinitionError(f"tool {spec.name!r} is declared twice for the anthropic provider")
-        seen.add(spec.name)
-        if tool_schema(spec).get("type") != "object":
-            raise DefinitionError(
-                f"tool {spec.name!r}: Anthropic needs an input schema whose root is a JSON object "
-                '({"type": "object", ...}); wrap the value in an object property'
-            )
+    check_object_tools(specs, vendor="Anthropic", provider="anthropic", name_kind="tool", schema_kind="an input schema")
 
 
 def tool_declarations(specs: list[ToolSpec]) -> list[Block]:
     tools: list[Block] = []
     for spec in specs:
-        decl: Block = {"name": spec.name, "input_schema": tool_schema(spec)}
+        decl: Block = {"name": spec.name, "input_schema": object_schema(spec)}
         if spec.description:
             decl["description"] = spec.description
         tools.append(decl)

@@ -12,12 +12,14 @@ The data an adapter trades in (`ToolSpec`, `Delta`, `StepOutput`) is defined in
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from stepq.errors import DefinitionError
 from stepq.errors import ProviderError as ProviderError  # adapters raise it; defined with the other errors
 from stepq.models import Delta, Message, StepOutput, ToolSpec
 
@@ -67,3 +69,39 @@ class ProviderAdapter(ABC):
 
     def malformed_note(self) -> str:
         return "Your last function call was malformed. Call the function again with valid JSON arguments."
+
+
+# --------------------------------------------------------------------------- tool declarations
+
+
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # the name rule Anthropic, OpenAI and Bedrock share
+
+
+def object_schema(spec: ToolSpec) -> dict[str, Any]:
+    """The tool's JSON schema with an object at the root (an empty schema becomes one), as APIs that take
+    a tool's arguments as one JSON object want it."""
+    schema = dict(spec.input_schema or {})
+    if not schema:
+        return {"type": "object", "properties": {}}
+    if "type" not in schema and ("properties" in schema or "required" in schema):
+        schema["type"] = "object"
+    return schema
+
+
+def check_object_tools(specs: list[ToolSpec], *, vendor: str, provider: str, name_kind: str, schema_kind: str) -> None:
+    """Raise DefinitionError for a tool such an API cannot be shown: a bad name, a duplicate, or a schema whose
+    root is not an object. `name_kind`/`schema_kind` are the API's own words ("tool"/"an input schema")."""
+    seen: set[str] = set()
+    for spec in specs:
+        if not TOOL_NAME.match(spec.name):
+            raise DefinitionError(
+                f"tool {spec.name!r}: {vendor} {name_kind} names must match ^[a-zA-Z0-9_-]{{1,64}}$; rename the tool"
+            )
+        if spec.name in seen:
+            raise DefinitionError(f"tool {spec.name!r} is declared twice for the {provider} provider")
+        seen.add(spec.name)
+        if object_schema(spec).get("type") != "object":
+            raise DefinitionError(
+                f"tool {spec.name!r}: {vendor} needs {schema_kind} whose root is a JSON object "
+                '({"type": "object", ...}); wrap the value in an object property'
+            )

@@ -10,10 +10,8 @@ output instead of a function call, and its JSON text comes back as the `stepq_ou
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
-from stepq.errors import DefinitionError
 from stepq.models import (
     AssistantMessage,
     ReasoningPart,
@@ -25,10 +23,9 @@ from stepq.models import (
     ToolSpec,
     UserMessage,
 )
-from stepq.providers.base import OUTPUT_TOOL, ProviderError, StepRequest
+from stepq.providers.base import OUTPUT_TOOL, ProviderError, StepRequest, check_object_tools, object_schema
 
 PROVIDER = "openai"  # the reasoning parts this module sends back (Responses API only)
-TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 SCHEMA_NAME = "stepq_output"
 
 Item = dict[str, Any]
@@ -37,32 +34,9 @@ Item = dict[str, Any]
 # --------------------------------------------------------------------------- tools
 
 
-def tool_schema(spec: ToolSpec) -> dict[str, Any]:
-    """The tool's parameters: a JSON object schema at the root (an empty schema becomes one)."""
-    schema = dict(spec.input_schema or {})
-    if not schema:
-        return {"type": "object", "properties": {}}
-    if "type" not in schema and ("properties" in schema or "required" in schema):
-        schema["type"] = "object"
-    return schema
-
-
 def check_tools(specs: list[ToolSpec]) -> None:
     """Raise DefinitionError for a tool OpenAI cannot be shown (bad name, non-object schema, duplicate)."""
-    seen: set[str] = set()
-    for spec in specs:
-        if not TOOL_NAME.match(spec.name):
-            raise DefinitionError(
-                f"tool {spec.name!r}: OpenAI function names must match ^[a-zA-Z0-9_-]{{1,64}}$; rename the tool"
-            )
-        if spec.name in seen:
-            raise DefinitionError(f"tool {spec.name!r} is declared twice for the openai provider")
-        seen.add(spec.name)
-        if tool_schema(spec).get("type") != "object":
-            raise DefinitionError(
-                f"tool {spec.name!r}: OpenAI needs parameters whose root is a JSON object "
-                '({"type": "object", ...}); wrap the value in an object property'
-            )
+    check_object_tools(specs, vendor="OpenAI", provider="openai", name_kind="function", schema_kind="parameters")
 
 
 def answers_with_schema(request: StepRequest) -> bool:
@@ -73,7 +47,7 @@ def answers_with_schema(request: StepRequest) -> bool:
 def answer_schema(request: StepRequest) -> dict[str, Any]:
     """The answer's schema as the output tool declares it (a non-object answer is wrapped in an object)."""
     spec = next((t for t in request.tools if t.name == OUTPUT_TOOL), None)
-    return tool_schema(spec) if spec is not None else dict(request.output_schema or {})
+    return object_schema(spec) if spec is not None else dict(request.output_schema or {})
 
 
 def _check_choice(choice: str, names: list[str]) -> None:
@@ -171,7 +145,7 @@ def responses_params(request: StepRequest) -> dict[str, Any]:
                     "type": "function",
                     "name": t.name,
                     "description": t.description or "",
-                    "parameters": tool_schema(t),
+                    "parameters": object_schema(t),
                     "strict": False,
                 }
                 for t in tools
@@ -251,7 +225,7 @@ def chat_params(request: StepRequest) -> dict[str, Any]:
         params["tools"] = [
             {
                 "type": "function",
-                "function": {"name": t.name, "description": t.description or "", "parameters": tool_schema(t)},
+                "function": {"name": t.name, "description": t.description or "", "parameters": object_schema(t)},
             }
             for t in request.tools
         ]
