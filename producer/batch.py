@@ -32,7 +32,9 @@ from stepq.batch import (
 )
 from stepq.errors import SubmitError
 from stepq.models import TurnState, TurnStatus
+from stepq.pricing import add_costs
 from stepq.producer.client import Client
+from stepq.producer.render import money
 from stepq.protocol import BATCH_DRIVE, queue_for
 
 
@@ -48,7 +50,7 @@ class Progress:
     retrying: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
-    cost: float = 0.0
+    cost: float | None = None  # the turns' own stored costs summed (None when no price applies)
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -169,7 +171,6 @@ class BatchRunner:
         self.progress_stream = progress_stream
         self.in_flight: dict[str, tuple[str, str, bool]] = {}  # turn id -> (item key, item hash, reused)
         self._last_render = 0.0
-        self._prices = client.settings.prices  # validated at start (STEPQ_PRICES)
 
     def run(self, items: list[ItemLine], skip: dict[str, str]) -> Progress:
         progress = Progress(total=len(items))
@@ -267,9 +268,8 @@ class BatchRunner:
             self.rt.redis.hdel(self.rt.keys.batch_inflight(self.batch_id), state.turn_id)
         progress.input_tokens += state.usage.input_tokens
         progress.output_tokens += state.usage.output_tokens
-        prices = self._prices.get(f"{state.provider}/{state.model}")
-        if prices is not None:
-            progress.cost += prices.cost(state.usage.input_tokens, state.usage.output_tokens)
+        # the turn's stored cost: its cached tokens, failed attempts and each step's model already priced
+        progress.cost = add_costs(progress.cost, state.cost)
         line = result_line(key, state, item_hash=item_hash, reused=reused)
         self._write(line, progress, failed=state.status != TurnStatus.COMPLETED)
 
@@ -300,8 +300,8 @@ def summary(progress: Progress, batch_id: str, output: Path) -> str:
         f"{progress.reused} reused (unchanged, answered before); {progress.total} items",
         f"tokens: {progress.input_tokens} in, {progress.output_tokens} out",
     ]
-    if progress.cost:
-        parts.append(f"cost: {progress.cost:.4f}")
+    if progress.cost is not None:
+        parts.append(f"cost: {money(progress.cost)}")
     parts.append(f"results: {output}")
     return "\n".join(parts)
 

@@ -38,9 +38,6 @@ class Prices(BaseModel):
     cache_read_per_mtok: float | None = Field(default=None, ge=0)  # unset: billed as input
     cache_write_per_mtok: float | None = Field(default=None, ge=0)  # unset: billed as input
 
-    def cost(self, input_tokens: int, output_tokens: int) -> float:
-        return (input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok) / 1_000_000
-
 
 class Settings(BaseSettings):
     """Every knob stepq reads. Unset `redis_url` means the embedded default (no services)."""

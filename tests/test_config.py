@@ -134,7 +134,8 @@ def test_rate_limits_and_prices_are_typed(monkeypatch: pytest.MonkeyPatch) -> No
         "anthropic/claude": RateLimit(rpm=5, concurrency=2),
         "gemini": RateLimit(tpm=9),
     }
-    assert settings.prices["anthropic/claude"].cost(1_000_000, 2_000_000) == pytest.approx(33.0)
+    prices = settings.prices["anthropic/claude"]
+    assert (prices.input_per_mtok, prices.output_per_mtok, prices.cache_read_per_mtok) == (3.0, 15.0, None)
     assert settings.embedded
 
 
