@@ -148,6 +148,18 @@ class Settings(BaseSettings):
             raise ValueError(f"{shown!r}: Celery cannot use a Redis Cluster as its broker; use amqp://host (RabbitMQ)")
         return value
 
+    @field_validator("fallbacks")
+    @classmethod
+    def _check_fallbacks(cls, value: list[Fallback]) -> list[Fallback]:
+        """An unknown provider would surface only when a step fails over, mid-outage: refuse it at start."""
+        from stepq.providers.registry import known_providers  # lazy: the registry is not needed otherwise
+
+        known = known_providers()
+        for n, fallback in enumerate(value):
+            if fallback.provider not in known:
+                raise ValueError(f"entry {n} names unknown provider {fallback.provider!r}; known: {', '.join(known)}")
+        return value
+
     @field_validator("key_prefix")
     @classmethod
     def _check_prefix(cls, value: str) -> str:

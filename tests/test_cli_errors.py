@@ -222,6 +222,35 @@ def test_agent_module_that_fails_to_import_is_one_line(tmp_path, command):
     assert proc.returncode == 2
 
 
+@pytest.mark.parametrize(
+    ("fallbacks", "expected"),
+    [
+        ('[{"provider": "anthropic", "model": "claude"}, "gemni/flash"]', "entry 1 names unknown provider 'gemni'"),
+        ('["anthropic-claude"]', "write it as provider/model"),
+        ('[{"provider": "anthropic"}]', "model: field required"),
+        ("[anthropic/claude", "not valid JSON"),
+    ],
+    ids=["unknown-provider", "no-slash", "no-model", "not-json"],
+)
+@pytest.mark.parametrize("command", ["status", "worker", "run"])
+def test_bad_fallbacks_stop_a_process_at_start_in_one_line(tmp_path, command, fallbacks, expected):
+    """STEPQ_FALLBACKS is read only when a step fails over, mid-outage: a typo must stop the process at start."""
+    env = embedded_env(STEPQ_FALLBACKS=fallbacks, STEPQ_REDIS_URL=f"redis://127.0.0.1:{closed_port()}/0")
+    args = {"status": ["status"], "worker": ["worker"], "run": ["run", "demo.support", "hello"]}[command]
+    proc = run(env, *args, cwd=tmp_path)
+    assert_one_line_failure(proc, "STEPQ_FALLBACKS", expected)
+    assert proc.returncode == 2
+
+
+def test_known_fallbacks_are_accepted(tmp_path):
+    env = embedded_env(
+        STEPQ_FALLBACKS='["anthropic/claude", {"provider": "openai-compatible", "model": "m"}]',
+        STEPQ_REDIS_URL="redis://127.0.0.1:6379/0",
+    )
+    proc = run(env, "worker", "--print-command", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+
 # --------------------------------------------------------------------------- Ctrl-C on `stepq run`
 
 
