@@ -84,3 +84,10 @@ stall = AgentDefinition(
     # longer than any gap in a healthy reply on a loaded machine; the stall test waits this long once
     provider_options={"stall_timeout_s": 5.0},
 )
+
+compat_keyed = AgentDefinition(
+    id="openai_t.compat_keyed",
+    default_provider="openai-compatible",
+    default_model="local-model",
+    provider_options={"api_key_env": "OPENAI_T_COMPAT_KEY"},  # the key comes from a variable of the agent's own
+)

@@ -137,3 +137,14 @@ def test_json_logs_carry_step_context_and_no_secrets(settings: Settings, client,
     retry_line = next(r for r in records if r.get("turn_id") == retried.turn_id and r["level"] == "WARNING")
     assert retry_line["logger"] == "stepq.worker" and "retry 1" in retry_line["message"]
     assert all({"turn_id", "step", "attempt"} <= r.keys() for r in records if r["logger"] == "stepq.worker")
+
+
+def test_openai_keys_are_redacted_from_log_lines() -> None:
+    from stepq.logging import Redactor, secret_values
+
+    env = {name: f"{name.lower()}-{secrets.token_hex(8)}" for name in (
+        "OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "AZURE_OPENAI_AD_TOKEN", "STEPQ_OPENAI_COMPATIBLE_API_KEY"
+    )}  # fmt: skip
+    redact = Redactor(secret_values(environ=env))
+    line = redact("retrying with " + ", ".join(env.values()))
+    assert not [value for value in env.values() if value in line]

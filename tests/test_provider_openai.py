@@ -385,3 +385,38 @@ def test_a_compatible_server_saying_stop_next_to_tool_calls_still_ends_in_tool_c
     output = acc.output()
     assert output.finish_reason == FinishReason.TOOL_CALLS and output.raw_finish_reason == "stop"
     assert [(c.id, c.args) for c in output.message.tool_calls] == [("call_s", {"query": "s"})]
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+COMPAT_KEY = "sk-compat-own-variable-9f8e7d6c5b4a"
+
+
+@pytest.mark.parametrize("where", ["http-error", "in-stream-error"])
+def test_a_key_from_the_agents_api_key_env_never_reaches_errors_or_events(worker, client, fake, rt, monkeypatch, where):
+    """The server echoes the key it was sent (as some proxies do): the agent's own variable is masked like
+    OPENAI_API_KEY is."""
+    monkeypatch.setenv("OPENAI_T_COMPAT_KEY", COMPAT_KEY)
+    echo = f"Incorrect API key provided: {COMPAT_KEY}. You can find your API key at https://example.invalid"
+    if where == "http-error":
+        fake.enqueue(ErrorReply(401, "invalid_api_key", echo, "invalid_request_error"))
+    else:
+        fake.enqueue(
+            SSEReply(
+                [
+                    chunk({"role": "assistant", "content": ""}),
+                    chat_error(echo, "invalid_request_error", "invalid_api_key"),
+                ],
+                named=False,
+            )
+        )
+    result, events = run(client, "openai_t.compat_keyed")
+
+    assert result.status == TurnStatus.FAILED
+    assert "Incorrect API key provided: ***" in (result.error or ""), result.error
+    assert COMPAT_KEY not in (result.error or "")
+    assert COMPAT_KEY not in json.dumps([e.data for e in events])
+    stored = rt.redis.get(rt.keys.turn(result.turn_id))
+    assert stored is not None and COMPAT_KEY.encode() not in (stored if isinstance(stored, bytes) else stored.encode())
+    assert len(fake.requests) == 1

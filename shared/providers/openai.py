@@ -35,7 +35,7 @@ import openai
 from stepq.errors import SubmitError
 from stepq.models import StepOutput, ToolSpec
 from stepq.providers.base import Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
-from stepq.providers.openai_stream import ChatAccumulator, ResponsesAccumulator, classify_error
+from stepq.providers.openai_stream import ChatAccumulator, ResponsesAccumulator, classify_error, without_secrets
 from stepq.providers.openai_wire import answers_with_schema, chat_params, responses_params
 from stepq.providers.openai_wire import check_tools as _check_tools
 
@@ -143,12 +143,21 @@ class OpenAIAdapter(ProviderAdapter):
     name = "openai"
     tool_failure_breaker: int | None = None
 
-    def __init__(self, model: str, client_factory: Callable[[], Any], api: str, label: str, auth_hint: str) -> None:
+    def __init__(
+        self,
+        model: str,
+        client_factory: Callable[[], Any],
+        api: str,
+        label: str,
+        auth_hint: str,
+        secret_vars: tuple[str, ...] = (),
+    ) -> None:
         self.model = model
         self.client_factory = client_factory
         self.api = api
         self.label = label
         self.auth_hint = auth_hint
+        self.secret_vars = secret_vars  # variables whose values are masked in errors, besides the standard ones
 
     def check_tools(self, tools: list[ToolSpec]) -> None:
         _check_tools(tools)
@@ -182,7 +191,7 @@ class OpenAIAdapter(ProviderAdapter):
         except Exception as exc:
             if should_stop():  # cancelled (or the lease moved on) while the stream failed: keep what arrived
                 return acc.output()
-            error = classify_error(exc, stall_s, self.label, self.auth_hint)
+            error = without_secrets(classify_error(exc, stall_s, self.label, self.auth_hint), self.secret_vars)
             error.usage = error.usage or acc.reported_usage()
             raise error from exc
         if not acc.complete:
@@ -215,6 +224,7 @@ def create_compatible_adapter(agent: AgentDefinition, model: str) -> ProviderAda
         str(options.get("api", "chat")),
         "the OpenAI-compatible server",
         f"set {COMPATIBLE_KEY_VAR} (or the variable named by provider_options api_key_env) to a valid key",
+        secret_vars=(str(options["api_key_env"]),) if options.get("api_key_env") else (),
     )
     adapter.name = "openai-compatible"
     return adapter

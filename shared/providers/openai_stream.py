@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -273,13 +274,30 @@ class ChatAccumulator(_Base):
 # --------------------------------------------------------------------------- failures
 
 
-def scrub(text: str) -> str:
-    """Remove credential values from text that may reach events or logs."""
-    for name in CREDENTIAL_VARS:
+def scrub(text: str, extra_vars: Sequence[str] = ()) -> str:
+    """Remove credential values from text that may reach events or logs: the standard variables' and those
+    of `extra_vars` (the variable an agent names in `provider_options["api_key_env"]`)."""
+    for name in (*CREDENTIAL_VARS, *extra_vars):
         secret = os.environ.get(name)
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")
     return text
+
+
+def without_secrets(error: ProviderError, extra_vars: Sequence[str]) -> ProviderError:
+    """`error` with the values of `extra_vars` masked too. Applied once, where the adapter raises, so every
+    path (HTTP errors, in-stream errors, transport failures) is covered."""
+    message = scrub(error.message, extra_vars)
+    if message == error.message:
+        return error
+    return ProviderError(
+        message,
+        retryable=error.retryable,
+        status=error.status,
+        retry_after_s=error.retry_after_s,
+        code=error.code,
+        usage=error.usage,
+    )
 
 
 def in_stream_error(code: str | None, message: str, label: str = "OpenAI") -> ProviderError:
