@@ -555,10 +555,12 @@ def _follow_main(command: str, args_list: list[str]) -> int:
         print(f"stepq batch {command}: no folder {output.parent} for --output {output}: create it first",
               file=sys.stderr)  # fmt: skip
         return 2
-    from stepq.producer.cli import UsageError, load_settings
+    from stepq.producer.cli import UsageError, load_settings, reach_redis
 
     try:
-        client = Client(load_settings())
+        settings = load_settings()
+        reach_redis(settings)  # never reached: one line within seconds, not after STEPQ_REDIS_OUTAGE_S
+        client = Client(settings)
         with client:
             if command == "submit":
                 return submit_command(client, ns)
@@ -608,13 +610,14 @@ def main(argv: list[str] | None = None) -> int:
     from contextlib import nullcontext
 
     from stepq.embedded import local_worker
-    from stepq.producer.cli import UsageError, load_settings
+    from stepq.producer.cli import UsageError, load_settings, reach_redis
 
     try:
         settings = load_settings()
     except UsageError as exc:
         print(f"stepq batch: {exc}", file=sys.stderr)
         return 2
+    reach_redis(settings)  # never reached: one line within seconds, not after STEPQ_REDIS_OUTAGE_S
     client = Client(settings)  # loads the agent modules: one that fails to import stops here, before any worker
     # embedded mode has no separate worker: run one in this process for the batch's duration
     with client, local_worker(settings) if settings.embedded else nullcontext():

@@ -43,6 +43,7 @@ from stepq.producer.failures import (
 from stepq.producer.render import LiveView, Style, compact, event_summary, result_lines, state_lines, trace_table
 from stepq.producer.status import collect_status, status_lines
 from stepq.protocol import worker_queues
+from stepq.store.connection import first_contact
 
 NO_WORKER_AFTER_S = 15.0
 BEAT_SCHEDULER = "celery.beat:Scheduler"  # in-memory; the default PersistentScheduler writes a shelve file
@@ -54,6 +55,13 @@ def load_settings() -> Settings:
     A bad value raises ConfigurationError naming the variable: one line, exit 2."""
     settings = settings_from_env()
     return with_demo_agents(settings) if settings.embedded else settings
+
+
+def reach_redis(settings: Settings) -> None:
+    """A one-shot command whose Redis never answered fails within seconds (see `first_contact`), with the
+    same one line as any unreachable Redis; once it answered, later calls wait outages out as usual."""
+    if not settings.embedded:
+        first_contact(settings)
 
 
 def importable_cwd() -> None:
@@ -602,6 +610,8 @@ def _main(raw: list[str]) -> int:
         args = build_parser().parse_args(raw)
         settings = load_settings()
         configure_logging(settings)  # secrets redacted, JSON lines with STEPQ_LOG_JSON
+        if args.func in ONE_SHOT:
+            reach_redis(settings)
         code: int = args.func(args, settings)
         return code
     except (BrokenPipeError, KeyboardInterrupt):
@@ -614,6 +624,10 @@ def _main(raw: list[str]) -> int:
             failure = unexpected(exc)
         err(f"error: {failure.message}")
         return failure.code
+
+
+# commands that do one thing and exit (not `worker` and `serve`, which wait Redis outages out, nor `demo`)
+ONE_SHOT = frozenset({cmd_run, cmd_events, cmd_show, cmd_status, cmd_approve, cmd_cancel})
 
 
 if __name__ == "__main__":

@@ -96,6 +96,35 @@ def test_redis_unreachable_is_one_line(unreachable_env, tmp_path, command):
     assert not (tmp_path / "out.jsonl").exists()  # the batch stopped before touching its output
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["status"],
+        ["show", "turn_0123456789abcdef"],
+        ["events", "turn_0123456789abcdef"],
+        ["cancel", "turn_0123456789abcdef"],
+        ["approve", "apr_0123456789abcdef", "--yes"],
+        ["run", "demo.support", "hello"],
+        ["batch", "status", "b-1"],
+        ["batch", "wait", "b-1"],
+        ["batch", "--agent", "demo.support", "--input", "{tmp}/items.jsonl", "--output", "{tmp}/out.jsonl"],
+    ],
+    ids=lambda c: "-".join(c[:2]) if c[0] == "batch" else c[0],
+)
+def test_a_redis_never_reached_fails_a_one_shot_command_without_waiting_the_outage_window(
+    unreachable_env, tmp_path, command
+):
+    """STEPQ_REDIS_OUTAGE_S is (nearly) forever here: the command can end only because it gave up on a Redis it
+    never reached, not because the window ran out (the subprocess's own timeout would fail the test)."""
+    (tmp_path / "items.jsonl").write_text('{"key": "a", "prompt": "hello"}\n')
+    env = {**unreachable_env, "STEPQ_REDIS_OUTAGE_S": "1000000000"}
+    proc = run(env, *[part.format(tmp=tmp_path) for part in command])
+    port = env["STEPQ_REDIS_URL"].rsplit(":", 1)[1].split("/")[0]
+    line = assert_one_line_failure(proc, "stepq: error: cannot reach Redis", port)
+    assert proc.returncode == 1, line
+    assert PASSWORD not in proc.stderr + proc.stdout
+
+
 def test_store_unavailable_error_never_carries_the_redis_password():
     from stepq import Client, StoreUnavailableError
     from stepq.config import Settings

@@ -31,6 +31,7 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
@@ -105,6 +106,32 @@ def get_redis(settings: Settings) -> redis.Redis:
             client = _make_client(settings)
             _clients[key] = client
         return client
+
+
+FIRST_CONTACT_S = 3.0  # how long a one-shot command tries a Redis it has never reached
+
+
+def first_contact(settings: Settings) -> None:
+    """Reach Redis once within FIRST_CONTACT_S, else raise redis-py's ConnectionError (or TimeoutError).
+
+    For one-shot commands (`stepq status`, `show`, `approve`, ...): a Redis that never answered is a wrong
+    URL or a server that is down, and waiting the whole outage window (STEPQ_REDIS_OUTAGE_S, meant for a
+    restart or failover under a running process) only delays the one-line error. Long-running processes
+    (workers, the gateway) do not call this: they wait outages out from their first call on."""
+    probe = settings.model_copy(
+        update={
+            "redis_outage_s": min(settings.redis_outage_s, FIRST_CONTACT_S),
+            "redis_socket_timeout_s": min(settings.redis_socket_timeout_s, FIRST_CONTACT_S),
+        }
+    )
+    try:
+        client = _make_client(probe)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except RedisClusterException as exc:  # the cluster client connects (and fails) in its constructor
+        raise RedisConnectionError(str(exc)) from None
 
 
 def client_options(settings: Settings) -> dict[str, Any]:
