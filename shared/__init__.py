@@ -54,6 +54,7 @@ from stepq.producer.client import ApprovalReceipt, Client, TurnHandle
 from stepq.providers.function import FunctionModel, FunctionRequest, FunctionResponse, TestModel
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
 from stepq.ratelimit import RateLimit
+from stepq.stops import StopContext, stop_condition
 from stepq.submit import LoopOverrides
 from stepq.threads import Multitask, Thread, ThreadTurn
 from stepq.tools import ToolContext, ToolDefinition, tool
@@ -99,6 +100,7 @@ __all__ = [
     "Settings",
     "StepTrace",
     "StepqError",
+    "StopContext",
     "StopWhen",
     "StoreUnavailableError",
     "SubmitError",
@@ -120,5 +122,6 @@ __all__ = [
     "Usage",
     "WaitTimeoutError",
     "__version__",
+    "stop_condition",
     "tool",
 ]

@@ -20,6 +20,8 @@ from stepq.providers.function import FunctionModel
 from stepq.providers.registry import check_tool_schemas, known_providers, split_shorthand
 from stepq.providers.scripted import ScriptStep
 from stepq.ratelimit import RateLimit
+from stepq.stops import NAME as STOP_NAME
+from stepq.stops import get_stop_condition, unknown_message
 from stepq.tools import ToolDefinition, all_tools
 
 MutationPolicy = Literal["read-only", "confirm-required", "destructive-confirm-required"]
@@ -36,19 +38,29 @@ OUTPUT_TOOL_DESCRIPTION = (
 
 
 class StopWhen(BaseModel):
-    """One stop condition: after `step_count` steps, or after a step that called `has_tool_call`."""
+    """One stop condition: after `step_count` steps, after a step that called `has_tool_call`, or when the
+    registered predicate `custom` (see `stop_condition`) answers True after a tool step."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     step_count: int | None = Field(default=None, ge=1)
-    """End the turn (finish reason `tool-calls`) once this many steps have run their tools."""
+    """End the turn (finish reason `step-count`) once this many steps have run their tools."""
     has_tool_call: str | None = None
-    """End the turn after the step in which the model called this tool (e.g. `hand_over`), once it ran."""
+    """End the turn (finish reason `has-tool-call`) after the step in which the model called this tool
+    (e.g. `hand_over`), once it ran."""
+    custom: str | None = None
+    """End the turn (finish reason `custom-stop`) when the stop condition registered under this name
+    (`@stop_condition("billing.paid")`) answers True after a tool step. JSON, so callers may send it too."""
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StopWhen:
-        if (self.step_count is None) == (self.has_tool_call is None):
-            raise ValueError("a stop condition sets exactly one of step_count or has_tool_call")
+        given = [v for v in (self.step_count, self.has_tool_call, self.custom) if v is not None]
+        if len(given) != 1:
+            raise ValueError("a stop condition sets exactly one of step_count, has_tool_call or custom")
+        if self.custom is not None and not STOP_NAME.match(self.custom):
+            raise ValueError(
+                f"custom stop condition {self.custom!r} must be dotted lowercase words, e.g. 'billing.paid'"
+            )
         return self
 
 
@@ -87,6 +99,7 @@ class LoopConfig(BaseModel):
             max_steps=self.max_steps,
             stop_after_steps=min(step_counts) if step_counts else None,
             stop_on_tool=[s.has_tool_call for s in self.stop_when if s.has_tool_call],
+            stop_custom=[s.custom for s in self.stop_when if s.custom],
             max_tool_calls=self.budget.max_tool_calls,
             max_wall_clock_s=self.budget.max_wall_clock_s,
             max_tokens=self.budget.max_tokens,
@@ -267,6 +280,9 @@ class AgentRegistry:
         unknown = [name for name in agent.allowed_tools if name not in registry]
         if unknown:
             raise DefinitionError(f"agent {agent.id}: allowed_tools names unknown tools: {', '.join(unknown)}")
+        for stop in agent.loop.stop_when:
+            if stop.custom is not None and get_stop_condition(stop.custom) is None:
+                raise DefinitionError(f"agent {agent.id}: loop.stop_when: {unknown_message(stop.custom)}")
         provider, _ = split_shorthand(agent.default_provider, agent.default_model)
         providers = [p for p in (provider, *(f.provider for f in agent.fallbacks)) if p]
         if providers:

@@ -209,7 +209,10 @@ class FinishReason(StrEnum):
     CONTENT_FILTER = "content-filter"
     ERROR = "error"
     MAX_STEPS = "max-steps"
-    BUDGET = "budget"
+    BUDGET = "budget"  # which budget: `stopped_by`
+    STEP_COUNT = "step-count"  # StopWhen(step_count=...)
+    HAS_TOOL_CALL = "has-tool-call"  # StopWhen(has_tool_call=...)
+    CUSTOM_STOP = "custom-stop"  # StopWhen(custom=...): `stop_detail` names the condition
     CANCELLED = "cancelled"
     AWAITING_APPROVAL = "awaiting-approval"
 
@@ -223,6 +226,7 @@ class LoopStop(StrEnum):
 
     STEP_COUNT = "step-count"  # StopWhen(step_count=...)
     HAS_TOOL_CALL = "has-tool-call"  # StopWhen(has_tool_call=...)
+    CUSTOM = "custom-stop"  # StopWhen(custom=...)
     MAX_STEPS = "max-steps"
     TOKEN_BUDGET = "token-budget"
     TOOL_CALL_BUDGET = "tool-call-budget"
@@ -230,12 +234,15 @@ class LoopStop(StrEnum):
 
     @property
     def finish_reason(self) -> FinishReason:
-        """The finish reason of a chat-mode turn this limit ends."""
-        if self in (LoopStop.STEP_COUNT, LoopStop.HAS_TOOL_CALL):
-            return FinishReason.TOOL_CALLS
-        if self == LoopStop.MAX_STEPS:
-            return FinishReason.MAX_STEPS
-        return FinishReason.BUDGET
+        """The finish reason of a chat-mode turn this limit ends: each stop condition and `max-steps` its
+        own; the three budgets `budget` (`stopped_by` says which)."""
+        own = {
+            LoopStop.STEP_COUNT: FinishReason.STEP_COUNT,
+            LoopStop.HAS_TOOL_CALL: FinishReason.HAS_TOOL_CALL,
+            LoopStop.CUSTOM: FinishReason.CUSTOM_STOP,
+            LoopStop.MAX_STEPS: FinishReason.MAX_STEPS,
+        }
+        return own.get(self, FinishReason.BUDGET)
 
 
 # --------------------------------------------------------------------------- one model call
@@ -319,8 +326,10 @@ class StepTrace(BaseModel):
     failed_attempts: list[FailedAttempt] = Field(default_factory=list)  # those that reported usage
     retries: int = 0
     duration_s: float = 0.0
-    stop_reason: str | None = None
+    stop_reason: str | None = None  # the model call's finish reason (`tool-calls`, `stop`, `length`, ...)
     raw_stop_reason: str | None = None
+    stopped_by: LoopStop | None = None  # set on the step after which a loop limit ended the tool steps
+    stop_detail: str | None = None  # what that limit named (the custom condition, the tool, the step count)
 
 
 class LoopTrace(BaseModel):
@@ -335,6 +344,7 @@ class TurnResult(BaseModel):
     object: Any = None
     finish_reason: FinishReason | None = None
     stopped_by: LoopStop | None = None  # the loop limit that ended the turn, if one did
+    stop_detail: str | None = None  # what that limit named: the custom condition, the tool, the step count
     usage: Usage = Field(default_factory=Usage)  # failed attempts' reported tokens included
     cost: float | None = None  # when STEPQ_PRICES has the turn's models
     error: str | None = None
@@ -352,6 +362,7 @@ class LoopLimits(BaseModel):
     max_steps: int = 10
     stop_after_steps: int | None = None
     stop_on_tool: list[str] = Field(default_factory=list)
+    stop_custom: list[str] = Field(default_factory=list)  # names of registered stop conditions (stepq.stops)
     max_tool_calls: int | None = None
     max_wall_clock_s: float | None = None
     max_tokens: int | None = None
@@ -436,6 +447,7 @@ class TurnState(BaseModel):
     object: Any = None
     finish_reason: FinishReason | None = None
     stopped_by: LoopStop | None = None
+    stop_detail: str | None = None
     cost: float | None = None
     error: str | None = None
 
@@ -448,6 +460,7 @@ class TurnState(BaseModel):
             object=self.object,
             finish_reason=self.finish_reason,
             stopped_by=self.stopped_by,
+            stop_detail=self.stop_detail,
             usage=self.usage,
             cost=self.cost,
             error=self.error,

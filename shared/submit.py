@@ -16,6 +16,7 @@ from stepq.jsonsafe import non_finite_path
 from stepq.models import EventType, LoopLimits, Message, SystemMessage, TurnState, UserMessage, new_turn_id
 from stepq.providers.registry import resolve_model
 from stepq.runtime import Runtime
+from stepq.stops import get_stop_condition, unknown_message
 
 _MESSAGES = TypeAdapter(list[Message])
 
@@ -58,6 +59,9 @@ def tighten(agent: AgentDefinition, overrides: LoopOverrides | dict[str, Any] | 
             )
         return asked
 
+    for stop in overrides.stop_when:
+        if stop.custom is not None and get_stop_condition(stop.custom) is None:
+            raise OverrideError(f"loop.stop_when: {unknown_message(stop.custom)}")
     budget = overrides.budget
     max_steps = narrower("max_steps", overrides.max_steps, limits.max_steps)
     max_tool_calls = narrower("budget.max_tool_calls", budget.max_tool_calls, limits.max_tool_calls)
@@ -68,6 +72,8 @@ def tighten(agent: AgentDefinition, overrides: LoopOverrides | dict[str, Any] | 
         max_steps=int(max_steps or limits.max_steps),
         stop_after_steps=stop_after,
         stop_on_tool=sorted({*limits.stop_on_tool, *(s.has_tool_call for s in overrides.stop_when if s.has_tool_call)}),
+        # an extra condition can only end the loop sooner: the agent's first, then the caller's, in order
+        stop_custom=list(dict.fromkeys([*limits.stop_custom, *(s.custom for s in overrides.stop_when if s.custom)])),
         max_tool_calls=int(max_tool_calls) if max_tool_calls is not None else None,
         max_wall_clock_s=narrower("budget.max_wall_clock_s", budget.max_wall_clock_s, limits.max_wall_clock_s),
         max_tokens=int(max_tokens) if max_tokens is not None else None,

@@ -40,7 +40,7 @@ def test_stop_when_step_count(rt, prefix):
     turn_id = start(rt, "eng.stop_steps", prefix)
     state = drive(rt, turn_id)
     assert state.status == TurnStatus.COMPLETED
-    assert state.finish_reason == FinishReason.TOOL_CALLS
+    assert state.finish_reason == FinishReason.STEP_COUNT
     assert len(state.trace.steps) == 2
     assert executions(prefix, turn_id, "eng_count") == 2
 
@@ -49,7 +49,7 @@ def test_stop_when_has_tool_call(rt, prefix):
     turn_id = start(rt, "eng.stop_tool", prefix)
     state = drive(rt, turn_id)
     assert state.status == TurnStatus.COMPLETED
-    assert state.finish_reason == FinishReason.TOOL_CALLS
+    assert state.finish_reason == FinishReason.HAS_TOOL_CALL
     assert [s.tool_calls for s in state.trace.steps] == [["eng_count"], ["eng_count"], ["eng_echo"]]
     assert tool_results(state)["call_2_0"].output == {"echo": "stop here"}  # the stopping call still ran
 
@@ -111,11 +111,11 @@ def test_override_tightens_budget_and_adds_stop_conditions(rt, prefix):
 
     turn_id = start(rt, "eng.loop", prefix, loop={"stop_when": [{"has_tool_call": "eng_count"}]})
     state = drive(rt, turn_id)
-    assert state.finish_reason == FinishReason.TOOL_CALLS and len(state.trace.steps) == 1
+    assert state.finish_reason == FinishReason.HAS_TOOL_CALL and len(state.trace.steps) == 1
 
     turn_id = start(rt, "eng.loop", prefix, loop={"stop_when": [{"step_count": 3}]})
     state = drive(rt, turn_id)
-    assert state.finish_reason == FinishReason.TOOL_CALLS and len(state.trace.steps) == 3
+    assert state.finish_reason == FinishReason.STEP_COUNT and len(state.trace.steps) == 3
 
 
 @pytest.mark.parametrize(

@@ -88,7 +88,7 @@ def test_wall_clock_budget_answers_instead_of_failing(worker, client):
 def test_chat_mode_ends_at_the_limit_with_its_finish_reason(worker, client):
     result, _ = _run(client, "ans.chat_step_count")
     assert result.status == TurnStatus.COMPLETED
-    assert result.finish_reason == FinishReason.TOOL_CALLS
+    assert result.finish_reason == FinishReason.STEP_COUNT
     assert result.stopped_by == LoopStop.STEP_COUNT
     assert len(result.trace.steps) == 2
 

@@ -53,7 +53,8 @@ DONE = b"data: [DONE]\n\n"
 
 
 def ui_finish_reason(reason: str | None) -> str:
-    if reason == "awaiting-approval":
+    # a stop condition ends the turn after a tool step, as the AI SDK's own stopWhen does: `tool-calls`
+    if reason in ("awaiting-approval", "step-count", "has-tool-call", "custom-stop"):
         return "tool-calls"
     return reason if reason in _UI_FINISH else "other"
 

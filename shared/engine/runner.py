@@ -22,7 +22,7 @@ from stepq import attachments, threads
 from stepq.agents import AgentDefinition
 from stepq.approvals import ApprovalClaim
 from stepq.batch import record_finish
-from stepq.engine import structured
+from stepq.engine import stopping, structured
 from stepq.engine.dispatch import PreparedCall, StepDispatcher
 from stepq.engine.emitter import StepEmitter
 from stepq.engine.output import parse_object, repair_note
@@ -472,7 +472,10 @@ class StepRunner:
     ) -> Decision:
         if agent.execution_mode == "object" and state.answer_due is not None:  # the answer step called tools
             return self._finish_limit(state, agent, emitter, state.answer_due)
-        stop = self._loop_stop(state, agent, calls)
+        try:
+            stop = self._loop_stop(state, agent, calls)
+        except stopping.StopConditionError as exc:
+            return self._fail(state, emitter, str(exc))
         if stop is None:
             return self._advance(state, agent, emitter)
         if self._reserve_answer(state, agent, stop):
@@ -483,10 +486,10 @@ class StepRunner:
         """The first loop limit a finished tool step reached, if any."""
         limits = state.limits
         done = state.step + 1
-        if any(c.name in limits.stop_on_tool for c in calls):
-            return LoopStop.HAS_TOOL_CALL
-        if limits.stop_after_steps is not None and done >= limits.stop_after_steps:
-            return LoopStop.STEP_COUNT
+        condition = stopping.condition_stop(state, calls)
+        if condition is not None:
+            stop, state.stop_detail = condition
+            return stop
         if done >= limits.max_steps:
             return LoopStop.MAX_STEPS
         if limits.max_tokens is not None and state.usage.total_tokens + self._answer_reserve(state, agent) >= (
@@ -514,6 +517,7 @@ class StepRunner:
         if not self._steps_left(state):
             return False
         state.answer_due = stop
+        stopping.mark(state, stop)
         return True
 
     @staticmethod
@@ -545,6 +549,7 @@ class StepRunner:
 
     def _finish_limit(self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter, stop: LoopStop) -> Decision:
         state.stopped_by = stop
+        stopping.mark(state, stop)
         if agent.execution_mode == "object" and state.object is None:
             return self._fail(state, emitter, f"no valid object before the loop stopped ({stop.value})")
         return self._finish(state, emitter, TurnStatus.COMPLETED, stop.finish_reason)
@@ -603,6 +608,7 @@ class StepRunner:
                 "status": status.value,
                 "finish_reason": reason.value,
                 "stopped_by": state.stopped_by.value if state.stopped_by else None,
+                "stop_detail": state.stop_detail,
                 "text": state.text,
                 "object": state.object,
                 "usage": state.usage.model_dump(),

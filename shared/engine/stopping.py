@@ -1,0 +1,78 @@
+"""Stop conditions after a tool step, by kind, and where the loop records which one fired.
+
+`step_count` and `has_tool_call` are data; `custom` names a predicate registered with
+`stop_condition` (stepq.stops) and is asked here with a `StopContext` of the step that just ran.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from stepq.errors import StepqError
+from stepq.models import LoopStop, ToolCall, ToolResultMessage, TurnState
+from stepq.stops import StopContext, get_stop_condition, unknown_message
+
+log = logging.getLogger("stepq.engine")
+
+
+class StopConditionError(StepqError):
+    """A custom stop condition is not registered on this worker, or it raised: the turn fails, naming it."""
+
+
+def condition_stop(state: TurnState, calls: list[ToolCall]) -> tuple[LoopStop, str] | None:
+    """The stop condition a finished tool step met (has_tool_call, then custom, then step_count), with
+    what it named (the tool, the condition, the count); None when none did."""
+    limits = state.limits
+    called = next((c.name for c in calls if c.name in limits.stop_on_tool), None)
+    if called is not None:
+        return LoopStop.HAS_TOOL_CALL, called
+    custom = custom_stop(state, calls)
+    if custom is not None:
+        return LoopStop.CUSTOM, custom
+    if limits.stop_after_steps is not None and state.step + 1 >= limits.stop_after_steps:
+        return LoopStop.STEP_COUNT, str(limits.stop_after_steps)
+    return None
+
+
+def custom_stop(state: TurnState, calls: list[ToolCall]) -> str | None:
+    """The name of the first registered stop condition that answers True for this step, in the order given."""
+    if not state.limits.stop_custom:
+        return None
+    last = state.messages[-1] if state.messages else None
+    results = last.results if isinstance(last, ToolResultMessage) else []
+    context = StopContext(
+        turn_id=state.turn_id,
+        agent=state.agent,
+        step=state.step,
+        usage=state.usage,
+        cost=state.cost,
+        tool_calls=list(calls),
+        results=list(results),
+        tool_calls_made=state.tool_calls_made,
+        messages=list(state.messages),
+        metadata=dict(state.metadata),
+    )
+    for name in state.limits.stop_custom:
+        predicate = get_stop_condition(name)
+        if predicate is None:
+            raise StopConditionError(f"stop condition {name!r}: {unknown_message(name)}")
+        try:
+            stop = predicate(context)
+        except Exception as exc:
+            log.exception("stop condition %s raised", name)
+            raise StopConditionError(f"stop condition {name!r} raised {type(exc).__name__}: {exc}") from exc
+        if stop:
+            return name
+    return None
+
+
+def mark(state: TurnState, stop: LoopStop) -> None:
+    """Record on the turn and on this step's trace which limit ended the tool steps."""
+    state.stop_detail = state.stop_detail if stop in _CONDITIONS else None
+    trace = state.trace.steps[-1] if state.trace.steps else None
+    if trace is not None and trace.step == state.step and trace.stopped_by is None:
+        trace.stopped_by = stop
+        trace.stop_detail = state.stop_detail
+
+
+_CONDITIONS = frozenset({LoopStop.STEP_COUNT, LoopStop.HAS_TOOL_CALL, LoopStop.CUSTOM})
