@@ -34,7 +34,10 @@ DOCUMENT_TYPES = frozenset({"application/pdf", "text/plain"})
 SUPPORTED_TYPES = IMAGE_TYPES | DOCUMENT_TYPES
 GCS_PROVIDERS = frozenset({"gemini"})  # providers that read a gs:// object themselves
 # providers whose adapters send files (any other would drop them silently: refused at submit instead)
-FILE_PROVIDERS = frozenset({"anthropic", "anthropic-vertex", "gemini", "bedrock", "scripted", "function", "test"})
+FILE_PROVIDERS = frozenset(
+    {"anthropic", "anthropic-vertex", "gemini", "bedrock", "openai", "openai-compatible", "azure-openai"}
+    | {"scripted", "function", "test"}
+)
 _FETCH_TIMEOUT_S = 30.0
 
 
@@ -122,9 +125,16 @@ class Pending:
     objects: dict[str, bytes] = field(default_factory=dict)
 
 
-def prepare(messages: list[Message], settings: Settings, agent_id: str, accepted: list[str], provider: str) -> Pending:
+def prepare(
+    messages: list[Message],
+    settings: Settings,
+    agent_id: str,
+    accepted: list[str],
+    provider: str,
+    options: dict[str, Any] | None = None,
+) -> Pending:
     """Check every file part and turn inline data into references (in place). Raises SubmitError naming
-    the first refused file; nothing has been stored then."""
+    the first refused file; nothing has been stored then. `options`: the agent's provider_options."""
     pending = Pending()
     total = 0
     for message in messages:
@@ -140,6 +150,7 @@ def prepare(messages: list[Message], settings: Settings, agent_id: str, accepted
                     f"agent {agent_id} runs on {provider}, which stepq cannot send files to yet; "
                     f"files go to {', '.join(sorted(FILE_PROVIDERS))}"
                 )
+            _check_provider_type(provider, media_type, label, agent_id, options or {})
             if part.attachment_id is not None:
                 raise AttachmentError(
                     f"file {label!r} has an attachment_id, which stepq assigns; send the file again as data or url"
@@ -197,6 +208,19 @@ def _check_type(media_type: str, label: str, agent_id: str, accepted: list[str])
         raise AttachmentError(
             f"agent {agent_id} does not accept {media_type} files (accepted: {shown}); "
             "list the type in the agent's accepted_media_types",
+            unsupported_type=True,
+        )
+
+
+def _check_provider_type(provider: str, media_type: str, label: str, agent_id: str, options: dict[str, Any]) -> None:
+    """Most OpenAI-compatible servers refuse Chat Completions' PDF `file` part (OpenAI's own extension): a PDF
+    goes to one only when the agent says its server takes them (provider_options file_parts)."""
+    if provider != "openai-compatible" or media_type != "application/pdf":
+        return
+    if str(options.get("api", "chat")) == "chat" and not options.get("file_parts"):
+        raise AttachmentError(
+            f"file {label!r} is application/pdf, which agent {agent_id} cannot send to its OpenAI-compatible server "
+            "over Chat Completions; set provider_options file_parts=true if the server takes OpenAI file parts",
             unsupported_type=True,
         )
 

@@ -150,7 +150,9 @@ def build_messages(
 def _take_files(
     rt: Runtime, agent: AgentDefinition, messages: list[Message], provider: str, pending: files.Pending | None
 ) -> None:
-    taken = files.prepare(messages, rt.settings, agent.id, agent.accepted_media_types, provider)
+    taken = files.prepare(
+        messages, rt.settings, agent.id, agent.accepted_media_types, provider, dict(agent.provider_options)
+    )
     if pending is not None:
         pending.stored.update(taken.stored)
         pending.objects.update(taken.objects)

@@ -45,6 +45,3 @@ reader = AgentDefinition(
         ScriptStep(text="read it"),
     ],
 )  # fmt: skip
-openai = AgentDefinition(
-    id="attach_t.openai", default_provider="openai", default_model="gpt-test", accepted_media_types=FILES
-)  # an adapter that cannot send files yet: refused at submit

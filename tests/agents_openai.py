@@ -91,3 +91,27 @@ compat_keyed = AgentDefinition(
     default_model="local-model",
     provider_options={"api_key_env": "OPENAI_T_COMPAT_KEY"},  # the key comes from a variable of the agent's own
 )
+
+FILES = ["image/*", "application/pdf", "text/plain"]
+files = AgentDefinition(
+    id="openai_t.files", default_provider="openai", default_model="gpt-test", accepted_media_types=FILES
+)
+compat_files = AgentDefinition(
+    id="openai_t.compat_files",
+    default_provider="openai-compatible",
+    default_model="local-vision",
+    accepted_media_types=FILES,
+    provider_options={"file_parts": True},  # this server takes OpenAI's PDF `file` parts
+)
+compat_no_pdf = AgentDefinition(
+    id="openai_t.compat_no_pdf",
+    default_provider="openai-compatible",
+    default_model="local-vision",
+    accepted_media_types=FILES,  # accepted by the agent, but its server takes no PDF parts
+)
+azure_files = AgentDefinition(
+    id="openai_t.azure_files",
+    default_provider="azure-openai",
+    default_model="my-deployment",
+    accepted_media_types=FILES,
+)

@@ -542,15 +542,3 @@ def test_a_file_above_the_redis_threshold_goes_to_the_object_store_once(prefix, 
     finally:
         server.shutdown()
         server.server_close()
-
-
-def test_a_provider_that_cannot_send_files_is_refused_at_submit(client, prefix, monkeypatch):
-    """Better a clear refusal than a model that silently never saw the file."""
-    monkeypatch.setenv("OPENAI_API_KEY", "test-openai-key")
-    _refused(
-        client,
-        prefix,
-        "agent attach_t.openai runs on openai, which stepq cannot send files to yet",
-        "attach_t.openai",
-        attachments=[Attachment.from_bytes(PNG, "image/png")],
-    )

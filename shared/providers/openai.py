@@ -18,7 +18,8 @@ Per-agent knobs (`provider_options`): `api` (`responses` | `chat`), `stall_timeo
 `connect_timeout_s` (default 10), `reasoning_effort`, `reasoning_summary` (Responses: `auto`, `concise`,
 `detailed`), `strict` (strict JSON-schema answers), `store` (Responses, default false),
 `disable_parallel_tool_use`, `max_tokens_param` (Chat: `max_tokens` or `max_completion_tokens`),
-`base_url` / `api_key_env` (openai-compatible), `api_version` (Azure).
+`base_url` / `api_key_env` / `file_parts` (openai-compatible: the server takes PDF `file` parts), `api_version`
+(Azure).
 """
 
 from __future__ import annotations

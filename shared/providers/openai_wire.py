@@ -5,15 +5,22 @@ assistant text and function calls, and tool results keyed by call id. Reasoning 
 Responses API and only when OpenAI produced it (its encrypted content); other providers' reasoning is left
 out. A forced object-mode answer (`tool_choice == stepq_output`) goes out as the API's native JSON-schema
 output instead of a function call, and its JSON text comes back as the `stepq_output` call.
+
+Files in user messages go before the text, as base64 data URLs: the Responses API takes images as
+`input_image` and PDFs and text files as `input_file`; Chat Completions takes images as `image_url`, PDFs as
+`file` parts (OpenAI and Azure; an OpenAI-compatible server only with `provider_options["file_parts"]`,
+since most of them refuse the part) and a text file as a text part with its contents.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
 from stepq.models import (
     AssistantMessage,
+    FilePart,
     ReasoningPart,
     SystemMessage,
     TextPart,
@@ -96,6 +103,53 @@ def reasoning_item(part: ReasoningPart) -> Item | None:
     return item
 
 
+# --------------------------------------------------------------------------- files
+
+
+def _data(part: FilePart, provider: str) -> str:
+    """The file's base64 bytes (the worker filled them in for this call)."""
+    if part.data is None:
+        raise ProviderError(f"file {part.name or part.url} cannot be sent to {provider} (no data)", retryable=False)
+    return part.data
+
+
+def _data_url(part: FilePart, provider: str) -> str:
+    return f"data:{part.media_type};base64,{_data(part, provider)}"
+
+
+def _filename(part: FilePart) -> str:
+    return part.name or ("document.pdf" if part.media_type == "application/pdf" else "document.txt")
+
+
+def chat_takes_pdf(provider: str, options: dict[str, Any]) -> bool:
+    """OpenAI and Azure take PDFs as Chat Completions `file` parts; a compatible server only when the agent says so."""
+    return provider != "openai-compatible" or bool(options.get("file_parts"))
+
+
+def responses_file(part: FilePart, provider: str) -> Item:
+    """An `input_image` (images) or `input_file` (PDFs, text files), with the bytes as a data URL."""
+    if part.media_type.startswith("image/"):
+        return {"type": "input_image", "image_url": _data_url(part, provider), "detail": "auto"}
+    return {"type": "input_file", "filename": _filename(part), "file_data": _data_url(part, provider)}
+
+
+def chat_file(part: FilePart, provider: str, options: dict[str, Any]) -> Item:
+    """An `image_url` part, a PDF `file` part, or a text file's contents as a text part."""
+    if part.media_type.startswith("image/"):
+        return {"type": "image_url", "image_url": {"url": _data_url(part, provider)}}
+    if part.media_type == "text/plain":
+        text = base64.b64decode(_data(part, provider)).decode("utf-8", errors="replace")
+        return {"type": "text", "text": f"{part.name}:\n{text}" if part.name else text}
+    if part.media_type == "application/pdf" and chat_takes_pdf(provider, options):
+        return {"type": "file", "file": {"filename": _filename(part), "file_data": _data_url(part, provider)}}
+    raise ProviderError(
+        f"{provider} cannot take {part.media_type} files over Chat Completions (file {part.name or part.media_type!r}); "
+        "set provider_options file_parts=true if the server accepts OpenAI file parts, or send images or text",
+        retryable=False,
+        code="unsupported_media_type",
+    )
+
+
 # --------------------------------------------------------------------------- Responses API
 
 
@@ -106,7 +160,12 @@ def responses_input(request: StepRequest) -> list[Item]:
             if message.content:
                 items.append({"role": "developer", "content": message.content})
         elif isinstance(message, UserMessage):
-            if message.content:
+            if message.files:
+                content = [responses_file(f, request.provider) for f in message.files]
+                if message.content:
+                    content.append({"type": "input_text", "text": message.content})
+                items.append({"role": "user", "content": content})
+            elif message.content:
                 items.append({"role": "user", "content": message.content})
         elif isinstance(message, AssistantMessage):
             for part in message.parts:
@@ -191,7 +250,13 @@ def chat_messages(request: StepRequest) -> list[Item]:
             if message.content:
                 messages.append({"role": "system", "content": message.content})
         elif isinstance(message, UserMessage):
-            messages.append({"role": "user", "content": message.content})
+            if message.files:
+                parts = [chat_file(f, request.provider, request.options) for f in message.files]
+                if message.content:
+                    parts.append({"type": "text", "text": message.content})
+                messages.append({"role": "user", "content": parts})
+            else:
+                messages.append({"role": "user", "content": message.content})
         elif isinstance(message, AssistantMessage):
             text = "".join(p.text for p in message.parts if isinstance(p, TextPart))
             calls = message.tool_calls
