@@ -98,6 +98,8 @@ class Settings(BaseSettings):
     max_prompt_chars: int = Field(default=200_000, ge=1)
     max_messages: int = Field(default=500, ge=1)
     max_tool_result_chars: int = Field(default=20_000, ge=1)
+    tool_max_lingering: int = Field(default=4, ge=1)  # per tool: calls still running past their timeout
+    tool_error_chars: int = Field(default=300, ge=20)  # a tool exception's message as the model reads it
 
     # Attachments: files in user messages, checked at submit and stored once per turn
     attachment_max_bytes: int = Field(default=32 * 2**20, ge=1)  # one file

@@ -22,6 +22,7 @@ them all. The tree (a second base in brackets keeps older `except ValueError` co
     ├── StoreUnavailableError [ConnectionError]  Redis stayed unreachable for the whole outage window
     ├── ApprovalError               a decision was refused; `.code` is an `ApprovalRefusal`
     ├── ToolArgumentError [ValueError]   the model's tool arguments do not match the schema
+    ├── ToolCancelledError           raised in a tool whose call was cancelled (`ctx.run_process` killed it)
     ├── InvalidOutputError [ValueError]  an object-mode answer does not match the output schema
     └── ProviderError               a classified model-provider failure (`.retryable`, `.status`,
                                     `.retry_after_s`, `.code`)
@@ -143,6 +144,10 @@ class ApprovalError(StepqError):
 
 class ToolArgumentError(StepqError, ValueError):
     """The model's arguments do not match the tool's schema (the model reads it as a tool error)."""
+
+
+class ToolCancelledError(StepqError):
+    """Inside a tool: its call was cancelled (timed out, or its turn cancelled) and its work was stopped."""
 
 
 class InvalidOutputError(StepqError, ValueError):

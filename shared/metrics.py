@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import TYPE_CHECKING
 
 import redis
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -99,6 +99,26 @@ TOOL_CALLS = Counter(
     "stepq_tool_calls_total",
     "Tool calls resolved, by outcome (ok, error, denied, not_found, invalid_args, blocked)",
     ["agent", "tool", "outcome"],
+)
+
+TOOL_TIMEOUTS = Counter(
+    "stepq_tool_timeouts_total",
+    "Tool calls whose timeout was reported to the model (the function may still be running)",
+    ["tool"],
+)
+
+TOOL_CALLS_LINGERING = Gauge(
+    "stepq_tool_calls_lingering",
+    "Tool calls still running after their timeout was reported (they hold an executor thread until they end)",
+    ["tool"],
+    multiprocess_mode="livesum",
+)
+
+TOOL_CALLS_REFUSED = Counter(
+    "stepq_tool_calls_refused_total",
+    "Tool calls not started because too many earlier calls of the tool (or of all tools) still run past their "
+    "timeout (STEPQ_TOOL_MAX_LINGERING)",
+    ["tool"],
 )
 
 UNKNOWN_TOOL = "unknown"  # the `tool` label of calls to names the agent does not have (model-invented: unbounded)

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import inspect
 import logging
-import threading
-from collections.abc import Callable, Mapping
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from stepq.cancel import CancelSignal
 from stepq.errors import DefinitionError, ToolArgumentError
+from stepq.tool_process import run_process
 
 ApprovalPredicate = Callable[[dict[str, Any]], bool]
 
@@ -26,16 +28,32 @@ ApprovalPredicate = Callable[[dict[str, Any]], bool]
 class ToolContext:
     """What a running tool may know about the call. `idempotency_key` is stable across re-runs.
 
-    `cancelled` is set when the call's timeout was reported to the model: Python cannot stop a running
-    function, so a long tool checks it (`ctx.cancelled.is_set()`, or waits on it instead of sleeping)
-    before it changes anything. Whatever it returns after that is discarded and logged."""
+    `cancelled` is set when the call's timeout was reported to the model, and when the turn is cancelled
+    while the tool runs (seen within `STEPQ_CANCEL_POLL_S`). Python cannot stop a running function, so a
+    long tool checks it (`ctx.cancelled.is_set()`, or waits on it instead of sleeping) before it changes
+    anything; whatever it returns after a timeout is discarded and logged. An `async def` tool's task is
+    cancelled outright, and a process started with `run_process` is killed."""
 
     turn_id: str
     tool_call_id: str
     idempotency_key: str
     metadata: Mapping[str, Any]
     logger: logging.Logger
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: CancelSignal = field(default_factory=CancelSignal)
+
+    def run_process(
+        self,
+        args: Sequence[str],
+        *,
+        input: str | None = None,
+        timeout_s: float | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a subprocess (text output captured) that is killed, with its children, when this call is
+        cancelled; the tool then gets a ToolCancelledError. Use it instead of `subprocess.run` in tools."""
+        return run_process(self.cancelled, args, input=input, timeout_s=timeout_s, cwd=cwd, env=env, check=check)
 
 
 @dataclass

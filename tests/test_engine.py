@@ -259,7 +259,7 @@ def test_raising_tool_becomes_an_error_result_and_the_turn_goes_on(rt, prefix):
     assert state.status == TurnStatus.COMPLETED
     assert state.text == "recovered"
     result = tool_results(state)["b"]
-    assert result.is_error and result.output == {"error": "boom: x", "status": "failed"}
+    assert result.is_error and result.output == {"error": "RuntimeError: boom: x", "status": "failed"}
     assert executions(prefix, turn_id, "eng_boom") == 1
 
 
@@ -291,9 +291,9 @@ def test_breaker_fail_fail_then_permanently_failed(rt, prefix):
     assert state.status == TurnStatus.COMPLETED
     assert executions(prefix, turn_id, "eng_boom") == 2
     outputs = [r.output for r in tool_results(state).values()]
-    failed = {"error": "boom: x", "status": "failed"}
+    failed = {"error": "RuntimeError: boom: x", "status": "failed"}
     blocked = {
-        "error": 'TOOL_PERMANENTLY_FAILED: "eng_boom" has failed 2 times. Last error: boom: x.',
+        "error": 'TOOL_PERMANENTLY_FAILED: "eng_boom" has failed 2 times. Last error: RuntimeError: boom: x.',
         "status": "permanently_failed",
         "do_not_retry": True,
     }
@@ -306,10 +306,11 @@ def test_breaker_counts_strikes_within_one_step(rt, prefix):
     state = drive(rt, turn_id)
     assert executions(prefix, turn_id, "eng_boom") == 2
     results = tool_results(state)
-    assert results["b0"].output == {"error": "boom: 0", "status": "failed"}
-    assert results["b1"].output == {"error": "boom: 1", "status": "failed"}
+    assert results["b0"].output == {"error": "RuntimeError: boom: 0", "status": "failed"}
+    assert results["b1"].output == {"error": "RuntimeError: boom: 1", "status": "failed"}
     assert (
-        results["b2"].output["error"] == 'TOOL_PERMANENTLY_FAILED: "eng_boom" has failed 2 times. Last error: boom: 1.'
+        results["b2"].output["error"]
+        == 'TOOL_PERMANENTLY_FAILED: "eng_boom" has failed 2 times. Last error: RuntimeError: boom: 1.'
     )
     assert results["b2"].output["status"] == "permanently_failed"
 
@@ -318,7 +319,7 @@ def test_without_breaker_every_call_executes(rt, prefix):
     turn_id = start(rt, "eng.no_breaker", prefix)
     state = drive(rt, turn_id)
     assert executions(prefix, turn_id, "eng_boom") == 4
-    assert all(r.output == {"error": "boom: x", "status": "failed"} for r in tool_results(state).values())
+    assert all(r.output == {"error": "RuntimeError: boom: x", "status": "failed"} for r in tool_results(state).values())
     assert state.failed_tools == {}
 
 

@@ -161,7 +161,7 @@ def test_tool_round_trip_sends_results_and_errors_in_anthropic_shape(worker, cli
     assert failed == {
         "type": "tool_result",
         "tool_use_id": "toolu_2",
-        "content": "Error executing tool anthropic_fail: boom",
+        "content": "Error executing tool anthropic_fail: RuntimeError: boom",
         "is_error": True,
         "cache_control": {"type": "ephemeral"},
     }

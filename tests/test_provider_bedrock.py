@@ -177,7 +177,7 @@ def test_tool_round_trip_with_error_result_and_summed_usage(fake: FakeBedrock, w
             {
                 "toolResult": {
                     "toolUseId": "tu_boom",
-                    "content": [{"text": "Error executing tool bedrock_explode: exploded: test"}],
+                    "content": [{"text": "Error executing tool bedrock_explode: ValueError: exploded: test"}],
                     "status": "error",
                 }
             },

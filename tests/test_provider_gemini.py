@@ -174,7 +174,12 @@ def test_tool_round_trip_with_error_result_and_summed_usage(worker, client, stud
             "role": "user",
             "parts": [
                 {"functionResponse": {"name": "gemini_lookup", "response": {"output": {"answer": "result for x"}}}},
-                {"functionResponse": {"name": "gemini_broken", "response": {"error": "lookup backend down: db"}}},
+                {
+                    "functionResponse": {
+                        "name": "gemini_broken",
+                        "response": {"error": "RuntimeError: lookup backend down: db"},
+                    }
+                },
             ],
         },
     ]

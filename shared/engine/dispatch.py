@@ -12,8 +12,6 @@ commit): a crash before then may run it again, which is safe for a read-only too
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextvars
 import json
 import logging
 from dataclasses import dataclass
@@ -21,6 +19,7 @@ from typing import Any, Protocol
 
 from stepq.agents import AgentDefinition
 from stepq.approvals import canonical_args_hash
+from stepq.engine.tool_exec import ToolExecution
 from stepq.errors import ToolArgumentError
 from stepq.jsonsafe import finite, non_finite_path
 from stepq.metrics import record_tool_call
@@ -29,20 +28,6 @@ from stepq.store.tool_results import ToolResultStore
 from stepq.tools import ToolContext, ToolDefinition
 
 log = logging.getLogger("stepq.tools")
-_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="stepq-tool")
-
-
-def _late_result(future: concurrent.futures.Future[Any], call: ToolCall, timeout_s: float | None) -> None:
-    """A timed-out tool that finished anyway: its result (or error) never reaches the turn."""
-    error = future.exception()
-    outcome = f"raised {type(error).__name__}" if error is not None else "returned"
-    log.warning(
-        "tool %s (call %s) %s after its %ss timeout was reported; its result is discarded",
-        call.name,
-        call.id,
-        outcome,
-        timeout_s,
-    )
 
 
 class ResultSink(Protocol):
@@ -81,6 +66,7 @@ class StepDispatcher:
         sink: ResultSink,
         breaker: int | None,
         max_result_chars: int,
+        execution: ToolExecution,
     ) -> None:
         self.agent = agent
         self.state = state
@@ -88,6 +74,7 @@ class StepDispatcher:
         self.sink = sink
         self.breaker = breaker
         self.max_result_chars = max_result_chars
+        self.execution = execution  # runs the functions: timeouts, cancellation, sanitised errors
         self.visible = {t.name: t for t in agent.visible_tools()}
 
     def prepare(self, call: ToolCall) -> PreparedCall:
@@ -175,18 +162,10 @@ class StepDispatcher:
             metadata=self.state.metadata,
             logger=log.getChild(definition.name),
         )
-        # in a copy of this context, so the tool's log lines carry the step's turn_id/step/attempt
-        future = _EXECUTOR.submit(contextvars.copy_context().run, definition.invoke, args, ctx)
-        try:
-            output = future.result(timeout=definition.timeout_s)
-            output = self._truncate(output)
-            return ToolResult(tool_call_id=call.id, name=call.name, output=output)
-        except concurrent.futures.TimeoutError:
-            message = f"tool {call.name} timed out after {definition.timeout_s}s"
-            ctx.cancelled.set()  # the model is told it timed out: the tool must not act from now on
-            future.add_done_callback(lambda done: _late_result(done, call, definition.timeout_s))
-        except Exception as exc:  # a tool's failure is the model's to read, not the turn's end
-            message = str(exc) or type(exc).__name__
+        outcome = self.execution.run(definition, call, args, ctx)
+        if outcome.error is None:
+            return ToolResult(tool_call_id=call.id, name=call.name, output=self._truncate(outcome.output))
+        message = outcome.error
         if self.breaker is not None:
             count, _ = self.state.failed_tools.get(call.name, (0, ""))
             self.state.failed_tools[call.name] = (count + 1, message)

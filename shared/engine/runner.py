@@ -26,6 +26,7 @@ from stepq.engine import stopping, structured
 from stepq.engine.dispatch import PreparedCall, StepDispatcher
 from stepq.engine.emitter import StepEmitter
 from stepq.engine.output import parse_object, repair_note
+from stepq.engine.tool_exec import ToolExecution
 from stepq.errors import InvalidOutputError, StoreUnavailableError
 from stepq.logging import bind as bind_log_context
 from stepq.metrics import (
@@ -426,7 +427,9 @@ class StepRunner:
     ) -> StepDispatcher:
         breaker = agent.tool_failure_breaker or provider_breaker
         sink = _EmitterResultSink(self.rt.tool_results, emitter, state.turn_id)
-        return StepDispatcher(agent, state, self.rt.tool_results, sink, breaker, self.rt.settings.max_tool_result_chars)
+        s = self.rt.settings
+        execution = ToolExecution(s, self._lease.cancelled if self._lease is not None else None)
+        return StepDispatcher(agent, state, self.rt.tool_results, sink, breaker, s.max_tool_result_chars, execution)
 
     @staticmethod
     def _publish_result(emitter: StepEmitter, result: ToolResult) -> None:

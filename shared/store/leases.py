@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from stepq.cancel import CancelSignal
 from stepq.store.keys import Keys
 from stepq.store.pipelines import queue_script
 
@@ -38,7 +39,7 @@ class StepLease:
     ttl_ms: int
     lost: threading.Event = field(default_factory=threading.Event)
     released: bool = False  # set when a commit already released it in Redis
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: CancelSignal = field(default_factory=CancelSignal)  # forwarded to the tools the step runs
     renewed_at: float = field(default_factory=time.monotonic)
 
     @property

@@ -1,0 +1,162 @@
+"""Running one tool function: on the shared executor, bounded, cancellable, its failure sanitised.
+
+- A tool's exception reaches the model as `<ExceptionType>: <message>`, the message on one line, cut to
+  `STEPQ_TOOL_ERROR_CHARS` and with secrets masked (the log redaction's rules); no stack. The full
+  error, traceback included, goes to the `stepq.tools` log.
+- A call that outlives its timeout is told to stop (`ctx.cancelled`): an `async def` tool's task is
+  cancelled, a process started with `ctx.run_process` is killed, a polling tool sees the flag. A plain
+  function that ignores it keeps its executor thread until it returns, so calls still running past their
+  timeout ("lingering") are bounded: per tool by `STEPQ_TOOL_MAX_LINGERING`, and in all to half the
+  executor; beyond that a call is refused without taking a thread (`stepq_tool_calls_refused_total`), and
+  `stepq_tool_calls_lingering` shows how many there are.
+- The turn's cancellation (the step lease's flag, polled by the lease heartbeat) is forwarded to the
+  running call's `ctx.cancelled`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import inspect
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from stepq.cancel import CancelSignal, ToolCancelledError
+from stepq.config import Settings
+from stepq.logging import Redactor, secret_values
+from stepq.metrics import TOOL_CALLS_LINGERING, TOOL_CALLS_REFUSED, TOOL_TIMEOUTS
+from stepq.models import ToolCall
+from stepq.tools import ToolContext, ToolDefinition
+
+log = logging.getLogger("stepq.tools")
+EXECUTOR_THREADS = 64
+MAX_LINGERING_TOTAL = EXECUTOR_THREADS // 2  # the other half stays free for calls within their timeout
+_EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=EXECUTOR_THREADS, thread_name_prefix="stepq-tool")
+
+
+class _Lingering:
+    """Counts, per tool, the calls still running past their reported timeout (this process)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+
+    def refusal(self, tool: str, per_tool: int) -> str | None:
+        with self._lock:
+            mine, total = self._counts.get(tool, 0), sum(self._counts.values())
+        if mine >= per_tool:
+            return f"tool {tool} not run: {mine} earlier calls of it are still running past their timeout"
+        if total >= MAX_LINGERING_TOTAL:
+            return f"tool {tool} not run: {total} tool calls are still running past their timeout"
+        return None
+
+    def add(self, tool: str) -> None:
+        with self._lock:
+            self._counts[tool] = self._counts.get(tool, 0) + 1
+        TOOL_CALLS_LINGERING.labels(tool).inc()
+
+    def remove(self, tool: str) -> None:
+        with self._lock:
+            self._counts[tool] -= 1
+            if not self._counts[tool]:
+                del self._counts[tool]
+        TOOL_CALLS_LINGERING.labels(tool).dec()
+
+    def count(self, tool: str) -> int:
+        with self._lock:
+            return self._counts.get(tool, 0)
+
+
+LINGERING = _Lingering()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    output: Any = None
+    error: str | None = None  # what the model reads when the call failed
+
+
+class ToolExecution:
+    """How one step runs its tools: its secrets to mask, its limits, its turn's cancellation flag."""
+
+    def __init__(self, settings: Settings, turn_cancel: CancelSignal | None = None) -> None:
+        self.redact = Redactor(secret_values(settings))
+        self.max_lingering = settings.tool_max_lingering
+        self.error_chars = settings.tool_error_chars
+        self.turn_cancel = turn_cancel
+
+    def run(self, definition: ToolDefinition, call: ToolCall, args: dict[str, Any], ctx: ToolContext) -> Outcome:
+        refused = LINGERING.refusal(definition.name, self.max_lingering)
+        if refused is not None:
+            TOOL_CALLS_REFUSED.labels(definition.name).inc()
+            return Outcome(error=refused)
+        forget = self.turn_cancel.on_set(ctx.cancelled.set) if self.turn_cancel is not None else _nothing
+        # in a copy of this context, so the tool's log lines carry the step's turn_id/step/attempt
+        future = _EXECUTOR.submit(contextvars.copy_context().run, _invoke, definition, args, ctx)
+        try:
+            return Outcome(output=future.result(timeout=definition.timeout_s))
+        except concurrent.futures.TimeoutError:
+            ctx.cancelled.set()  # the model is told it timed out: the tool must not act from now on
+            TOOL_TIMEOUTS.labels(definition.name).inc()
+            LINGERING.add(definition.name)
+            future.add_done_callback(lambda done: _late_result(done, call, definition.timeout_s))
+            return Outcome(error=f"tool {call.name} timed out after {definition.timeout_s}s")
+        except Exception as exc:  # a tool's failure is the model's to read, not the turn's end
+            log.warning("tool %s (call %s) raised", call.name, call.id, exc_info=exc)
+            return Outcome(error=self.describe(exc))
+        finally:
+            forget()
+
+    def describe(self, exc: BaseException) -> str:
+        """The exception as the model reads it: its type and its message on one line, bounded, secrets masked."""
+        text = self.redact(" ".join(str(exc).split()))  # masked before it is cut: no half secret survives
+        if len(text) > self.error_chars:
+            text = text[: self.error_chars] + "…"
+        return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _nothing() -> None:
+    return None
+
+
+def _invoke(definition: ToolDefinition, args: dict[str, Any], ctx: ToolContext) -> Any:
+    if inspect.iscoroutinefunction(definition.fn):
+        return _run_coroutine(definition, args, ctx)
+    return definition.invoke(args, ctx)
+
+
+def _run_coroutine(definition: ToolDefinition, args: dict[str, Any], ctx: ToolContext) -> Any:
+    """An async tool on a loop of its own, in the executor thread; cancelling the call cancels its task."""
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(definition.invoke(args, ctx))
+
+    def cancel() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the task already ended
+            loop.call_soon_threadsafe(task.cancel)
+
+    forget = ctx.cancelled.on_set(cancel)
+    try:
+        return loop.run_until_complete(task)
+    except asyncio.CancelledError:
+        raise ToolCancelledError("the tool's task was cancelled") from None
+    finally:
+        forget()
+        loop.close()
+
+
+def _late_result(future: concurrent.futures.Future[Any], call: ToolCall, timeout_s: float | None) -> None:
+    """A timed-out tool that finished anyway: its thread is free again; its result never reaches the turn."""
+    LINGERING.remove(call.name)
+    error = future.exception()
+    outcome = f"raised {type(error).__name__}" if error is not None else "returned"
+    log.warning(
+        "tool %s (call %s) %s after its %ss timeout was reported; its result is discarded",
+        call.name,
+        call.id,
+        outcome,
+        timeout_s,
+    )
