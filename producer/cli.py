@@ -28,6 +28,7 @@ from stepq.errors import ApprovalError
 from stepq.logging import configure_logging
 from stepq.metrics import prepare_multiprocess_dir
 from stepq.models import Event, EventType, TurnResult, TurnStatus
+from stepq.producer import cli_tool_results
 from stepq.producer.client import Client
 from stepq.producer.failures import (
     EMBEDDED_STATE_HINT,
@@ -294,7 +295,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
             for line in trace_table(state.trace):
                 print(line)
         return 0
-    pending = _pending_approvals(client, args.turn) if state.status == TurnStatus.AWAITING_APPROVAL else []
+    pending = _pending_approvals(client, args.turn) if state.status.parked else []
     if args.json:
         payload = state.result().model_dump(mode="json")
         payload.update(
@@ -305,6 +306,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
             finished_at=state.finished_at,
             metadata=state.metadata,
             pending_approvals=pending,
+            pending_tool_calls=client_calls(state),
         )
         print(json.dumps(payload, indent=2, ensure_ascii=False))
         return 0
@@ -321,11 +323,27 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     for p in pending:
         print(f"\n{style.yellow('pending approval')} {p['approval_id']}: {p['tool']} {compact(p['args'])}")
         print(f"  stepq approve {p['approval_id']} --yes   (or --no --reason '…')")
+    calls = client_calls(state)
+    for c in calls:
+        print(f"\n{style.yellow('awaiting tool result')} {c['tool_call_id']}: {c['tool']} {compact(c['args'])}")
+    if calls:
+        example = json.dumps({c["tool_call_id"]: "…" for c in calls}, ensure_ascii=False)
+        print(f"  stepq resume {state.turn_id} --results {shlex.quote(example)}")
     if state.trace.steps:
         print(f"\n{style.bold('steps')}")
         for line in trace_table(state.trace):
             print(f"  {line}")
     return 0
+
+
+def client_calls(state: Any) -> list[dict[str, Any]]:
+    """The client-side tool calls a parked turn waits for (`stepq resume` answers them)."""
+    if not state.status.parked or state.parked is None:
+        return []
+    return [
+        {"tool_call_id": c.tool_call_id, "tool": c.tool_name, "args": c.args, "expires_at": c.expires_at}
+        for c in state.parked.client_calls
+    ]
 
 
 def _pending_approvals(client: Client, turn_id: str) -> list[dict[str, Any]]:
@@ -370,7 +388,10 @@ def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
         return approve_batch_command(client, args)
     if args.approval_id is None or args.all or args.filter:
         raise UsageError("`stepq approve` takes an APPROVAL_ID, or --batch ID with --all or --filter")
-    receipt = client.approve(args.approval_id, args.yes, reason=args.reason, reviewer=args.reviewer, token=args.token)
+    edited = cli_tool_results.json_object(args.args, "--args")
+    receipt = client.approve(
+        args.approval_id, args.yes, reason=args.reason, reviewer=args.reviewer, token=args.token, args=edited
+    )
     try:
         receipt.wait(timeout=args.timeout)
     except ApprovalError as exc:
@@ -539,6 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
     decision.add_argument("--yes", action="store_true", help="approve")
     decision.add_argument("--no", action="store_true", help="deny")
     p.add_argument("--reason", default="")
+    p.add_argument("--args", metavar="JSON", help="approve with these arguments instead (tools declared editable=True)")
     p.add_argument("--reviewer", default=os.environ.get("USER", ""))
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the worker's answer")
     p.add_argument("--batch", metavar="ID", help="decide the approvals of this batch's parked turns")
@@ -552,6 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --batch: only approvals matching tool=NAME or key=GLOB (the item key); repeat to narrow",
     )
     p.set_defaults(func=cmd_approve)
+    cli_tool_results.add_parser(sub)
 
     p = sub.add_parser("cancel", help="cancel a turn")
     p.add_argument("turn")

@@ -12,7 +12,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from stepq import embedded, threads
+from stepq import client_tools, embedded, threads
 from stepq.attachments import Attachment
 from stepq.config import Settings, get_settings
 from stepq.errors import ApprovalError, NoWorkerError, StoreUnavailableError, TurnNotFoundError, WaitTimeoutError
@@ -354,6 +354,32 @@ class Client:
         self.runtime.turns.request_cancel(turn_id)
         self._send_step(turn_id, state.step, state.priority)
 
+    def resume(
+        self,
+        turn_id: str,
+        results: Mapping[str, Any],
+        *,
+        errors: Collection[str] = (),
+        tenant: str | None = None,
+    ) -> TurnHandle:
+        """Answer a turn's client-side tool calls and let its loop go on (status `awaiting_tool_results`; the
+        `tool-results-request` event and `TurnState.parked.client_calls` list the open calls).
+
+        results: one entry per open call, `{tool_call_id: output}`; the output is what the tool would have
+            returned (any JSON value), and the model reads it as that call's result.
+        errors: call ids whose output is an error message rather than a result.
+        tenant: when given, another tenant's turn is not found.
+
+        Every open call is answered at once, and each only once: a result for a call the turn does not wait
+        for, for one already answered (a concurrent resume won), a call left out, or a turn that no longer
+        waits raises ToolResultsError (its `code` a ToolResultsRefusal, `call_ids` the calls) before the
+        model is asked, storing nothing. Returns the turn's handle.
+        """
+        with store_outage(self.settings):
+            state = client_tools.submit_results(self.runtime, turn_id, results, errors, tenant=tenant)
+        self._send_step(turn_id, state.step, state.priority)  # still waiting for approvals: the step parks again
+        return TurnHandle(self, turn_id)
+
     # ------------------------------------------------------------------ threads
 
     def create_thread(self, agent: str, *, metadata: dict[str, Any] | None = None, tenant: str = "") -> threads.Thread:
@@ -419,8 +445,10 @@ class Client:
         approved: True runs the tool; False denies it (the model reads `denied by reviewer: <reason>`).
         reason: why, shown to the model on a denial and recorded with the decision.
         reviewer: who decided, recorded with the decision and in the `approval-decision` event.
-        args: the arguments you approve; if given and not the requested ones, the decision is refused
-            (`changed-args`), so a reviewer never approves arguments other than those they saw.
+        args: the arguments you approve. Other than the requested ones, they are an edit: a tool declared
+            `editable=True` runs with them once validated against its schema (`invalid-args` otherwise) and
+            bound to the approval by a new signature the worker checks before running it; any other tool
+            refuses the decision (`changed-args`), so a reviewer never approves arguments they did not see.
         token: the signed token stays server-side (approval-request events do not carry it) and is
             read from the pending approval's record; pass one only to present a token you hold yourself.
 

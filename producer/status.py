@@ -77,7 +77,20 @@ def collect_status(rt: Runtime, limit: int = 20, now: float | None = None) -> di
                     "expires_in_s": round(a.expires_at - now, 1),
                 }
             )
-        parked.append({"turn_id": turn_id, "agent": state.agent, "step": state.step, "approvals": approvals})
+        tool_calls = [  # client-side calls waiting for `stepq resume` / Client.resume
+            {"tool_call_id": c.tool_call_id, "tool": c.tool_name, "expires_in_s": round(c.expires_at - now, 1)}
+            for c in state.parked.client_calls
+        ]
+        parked.append(
+            {
+                "turn_id": turn_id,
+                "agent": state.agent,
+                "status": state.status.value,
+                "step": state.step,
+                "approvals": approvals,
+                "tool_calls": tool_calls,
+            }
+        )
 
     return {
         "key_prefix": settings.key_prefix,
@@ -130,10 +143,14 @@ def status_lines(status: dict[str, Any], style: Style) -> list[str]:
 
     parked = status["awaiting_approval"]
     lines.append(
-        style.bold(f"awaiting approval ({parked['count']} turns, {parked['pending_approvals']} pending approvals)")
+        style.bold(
+            f"parked, awaiting approval or tool results ({parked['count']} turns, {parked['pending_approvals']} pending approvals)"
+        )
     )
     for t in parked["turns"]:
-        lines.append(f"  {t['turn_id']}  {t['agent']}  step {t['step']}")
+        lines.append(f"  {t['turn_id']}  {t['agent']}  {t.get('status', 'awaiting_approval')}  step {t['step']}")
+        for c in t.get("tool_calls", []):
+            lines.append(f"    {c['tool_call_id']}  {c['tool']}  awaiting its result (stepq resume {t['turn_id']})")
         for a in t["approvals"]:
             left = a["expires_in_s"]
             when = f"expires in {left / 60:.0f} min" if left >= 120 else f"expires in {max(left, 0):.0f} s"

@@ -34,6 +34,9 @@ from stepq.errors import (
     ThreadNotFoundError,
     ToolArgumentError,
     ToolCancelledError,
+    ToolResultsError,
+    ToolResultsRefusal,
+    TranscriptError,
     TurnNotFoundError,
     UnknownAgentError,
     WaitTimeoutError,
@@ -58,7 +61,7 @@ from stepq.ratelimit import RateLimit
 from stepq.stops import StopContext, stop_condition
 from stepq.submit import LoopOverrides
 from stepq.threads import Multitask, Thread, ThreadTurn
-from stepq.tools import ToolContext, ToolDefinition, tool
+from stepq.tools import ToolContext, ToolDefinition, client_tool, tool
 
 try:
     __version__ = _version("stepq")
@@ -115,6 +118,9 @@ __all__ = [
     "ToolContext",
     "ToolDefinition",
     "ToolResultStatus",
+    "ToolResultsError",
+    "ToolResultsRefusal",
+    "TranscriptError",
     "TurnHandle",
     "TurnNotFoundError",
     "TurnResult",
@@ -124,6 +130,7 @@ __all__ = [
     "Usage",
     "WaitTimeoutError",
     "__version__",
+    "client_tool",
     "stop_condition",
     "tool",
 ]

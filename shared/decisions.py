@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 
 from stepq.approvals import ApprovalClaim, canonical_args_hash
+from stepq.client_tools import client_results_in
+from stepq.edits import edited_binding
 from stepq.errors import ApprovalError, ApprovalRefusal
 from stepq.metrics import untrack_pending
 from stepq.models import EventType, TurnState, TurnStatus
@@ -65,14 +67,13 @@ def _decide(
         raise ApprovalError(
             ApprovalRefusal.INVALID_TOKEN, f"approval {approval_id}: the token is not valid for this approval"
         )
+    edit = None
     if args is not None and canonical_args_hash(dict(args)) != record.args_hash:
-        raise ApprovalError(
-            ApprovalRefusal.CHANGED_ARGS, f"approval {approval_id}: the arguments differ from the ones requested"
-        )
+        edit = edited_binding(rt.signer, record, args, approved)
     now = time.time()
     if record.status == "pending":
         _check_turn_waits(rt, record, now)
-    refusal, status = rt.approvals.decide(approval_id, approved, reviewer[:200], reason[:2000], now)
+    refusal, status = rt.approvals.decide(approval_id, approved, reviewer[:200], reason[:2000], now, edit)
     if refusal in (None, ApprovalRefusal.EXPIRED):
         untrack_pending(rt, approval_id)  # no longer waiting for a person (stepq_pending_approvals)
     if refusal == ApprovalRefusal.EXPIRED:
@@ -88,7 +89,10 @@ def _decide(
     if refusal is not None:
         raise ApprovalError(refusal, f"approval {approval_id} is already {status}")
     decision = "approved" if approved else "denied"
-    _publish_decision(rt, record.turn_id, record.step, approval_id, record.tool_call_id, decision, reviewer, reason)
+    extra = {"edited": True, "args": edit[0]} if edit is not None else {}
+    _publish_decision(
+        rt, record.turn_id, record.step, approval_id, record.tool_call_id, decision, reviewer, reason, **extra
+    )
     return ApprovalOutcome(
         True, decision, f"approval {approval_id} {decision}", resume=_resume_target(rt, record.turn_id, record.step)
     )
@@ -98,7 +102,7 @@ def _check_turn_waits(rt: Runtime, record: ApprovalRecord, now: float) -> None:
     """A decision counts only while its turn is parked on the approval's step. The turn's end cancels its
     approvals; this catches one whose turn ended some other way (or just now), and cancels it too."""
     state = rt.turns.load(record.turn_id)
-    if state is not None and state.status == TurnStatus.AWAITING_APPROVAL and state.step == record.step:
+    if state is not None and state.status.parked and state.step == record.step:
         return
     rt.approvals.cancel([record.approval_id], now, "turn no longer waiting")
     untrack_pending(rt, record.approval_id)
@@ -118,8 +122,9 @@ def _publish_decision(
     decision: str,
     reviewer: str,
     reason: str,
+    **extra: object,
 ) -> None:
-    data = {"approval_id": approval_id, "tool_call_id": call_id, "decision": decision}
+    data: dict[str, object] = {"approval_id": approval_id, "tool_call_id": call_id, "decision": decision, **extra}
     if reviewer:
         data["reviewer"] = reviewer
     if reason:
@@ -139,8 +144,11 @@ def _resume_target(rt: Runtime, turn_id: str, step: int) -> tuple[str, int, str]
 
 
 def _fully_decided(rt: Runtime, state: TurnState) -> bool:
-    """A parked turn none of whose approvals still waits for a person (decided or expired)."""
-    if state.status != TurnStatus.AWAITING_APPROVAL or state.parked is None:
+    """A parked turn none of whose approvals still waits for a person (decided or expired), and, once its
+    status says it waits only for client-side results, all of those in (stored, or expired)."""
+    if not state.status.parked or state.parked is None:
+        return False
+    if state.status == TurnStatus.AWAITING_TOOL_RESULTS and not client_results_in(rt, state, time.time()):
         return False
     records = rt.approvals.get_many([a.approval_id for a in state.parked.approvals])
     now = time.time()
@@ -160,7 +168,7 @@ def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int, str]]:
     found: list[tuple[str, int, str]] = []
     for turn_id in rt.turns.stale_active(now - min(rt.settings.lease_ttl_s, queued_grace_s)):
         state = rt.turns.load(turn_id)
-        parked = state is not None and state.status == TurnStatus.AWAITING_APPROVAL
+        parked = state is not None and state.status.parked
         if state is None or state.status.terminal or (parked and not _fully_decided(rt, state)):
             rt.redis.zrem(rt.keys.active, turn_id)  # ended, or waiting for a person (the awaiting index's job)
             continue
@@ -179,7 +187,7 @@ def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int, str]]:
             rt.redis.zadd(rt.keys.active, {turn_id: now}, xx=True)
     for turn_id in rt.turns.expired_awaiting(now):
         state = rt.turns.load(turn_id)
-        if state is None or state.status != TurnStatus.AWAITING_APPROVAL:
+        if state is None or not state.status.parked:
             rt.redis.zrem(rt.keys.awaiting, turn_id)
             continue
         found.append((turn_id, state.step, state.priority))

@@ -1,5 +1,5 @@
-"""The bundled demo agents: a support agent with a read tool and an approval-gated refund,
-and an object-mode extractor, on the offline `scripted` provider; and a batch enricher on the
+"""The bundled demo agents: a support agent with a read tool and an approval-gated refund, a planner
+whose date picker runs at the caller (a client-side tool), and an object-mode extractor, on the offline `scripted` provider; and a batch enricher on the
 offline `TestModel`, whose tool arguments and objects follow each item's text.
 """
 
@@ -56,6 +56,27 @@ support = AgentDefinition(
             tool_calls=[ScriptToolCall(name="issue_refund", args={"order_id": "A-1001", "amount_eur": 129.0})],
         ),
         ScriptStep(text="Done: the refund is on its way. Anything else I can help with?"),
+    ],
+)
+
+
+@tool(client=True)
+def pick_date(question: str) -> str:
+    """Ask the user to pick a date (a client-side tool: it runs in the caller's UI, never on a worker)."""
+    raise RuntimeError("pick_date runs at the caller")
+
+
+planner = AgentDefinition(
+    id="demo.planner",
+    description="Books a table; asks the user for the date through a client-side tool.",
+    system_prompt="You book tables. Ask the user for the date with pick_date.",
+    allowed_tools=["pick_date"],
+    script=[
+        ScriptStep(
+            text="Let me ask you for a date.",
+            tool_calls=[ScriptToolCall(name="pick_date", args={"question": "Which evening suits you?"})],
+        ),
+        ScriptStep(text="Booked: a table for two on the date you picked."),
     ],
 )
 

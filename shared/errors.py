@@ -11,7 +11,8 @@ them all. The tree (a second base in brackets keeps older `except ValueError` co
     │   ├── UnknownAgentError
     │   ├── MissingFeaturesError
     │   ├── OverrideError           a caller override tried to widen the agent's loop
-    │   └── AttachmentError         a file was refused (`.unsupported_type`: its media type was why)
+    │   ├── AttachmentError         a file was refused (`.unsupported_type`: its media type was why)
+    │   └── TranscriptError         `messages` hold a tool call without a result, or a result without a call
     ├── TurnNotFoundError [LookupError]
     ├── ThreadNotFoundError [LookupError]  unknown, expired, or another tenant's
     ├── ThreadBusyError              a turn of the thread is running and the policy is `reject`
@@ -21,6 +22,7 @@ them all. The tree (a second base in brackets keeps older `except ValueError` co
     │   └── NoWorkerError            embedded mode: no worker in this process can run the turn
     ├── StoreUnavailableError [ConnectionError]  Redis stayed unreachable for the whole outage window
     ├── ApprovalError               a decision was refused; `.code` is an `ApprovalRefusal`
+    ├── ToolResultsError            client-side tool results were refused; `.code` is a `ToolResultsRefusal`
     ├── ToolArgumentError [ValueError]   the model's tool arguments do not match the schema
     ├── ToolCancelledError           raised in a tool whose call was cancelled (`ctx.run_process` killed it)
     ├── InvalidOutputError [ValueError]  an object-mode answer does not match the output schema
@@ -83,6 +85,15 @@ class AttachmentError(SubmitError):
         self.unsupported_type = unsupported_type
 
 
+class TranscriptError(SubmitError):
+    """`messages` pair their tool calls and results badly: a call with no result after it (an open call), or a
+    result naming no call before it. `entries` lists each problem (`messages[i]...: what`); HTTP 422."""
+
+    def __init__(self, message: str, *, entries: list[str]) -> None:
+        super().__init__(message)
+        self.entries = entries
+
+
 class TurnNotFoundError(StepqError, LookupError):
     """No such turn: never created, or expired after its TTL."""
 
@@ -128,7 +139,8 @@ class ApprovalRefusal(StrEnum):
 
     UNKNOWN = "unknown"  # no such approval id (never created, or expired after retention)
     INVALID_TOKEN = "invalid-token"  # the token does not verify for this approval
-    CHANGED_ARGS = "changed-args"  # the decision names arguments other than the requested ones
+    CHANGED_ARGS = "changed-args"  # the decision names arguments other than the requested ones (not editable)
+    INVALID_ARGS = "invalid-args"  # edited arguments for an editable tool do not match its schema
     NOT_PENDING = "not-pending"  # already approved, denied or expired
     EXPIRED = "expired"  # it expired before this decision; it resolves as a denial
     TURN_NOT_WAITING = "turn-not-waiting"  # its turn was cancelled or finished: the approval was cancelled
@@ -140,6 +152,27 @@ class ApprovalError(StepqError):
     def __init__(self, code: ApprovalRefusal | str, message: str) -> None:
         super().__init__(message)
         self.code = ApprovalRefusal(code)
+
+
+class ToolResultsRefusal(StrEnum):
+    """Why client-side tool results were refused (the `code` of ToolResultsError and the API's reply)."""
+
+    NOT_WAITING = "turn-not-waiting"  # the turn is not parked on client-side tool calls (finished, or running)
+    UNKNOWN_CALL = "unknown-call"  # a result names a call id the turn is not waiting for
+    ALREADY_ANSWERED = "already-answered"  # a call already has its result (another submit won)
+    MISSING = "missing-results"  # an open call has no result: every open call is answered at once
+    EXPIRED = "expired"  # the calls expired; the model was told no result came
+    INVALID = "invalid-result"  # a result is not JSON, or `errors` names a call without a result
+
+
+class ToolResultsError(StepqError):
+    """Client-side tool results were refused before the model was asked; `code` says why and `call_ids`
+    names the calls concerned. Nothing was stored."""
+
+    def __init__(self, code: ToolResultsRefusal | str, message: str, call_ids: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.code = ToolResultsRefusal(code)
+        self.call_ids = call_ids or []
 
 
 class ToolArgumentError(StepqError, ValueError):

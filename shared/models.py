@@ -24,6 +24,8 @@ from pydantic import (
 
 # --------------------------------------------------------------------------- transcript
 
+OUTPUT_TOOL = "stepq_output"  # the tool an object-mode step answers through (see shared/engine/structured.py)
+
 
 class TextPart(BaseModel):
     type: Literal["text"] = "text"
@@ -151,6 +153,48 @@ class ToolResultMessage(BaseModel):
 Message = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolResultMessage, Field(discriminator="role")]
 
 
+def closed_transcript(messages: list[Message]) -> list[Message]:
+    """The transcript with every tool call answered by the tool message right after it: a call the turn ended
+    before answering (cancelled, out of budget, an object-mode answer) gets a result saying so, and results
+    with no call before them are dropped. Providers refuse anything else, so this is what a thread keeps and
+    what `TurnResult.messages` returns (the form `submit(messages=...)` accepts)."""
+    out: list[Message] = []
+    for message in messages:
+        open_calls = _open_calls(out)
+        if isinstance(message, ToolResultMessage):
+            if not open_calls:
+                continue
+            given = {r.tool_call_id: r for r in message.results}
+            out.append(ToolResultMessage(results=[given.get(c.id) or _not_run(c) for c in open_calls]))
+            continue
+        if open_calls:
+            out.append(ToolResultMessage(results=[_not_run(c) for c in open_calls]))
+        out.append(message)
+    open_calls = _open_calls(out)
+    if open_calls:
+        out.append(ToolResultMessage(results=[_not_run(c) for c in open_calls]))
+    return out
+
+
+def _open_calls(messages: list[Message]) -> list[ToolCall]:
+    """The tool calls of the last message when it is an assistant message that asked for tools."""
+    last = messages[-1] if messages else None
+    return last.tool_calls if isinstance(last, AssistantMessage) else []
+
+
+def _not_run(call: ToolCall) -> ToolResult:
+    if call.name == OUTPUT_TOOL:  # an object-mode answer: delivered, nothing was left undone
+        return ToolResult(tool_call_id=call.id, name=call.name, output="recorded")
+    error = "not run: the turn ended before this tool call was answered"
+    return ToolResult(
+        tool_call_id=call.id,
+        name=call.name,
+        output={"error": error, "status": ToolResultStatus.FAILED.value},
+        is_error=True,
+        status=ToolResultStatus.FAILED,
+    )
+
+
 # --------------------------------------------------------------------------- usage
 
 
@@ -185,7 +229,8 @@ class Usage(BaseModel):
 class TurnStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
-    AWAITING_APPROVAL = "awaiting_approval"
+    AWAITING_APPROVAL = "awaiting_approval"  # parked: a gated tool call waits for a person's decision
+    AWAITING_TOOL_RESULTS = "awaiting_tool_results"  # parked: client-side tool calls wait for Client.resume
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -193,6 +238,11 @@ class TurnStatus(StrEnum):
     @property
     def terminal(self) -> bool:
         return self in (TurnStatus.COMPLETED, TurnStatus.FAILED, TurnStatus.CANCELLED)
+
+    @property
+    def parked(self) -> bool:
+        """The turn holds no worker: it waits for approvals or for tool results from its caller."""
+        return self in (TurnStatus.AWAITING_APPROVAL, TurnStatus.AWAITING_TOOL_RESULTS)
 
 
 class StepLoss(StrEnum):
@@ -283,6 +333,7 @@ class EventType(StrEnum):
     TOOL_RESULT = "tool-result"
     APPROVAL_REQUEST = "approval-request"
     APPROVAL_DECISION = "approval-decision"
+    TOOL_RESULTS_REQUEST = "tool-results-request"
     STEP_RETRY = "step-retry"
     STEP_RESET = "step-reset"
     STEP_FINISH = "step-finish"
@@ -349,6 +400,8 @@ class TurnResult(BaseModel):
     cost: float | None = None  # when STEPQ_PRICES has the turn's models
     error: str | None = None
     trace: LoopTrace = Field(default_factory=LoopTrace)
+    # the whole transcript, tool cycles and reasoning included, every call answered: what submit(messages=) takes
+    messages: list[Message] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- persisted turn state
@@ -396,15 +449,31 @@ class PendingApproval(BaseModel):
     expires_at: float
 
 
+class PendingToolCall(BaseModel):
+    """A call of a client-side tool (declared without a server implementation): its caller supplies the
+    result with `Client.resume` before `expires_at`, or the model reads that none came."""
+
+    tool_call_id: str
+    tool_name: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    expires_at: float
+
+
 class ParkedStep(BaseModel):
-    """A step whose tool calls wait for approvals; holds everything needed to resume it."""
+    """A step whose tool calls wait for approvals or for client-side results; holds everything to resume it."""
 
     assistant: AssistantMessage
     step_usage: Usage
     raw_stop_reason: str | None = None
     finish_reason: FinishReason | None = None
-    approvals: list[PendingApproval]
+    approvals: list[PendingApproval] = Field(default_factory=list)
+    client_calls: list[PendingToolCall] = Field(default_factory=list)
     step_trace: StepTrace
+
+    @property
+    def expires_at(self) -> float:
+        """When the first thing it waits for expires (the sweeper resumes the step then)."""
+        return min([a.expires_at for a in self.approvals] + [c.expires_at for c in self.client_calls])
 
 
 class TurnState(BaseModel):
@@ -465,6 +534,7 @@ class TurnState(BaseModel):
             cost=self.cost,
             error=self.error,
             trace=self.trace,
+            messages=closed_transcript(self.messages),
         )
 
 

@@ -17,6 +17,7 @@ from stepq.models import EventType, LoopLimits, Message, SystemMessage, TurnStat
 from stepq.providers.registry import resolve_model
 from stepq.runtime import Runtime
 from stepq.stops import get_stop_condition, unknown_message
+from stepq.transcripts import check_pairing
 
 _MESSAGES = TypeAdapter(list[Message])
 
@@ -144,6 +145,7 @@ def build_messages(
         raise SubmitError(f"messages total {size} characters; the limit is {limit} (STEPQ_MAX_PROMPT_CHARS)")
     if any(isinstance(m, SystemMessage) for m in parsed):
         raise SubmitError("system messages come from the agent definition, not the caller")
+    check_pairing(parsed)
     return parsed
 
 

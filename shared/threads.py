@@ -27,18 +27,8 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from stepq.attachments import upload
 from stepq.errors import SubmitError, ThreadBusyError, ThreadNotFoundError, UnknownAgentError
-from stepq.models import (
-    AssistantMessage,
-    EventType,
-    Message,
-    ToolCall,
-    ToolResult,
-    ToolResultMessage,
-    ToolResultStatus,
-    TurnState,
-    TurnStatus,
-)
-from stepq.providers.base import OUTPUT_TOOL
+from stepq.models import EventType, Message, TurnState, TurnStatus
+from stepq.models import closed_transcript as well_formed  # a thread keeps every tool call answered
 from stepq.runtime import Runtime
 from stepq.submit import new_turn_state
 
@@ -237,47 +227,6 @@ def settle(rt: Runtime, thread_id: str) -> str | None:
         return None
     messages = [] if state is None else [_MESSAGE.dump_json(m).decode() for m in well_formed(state.messages)]
     return rt.threads.finish(thread_id, running, messages, time.time())
-
-
-def well_formed(messages: list[Message]) -> list[Message]:
-    """The transcript with every tool call answered: a call the turn ended before running (cancelled,
-    out of budget) gets a result saying it was not run, and results with no call before them are dropped.
-    Providers refuse a transcript with an open tool call, so a thread never keeps one."""
-    out: list[Message] = []
-    for message in messages:
-        open_calls = _open_calls(out)
-        if isinstance(message, ToolResultMessage):
-            if not open_calls:
-                continue
-            given = {r.tool_call_id: r for r in message.results}
-            out.append(ToolResultMessage(results=[given.get(c.id) or _not_run(c) for c in open_calls]))
-            continue
-        if open_calls:
-            out.append(ToolResultMessage(results=[_not_run(c) for c in open_calls]))
-        out.append(message)
-    open_calls = _open_calls(out)
-    if open_calls:
-        out.append(ToolResultMessage(results=[_not_run(c) for c in open_calls]))
-    return out
-
-
-def _open_calls(messages: list[Message]) -> list[ToolCall]:
-    """The tool calls of the last message when it is an assistant message that asked for tools."""
-    last = messages[-1] if messages else None
-    return last.tool_calls if isinstance(last, AssistantMessage) else []
-
-
-def _not_run(call: ToolCall) -> ToolResult:
-    if call.name == OUTPUT_TOOL:  # an object-mode answer: delivered, nothing was left undone
-        return ToolResult(tool_call_id=call.id, name=call.name, output="recorded")
-    error = "not run: the turn ended before this tool call was answered"
-    return ToolResult(
-        tool_call_id=call.id,
-        name=call.name,
-        output={"error": error, "status": ToolResultStatus.FAILED.value},
-        is_error=True,
-        status=ToolResultStatus.FAILED,
-    )
 
 
 def _not_found(thread_id: object) -> ThreadNotFoundError:

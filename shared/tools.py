@@ -12,7 +12,7 @@ import logging
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, cast, get_type_hints
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
@@ -68,6 +68,8 @@ class ToolDefinition:
     needs_approval: bool | ApprovalPredicate = False
     timeout_s: float | None = 60.0
     context_param: str | None = None
+    client: bool = False  # no server-side run: the turn parks until its caller sends the result (Client.resume)
+    editable: bool = False  # a reviewer may approve a gated call with edited arguments (re-validated, re-bound)
     _validator: Any = field(default=None, repr=False)
 
     def validate(self, args: Any) -> dict[str, Any]:
@@ -136,8 +138,14 @@ def tool(
     destructive: bool = False,
     needs_approval: bool | ApprovalPredicate = False,
     timeout_s: float | None = 60.0,
+    client: bool = False,
+    editable: bool = False,
 ) -> Any:
-    """Declare a tool. Its schema comes from `args_model`, `input_schema`, or the type hints."""
+    """Declare a tool. Its schema comes from `args_model`, `input_schema`, or the type hints.
+
+    `client=True` declares a client-side tool: the function is never run (its signature and docstring
+    describe the tool); a call parks the turn until its caller supplies the result with `Client.resume`.
+    `editable=True` lets a reviewer approve a gated call with other arguments (`Client.approve(args=...)`)."""
 
     def wrap(func: Callable[..., Any]) -> ToolDefinition:
         model = args_model
@@ -174,13 +182,45 @@ def tool(
             needs_approval=needs_approval,
             timeout_s=timeout_s,
             context_param=context_param,
+            client=client,
+            editable=editable,
         )
+        if client and (is_mutation or destructive or needs_approval):
+            raise DefinitionError(
+                f"tool {tool_name}: a client-side tool runs at the caller, so it cannot be a mutation or need "
+                "approval here; gate it in the client"
+            )
         register_tool(definition)
         return definition
 
     if fn is not None:
         return wrap(fn)
     return wrap
+
+
+def client_tool(
+    name: str,
+    description: str,
+    *,
+    input_schema: dict[str, Any] | None = None,
+    args_model: type[BaseModel] | None = None,
+) -> ToolDefinition:
+    """Declare a schema-only, client-side tool (a tool without an implementation here): when the model calls
+    it, the turn parks (`awaiting_tool_results`) until its caller supplies the result with `Client.resume`
+    (`POST /v1/turns/{id}/tool-results`). The schema comes from `input_schema` or `args_model`."""
+    if (input_schema is None) == (args_model is None):
+        raise DefinitionError(f"client tool {name}: give exactly one of input_schema or args_model")
+
+    def not_here(**_: Any) -> Any:
+        raise RuntimeError(f"{name} is a client-side tool: its caller runs it and sends the result")
+
+    not_here.__name__ = name
+    return cast(
+        ToolDefinition,
+        tool(
+            not_here, name=name, description=description, input_schema=input_schema, args_model=args_model, client=True
+        ),
+    )
 
 
 _TOOLS: dict[str, ToolDefinition] = {}

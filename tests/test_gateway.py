@@ -403,4 +403,4 @@ def test_serve_insecure_dev_says_so_and_loads_the_demo_agents(prefix):
         proc.wait(timeout=30)
     text = "".join(said)
     assert "INSECURE DEV MODE" in text and "demo agents" in text, text
-    assert agents == ["demo.enricher", "demo.extractor", "demo.support"]
+    assert agents == ["demo.enricher", "demo.extractor", "demo.planner", "demo.support"]

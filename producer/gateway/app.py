@@ -11,7 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from stepq.config import Settings
 from stepq.errors import ConfigurationError
-from stepq.producer.gateway import routes_approvals, routes_meta, routes_turns
+from stepq.producer.gateway import routes_approvals, routes_meta, routes_tool_results, routes_turns
 from stepq.producer.gateway.auth import AuthConfig
 from stepq.producer.gateway.errors import install_error_handlers
 from stepq.producer.gateway.limits import RequestLimiter
@@ -51,6 +51,7 @@ def create_app(
         app.state.request_limiter = RequestLimiter(gw, gw.settings.gateway_rate_limit_rpm)
     install_error_handlers(app)
     app.include_router(routes_turns.router)
+    app.include_router(routes_tool_results.router)
     app.include_router(routes_approvals.router)
     app.include_router(routes_meta.router)
     for name in OPTIONAL_ROUTERS:

@@ -21,6 +21,9 @@ from stepq.errors import (
     SubmitError,
     ThreadBusyError,
     ThreadNotFoundError,
+    ToolResultsError,
+    ToolResultsRefusal,
+    TranscriptError,
     TurnNotFoundError,
 )
 
@@ -38,6 +41,14 @@ _HTTP_CODES = {
     422: "invalid-request",
     429: "rate-limited",
     503: "unavailable",
+}
+
+
+# a result the body got wrong is a 422; one the turn's state refuses (answered, expired, not waiting) a 409
+_TOOL_RESULTS_STATUS = {
+    ToolResultsRefusal.UNKNOWN_CALL: 422,
+    ToolResultsRefusal.MISSING: 422,
+    ToolResultsRefusal.INVALID: 422,
 }
 
 
@@ -62,6 +73,10 @@ def from_stepq(exc: StepqError) -> GatewayError:
         return GatewayError(404, "not-found", str(exc))
     if isinstance(exc, ThreadBusyError):
         return GatewayError(409, "thread-busy", str(exc))
+    if isinstance(exc, TranscriptError):
+        return GatewayError(422, "invalid-transcript", str(exc))
+    if isinstance(exc, ToolResultsError):
+        return GatewayError(_TOOL_RESULTS_STATUS.get(exc.code, 409), exc.code.value, str(exc))
     if isinstance(exc, AttachmentError) and exc.unsupported_type:
         return GatewayError(415, "unsupported-media-type", str(exc))
     if isinstance(exc, SubmitError):

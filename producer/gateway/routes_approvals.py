@@ -24,6 +24,9 @@ class DecisionBody(BaseModel):
 
     approved: bool
     reason: str = Field(default="", max_length=2000)
+    args: dict[str, Any] | None = Field(
+        default=None, description="approve with these arguments instead (tools declared editable=True)"
+    )
 
 
 @router.post("/{approval_id}")
@@ -34,13 +37,19 @@ async def decide(
     principal: Annotated[Principal, Depends(require("approve"))],
 ) -> dict[str, Any]:
     """Approve or deny a gated tool call; the reviewer recorded is the caller. A refusal is a 409 whose
-    code says why (`expired`, `not-pending`, `changed-args`, `invalid-token`, `unknown`)."""
+    code says why (`expired`, `not-pending`, `changed-args`, `invalid-args`, `invalid-token`, `unknown`).
+    `args` approves an editable tool's call with edited arguments (validated against its schema, re-bound)."""
     record = await gw.run_sync(gw.runtime.approvals.get, approval_id)
     if record is None or await gw.turn_tenant(record.turn_id) != principal.tenant:
         raise GatewayError(404, "not-found", f"no approval {approval_id!r} (unknown, expired, or not yours)")
     receipt = await gw.run_sync(
         lambda: gw.client.approve(
-            approval_id, body.approved, token=record.token, reason=body.reason, reviewer=principal.subject
+            approval_id,
+            body.approved,
+            token=record.token,
+            reason=body.reason,
+            reviewer=principal.subject,
+            args=body.args,
         )
     )
     try:

@@ -117,6 +117,10 @@ def describe(state: TurnState) -> dict[str, Any]:
             }
             for a in state.parked.approvals
         ]
+        out["pending_tool_calls"] = [  # client-side calls: answer them with POST /v1/turns/{id}/tool-results
+            {"tool_call_id": c.tool_call_id, "tool": c.tool_name, "args": c.args, "expires_at": c.expires_at}
+            for c in state.parked.client_calls
+        ]
     if state.status.terminal:
         out["result"] = {
             "text": state.text,

@@ -53,6 +53,16 @@ class PreparedCall:
         return self.error is None and d is not None and (d.is_mutation or d.destructive)
 
     @property
+    def is_client(self) -> bool:
+        """A valid call of a client-side tool: the turn's caller runs it (the step parks for its result)."""
+        return self.error is None and self.definition is not None and self.definition.client
+
+    @property
+    def waits(self) -> bool:
+        """The step parks for this call: a person's approval or a client-side result."""
+        return self.needs_approval or self.is_client
+
+    @property
     def args_hash(self) -> str:
         return canonical_args_hash(self.args or {})
 
@@ -102,7 +112,7 @@ class StepDispatcher:
         except ToolArgumentError as exc:
             status = ToolResultStatus.INVALID_ARGUMENTS
             return fail({"error": f"Invalid arguments for {call.name}: {exc}", "status": status.value}, status)
-        needs = self.agent.call_needs_approval(definition, args)
+        needs = not definition.client and self.agent.call_needs_approval(definition, args)
         return PreparedCall(call, definition, args, None, needs_approval=needs)
 
     def _breaker_block(self, call: ToolCall) -> ToolResult | None:

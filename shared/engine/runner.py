@@ -18,11 +18,11 @@ from typing import Any, Literal
 
 import redis
 
-from stepq import attachments, threads
+from stepq import attachments, edits, threads
 from stepq.agents import AgentDefinition
 from stepq.approvals import ApprovalClaim
 from stepq.batch import record_finish
-from stepq.engine import stopping, structured
+from stepq.engine import client_tools, stopping, structured
 from stepq.engine.dispatch import PreparedCall, StepDispatcher
 from stepq.engine.emitter import StepEmitter
 from stepq.engine.output import parse_object, repair_note
@@ -175,13 +175,13 @@ class StepRunner:
         if agent is None:
             return self._fail(state, emitter, f"agent {state.agent!r} is not loaded on this worker")
         # content of this very step reached subscribers before a crash: tell them to drop it
-        if start.emitted_step == state.step and state.status != TurnStatus.AWAITING_APPROVAL:
+        if start.emitted_step == state.step and not state.status.parked:
             rt.turns.clear_emitted(state.turn_id)
             emitter.publish(EventType.STEP_RESET, {"reason": "redelivered after the worker stopped mid-step"})
         self._checkpoint = start.checkpoint
         if start.cancel_requested:
             return self._finish(state, emitter, TurnStatus.CANCELLED, FinishReason.CANCELLED)
-        if state.status == TurnStatus.AWAITING_APPROVAL:
+        if state.status.parked:
             return self._resume(state, agent, emitter)
         if self._over_wall_clock(state) and not self._answers_anyway(state, agent, LoopStop.WALL_CLOCK_BUDGET):
             return self._finish_limit(state, agent, emitter, LoopStop.WALL_CLOCK_BUDGET)
@@ -310,13 +310,13 @@ class StepRunner:
             stored = dispatcher.stored(calls)
         results: dict[str, ToolResult] = {}
         for p in prepared:
-            if p.needs_approval:
+            if p.waits:  # for a person's approval, or for a client-side tool's result
                 continue
             results[p.call.id] = stored.get(p.call.id) or dispatcher.execute(p)
             self._publish_result(emitter, results[p.call.id])
-        waiting = [p for p in prepared if p.needs_approval and p.call.id not in stored]
+        waiting = [p for p in prepared if p.waits and p.call.id not in stored]
         for p in prepared:
-            if p.needs_approval and p.call.id in stored:
+            if p.waits and p.call.id in stored:
                 results[p.call.id] = stored[p.call.id]
         if waiting:
             return self._park(state, agent, emitter, output, trace, waiting)
@@ -744,6 +744,8 @@ class StepRunner:
         pending: list[PendingApproval] = []
         requests = []
         for p in waiting:
+            if not p.needs_approval:
+                continue
             assert p.args is not None
             approval_id = f"apv_{uuid.uuid4().hex}"
             claim = ApprovalClaim(approval_id, state.turn_id, p.call.id, p.call.name, p.args_hash, expires_at)
@@ -783,16 +785,19 @@ class StepRunner:
             raw_stop_reason=output.raw_finish_reason,
             finish_reason=output.finish_reason,
             approvals=pending,
+            client_calls=client_tools.pending(waiting, expires_at),
             step_trace=trace,
         )
         state.messages.pop()  # the assistant message is re-added with the results on resume
-        state.status = TurnStatus.AWAITING_APPROVAL
+        state.status = TurnStatus.AWAITING_APPROVAL if pending else TurnStatus.AWAITING_TOOL_RESULTS
         if not self._commit(state):
             return _none(StepLoss.COMMIT_LOST)
         track_pending(rt, pending)  # stepq_pending_approvals counts this index
         for req in requests:
             emitter.publish(EventType.APPROVAL_REQUEST, req)
-        return _none("parked for approval")
+        if state.parked.client_calls:
+            emitter.publish(EventType.TOOL_RESULTS_REQUEST, client_tools.request_event(state.parked.client_calls))
+        return _none(f"parked ({state.status.value})")
 
     def _resume(self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter) -> Decision:
         rt = self.rt
@@ -818,9 +823,15 @@ class StepRunner:
                 )
         calls = parked.assistant.tool_calls
         dispatcher = self._dispatcher(state, agent, emitter, None)
-        stored = dispatcher.stored(calls)
+        answered = client_tools.settle(parked, dispatcher, now)
+        if answered is None:  # the approvals are decided; client-side results are still to come
+            return self._await_tool_results(state)
+        for result in answered.values():
+            self._publish_result(emitter, result)
+        stored = {**dispatcher.stored(calls), **answered}
         by_call = {a.tool_call_id: records.get(a.approval_id) for a in parked.approvals}
         results: list[ToolResult] = []
+        edited: dict[str, dict[str, Any]] = {}  # call id -> the arguments a reviewer approved instead
         for call in calls:
             if call.id in stored:
                 results.append(stored[call.id])
@@ -837,18 +848,34 @@ class StepRunner:
             elif record.status == "denied":
                 reason = record.reason or "no reason given"
                 result = dispatcher.record(_refusal(call, f"denied by reviewer: {reason}", do_not_retry=True))
+            elif record.edited_args is not None:  # approved with edited arguments: run them if their binding holds
+                args = edits.verified_edit(rt.signer, record, prepared.args_hash) if prepared.error is None else None
+                rerun = dispatcher.prepare(call.model_copy(update={"args": args})) if args is not None else None
+                if args is not None and rerun and rerun.error is None and rerun.args_hash == record.edited_args_hash:
+                    edited[call.id] = args
+                    result = dispatcher.execute(rerun)
+                else:
+                    result = dispatcher.record(_refusal(call, "the edited approval does not verify; not run"))
             elif prepared.error is None and prepared.args_hash == record.args_hash:
                 result = dispatcher.execute(prepared)
             else:
                 result = dispatcher.record(_refusal(call, "approval does not match the call's arguments; not run"))
             results.append(result)
             self._publish_result(emitter, result)
-        state.messages.append(parked.assistant)
+        state.messages.append(edits.with_args(parked.assistant, edited))
         state.messages.append(ToolResultMessage(results=results))
         state.tool_calls_made += len(calls)
         state.parked = None
         state.status = TurnStatus.RUNNING
         return self._after_tools(state, agent, emitter, calls)
+
+    def _await_tool_results(self, state: TurnState) -> Decision:
+        """Still parked, now only on client-side results: the status says so from here on."""
+        if state.status != TurnStatus.AWAITING_TOOL_RESULTS:
+            state.status = TurnStatus.AWAITING_TOOL_RESULTS
+            if not self._commit(state):
+                return _none(StepLoss.COMMIT_LOST)
+        return _none("waiting for client-side tool results")
 
 
 class _EventWriteGuard:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from stepq.errors import DefinitionError
 from stepq.errors import ProviderError as ProviderError  # adapters raise it; defined with the other errors
+from stepq.models import OUTPUT_TOOL as OUTPUT_TOOL  # the tool an object-mode step answers through
 from stepq.models import Delta, Message, StepOutput, ToolSpec
 
 ToolChoice = Literal["auto", "none", "required"] | str  # a bare tool name forces that tool
@@ -40,9 +41,6 @@ class StepRequest(BaseModel):
     step: int = 0
     attempt: int = 0
     options: dict[str, Any] = Field(default_factory=dict)
-
-
-OUTPUT_TOOL = "stepq_output"  # the tool an object-mode step answers through (see shared/engine/structured.py)
 
 
 Emit = Callable[[Delta], None]

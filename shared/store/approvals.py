@@ -12,7 +12,8 @@ from stepq.errors import ApprovalRefusal
 from stepq.store.keys import Keys
 from stepq.store.pipelines import queue_script
 
-# KEYS: approval. ARGV: now, decision, reviewer, reason. Returns {refusal code or '', the approval's status}.
+# KEYS: approval. ARGV: now, decision, reviewer, reason[, edited args JSON, their hash, their token].
+# Returns {refusal code or '', the approval's status}.
 _DECIDE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'unknown', ''} end
 local status = redis.call('HGET', KEYS[1], 'status')
@@ -23,6 +24,9 @@ if tonumber(ARGV[1]) >= tonumber(redis.call('HGET', KEYS[1], 'expires_at')) then
   return {'expired', 'expired'}
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'reviewer', ARGV[3], 'reason', ARGV[4], 'decided_at', ARGV[1])
+if ARGV[5] then
+  redis.call('HSET', KEYS[1], 'edited_args', ARGV[5], 'edited_args_hash', ARGV[6], 'edited_token', ARGV[7])
+end
 return {'', ARGV[2]}
 """
 
@@ -41,6 +45,11 @@ class ApprovalRecord(BaseModel):
     reason: str = ""
     # the signed capability: kept here, never in an event; approve paths send it on behalf of a caller
     token: str = ""
+    # an editable tool approved with other arguments: those (validated), their hash, and the worker's HMAC
+    # binding them to this approval; the step runs the call with them only if that binding verifies
+    edited_args: dict[str, Any] | None = None
+    edited_args_hash: str = ""
+    edited_token: str = ""
 
 
 class ApprovalStore:
@@ -52,7 +61,7 @@ class ApprovalStore:
 
     def create(self, record: ApprovalRecord) -> None:
         key = self.keys.approval(record.approval_id)
-        fields = record.model_dump()
+        fields = record.model_dump(exclude={"edited_args", "edited_args_hash", "edited_token"})
         fields["args"] = json.dumps(record.args)
         pipe = self.client.pipeline()
         pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
@@ -64,20 +73,28 @@ class ApprovalStore:
         if not raw:
             return None
         raw["args"] = json.loads(raw["args"])
+        if raw.get("edited_args"):
+            raw["edited_args"] = json.loads(raw["edited_args"])
         return ApprovalRecord.model_validate(raw)
 
     def get_many(self, approval_ids: list[str]) -> dict[str, ApprovalRecord]:
         return {aid: rec for aid in approval_ids if (rec := self.get(aid)) is not None}
 
     def decide(
-        self, approval_id: str, approved: bool, reviewer: str, reason: str, now: float
+        self,
+        approval_id: str,
+        approved: bool,
+        reviewer: str,
+        reason: str,
+        now: float,
+        edit: tuple[dict[str, Any], str, str] | None = None,
     ) -> tuple[ApprovalRefusal | None, str]:
         """(None, new status) when this call's decision was recorded; otherwise (why not, the approval's
-        status). Atomic: the first decision wins."""
-        refusal, status = self._decide(
-            keys=[self.keys.approval(approval_id)],
-            args=[f"{now:.6f}", "approved" if approved else "denied", reviewer, reason],
-        )
+        status). Atomic: the first decision wins. `edit` (args, hash, token) is recorded with an approval."""
+        args = [f"{now:.6f}", "approved" if approved else "denied", reviewer, reason]
+        if edit is not None:
+            args += [json.dumps(edit[0]), edit[1], edit[2]]
+        refusal, status = self._decide(keys=[self.keys.approval(approval_id)], args=args)
         return (ApprovalRefusal(refusal) if refusal else None), str(status)
 
     def cancel(self, approval_ids: list[str], now: float, reason: str) -> None:

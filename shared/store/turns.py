@@ -23,7 +23,7 @@ import redis
 from pydantic import TypeAdapter
 from redis.commands.core import Script
 
-from stepq.models import Message, StepOutput, StepTrace, TurnState, TurnStatus
+from stepq.models import Message, StepOutput, StepTrace, TurnState
 from stepq.store.keys import Keys
 
 # KEYS[8] names no key (`Keys.absent`): an optional key (idempotency, counter) equal to it is not used. A real
@@ -66,7 +66,7 @@ if status == 'completed' or status == 'failed' or status == 'cancelled' then
   for i = 1, #KEYS do
     if i ~= 3 and i ~= 4 and i ~= 7 then redis.call('EXPIRE', KEYS[i], ARGV[6]) end
   end
-elseif status == 'awaiting_approval' then
+elseif status == 'awaiting_approval' or status == 'awaiting_tool_results' then
   redis.call('ZREM', KEYS[3], ARGV[3])
   redis.call('ZADD', KEYS[4], ARGV[5], ARGV[3])
 else
@@ -340,8 +340,8 @@ class TurnStore:
         state.version = expected + 1
         state.updated_at = time.time()
         score = state.updated_at
-        if state.status == TurnStatus.AWAITING_APPROVAL and state.parked:
-            score = min(a.expires_at for a in state.parked.approvals)
+        if state.status.parked and state.parked:  # the awaiting index wakes the sweeper at the first expiry
+            score = state.parked.expires_at
         if len(state.messages) < state._stored_messages or len(state.trace.steps) < state._stored_trace:
             state.version = expected
             raise ValueError("a turn's transcript and trace are append-only; stored entries cannot be removed")
