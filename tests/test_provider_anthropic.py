@@ -563,3 +563,40 @@ def test_check_configured_accepts_a_bearer_token(monkeypatch):
     with pytest.raises(SubmitError) as info:
         anthropic_provider.check_configured()
     assert "ANTHROPIC_API_KEY" in str(info.value)
+
+
+def test_turn_result_messages_round_trip_with_tool_cycle_and_thinking(worker, client, fake):
+    """Turn 1's TurnResult.messages, submitted as turn 2, reach Anthropic with the cycle in its own shape."""
+    fake.enqueue(
+        stream(
+            thinking_block(0, ["Think", "ing..."], "sig-abc"),
+            tool_use_block(1, "toolu_9", "anthropic_lookup", ['{"query": "y"}']),
+            stop_reason="tool_use",
+        ),
+        stream(thinking_block(0, ["ok"], "sig-2"), text_block(1, ["answer"])),
+        text_reply("second answer"),
+    )
+    first, _ = run(client, "anthropic_t.thinking")
+    assert first.status == TurnStatus.COMPLETED, first.error
+    messages = [m.model_dump(mode="json") for m in first.messages] + [{"role": "user", "content": "again"}]
+    second = client.submit("anthropic_t.thinking", messages=messages).wait(timeout=WAIT)
+    assert second.status == TurnStatus.COMPLETED and second.text == "second answer"
+
+    turn1_step2, turn2 = (r.body for r in fake.wait_for_requests(3)[1:])
+
+    def bare(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:  # cache markers move with the latest turns
+        return [
+            {**m, "content": [{k: v for k, v in b.items() if k != "cache_control"} for b in m["content"]]}
+            for m in messages
+        ]
+
+    assert bare(turn2["messages"][:3]) == bare(turn1_step2["messages"][:3])  # exactly what turn 1 itself sent back
+    assert turn2["messages"][1]["content"] == [
+        {"type": "thinking", "thinking": "Thinking...", "signature": "sig-abc"},
+        {"type": "tool_use", "id": "toolu_9", "name": "anthropic_lookup", "input": {"query": "y"}},
+    ]
+    [tool_result] = [b for b in turn2["messages"][2]["content"] if b["type"] == "tool_result"]
+    assert tool_result["tool_use_id"] == "toolu_9" and "result for y" in json.dumps(tool_result["content"])
+    assert turn2["messages"][3]["role"] == "assistant"
+    assert {"type": "thinking", "thinking": "ok", "signature": "sig-2"} in turn2["messages"][3]["content"]
+    assert [b.get("text") for b in turn2["messages"][4]["content"]] == ["again"]

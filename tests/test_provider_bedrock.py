@@ -438,3 +438,33 @@ def test_transcript_translation_merges_roles_and_drops_foreign_reasoning() -> No
         {"text": "Your last tool call was malformed."},
     ]
     assert kwargs["toolConfig"]["toolChoice"] == {"any": {}}
+
+
+def test_turn_result_messages_round_trip_with_tool_cycle_and_reasoning(
+    fake: FakeBedrock, worker: Any, client: Any
+) -> None:
+    """Turn 1's TurnResult.messages, submitted as turn 2, reach Bedrock with the cycle in its own shape."""
+    fake.add(
+        turn(
+            reasoning_block(0, ["Think ", "hard."], "c2lnLWFiYw=="),
+            tool_block(1, "tu_1", "bedrock_lookup", {"key": "k"}),
+            stop="tool_use",
+        ),
+        turn(text_block(0, ["done"])),
+        turn(text_block(0, ["second"])),
+    )
+    first, _ = run(client, "bedrock_t.thinking")
+    assert first.status == TurnStatus.COMPLETED, first.error
+    messages = [m.model_dump(mode="json") for m in first.messages] + [{"role": "user", "content": "again"}]
+    second = client.submit("bedrock_t.thinking", messages=messages).wait(timeout=120)
+    assert second.status == TurnStatus.COMPLETED and second.text == "second"
+
+    _, turn1_step2, turn2 = fake.requests
+    assert turn2.body["messages"][:3] == turn1_step2.body["messages"][:3]  # exactly what turn 1 sent back
+    content = turn2.body["messages"][1]["content"]
+    assert content[0] == {"reasoningContent": {"reasoningText": {"text": "Think hard.", "signature": "c2lnLWFiYw=="}}}
+    assert content[1]["toolUse"] == {"toolUseId": "tu_1", "name": "bedrock_lookup", "input": {"key": "k"}}
+    [result] = turn2.body["messages"][2]["content"]
+    assert result["toolResult"]["toolUseId"] == "tu_1"
+    assert [m["role"] for m in turn2.body["messages"]] == ["user", "assistant", "user", "assistant", "user"]
+    assert turn2.body["messages"][4]["content"] == [{"text": "again"}]

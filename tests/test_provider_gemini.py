@@ -547,3 +547,33 @@ def test_schema_conversions_and_refusals():
     with pytest.raises(DefinitionError, match="no type"):
         check_tools([spec({"type": "object", "properties": {"anything": {}}})])
     check_tools([spec({"type": "object", "properties": {"q": {"type": "string"}}})])
+
+
+def test_turn_result_messages_round_trip_with_tool_cycle_and_thoughts(worker, client, studio):
+    """Turn 1's TurnResult.messages, submitted as turn 2, reach Gemini with the cycle in its own shape."""
+    studio.enqueue(
+        g.parts_reply(
+            g.thought("Let me think"),
+            g.text("Checking.", signature="dGV4dC1zaWc="),
+            g.function_call("gemini_lookup", {"q": "y"}, signature="Y2FsbC1zaWc="),
+        ),
+        g.text_reply("final"),
+        g.text_reply("second"),
+    )
+    first, _ = run(client, "gemini_t.thinking", "think about y")
+    assert first.status == TurnStatus.COMPLETED, first.error
+    messages = [m.model_dump(mode="json") for m in first.messages] + [{"role": "user", "content": "again"}]
+    second = client.submit("gemini_t.thinking", messages=messages).wait(timeout=120)
+    assert second.status == TurnStatus.COMPLETED and second.text == "second"
+
+    turn1_step2, turn2 = studio.requests[1].body, studio.requests[2].body
+    assert turn2["contents"][:3] == turn1_step2["contents"][:3]  # exactly what turn 1 itself sent back
+    model = turn2["contents"][1]
+    assert model["role"] == "model"
+    assert model["parts"][0] == {"text": "Let me think", "thought": True}
+    assert model["parts"][2]["functionCall"] == {"name": "gemini_lookup", "args": {"q": "y"}}
+    assert base64.urlsafe_b64decode(model["parts"][2]["thoughtSignature"]) == b"call-sig"
+    response = turn2["contents"][2]["parts"][0]["functionResponse"]
+    assert response["name"] == "gemini_lookup"
+    assert [c["role"] for c in turn2["contents"]] == ["user", "model", "user", "model", "user"]
+    assert turn2["contents"][4]["parts"] == [{"text": "again"}]

@@ -420,3 +420,33 @@ def test_a_key_from_the_agents_api_key_env_never_reaches_errors_or_events(worker
     stored = rt.redis.get(rt.keys.turn(result.turn_id))
     assert stored is not None and COMPAT_KEY.encode() not in (stored if isinstance(stored, bytes) else stored.encode())
     assert len(fake.requests) == 1
+
+
+def test_turn_result_messages_round_trip_with_tool_cycle_and_reasoning(worker, client, fake):
+    """Turn 1's TurnResult.messages, submitted as turn 2, reach the Responses API with the cycle in its shape."""
+    fake.enqueue(
+        response_stream(
+            reasoning_item(["Thinking ", "hard."], "enc-blob-1"),
+            call_item("call_r", "openai_lookup", ['{"query": "q"}']),
+        ),
+        response_text("answer"),
+        response_text("second"),
+    )
+    first, _ = run(client, "openai_t.reasoning")
+    assert first.status == TurnStatus.COMPLETED, first.error
+    messages = [m.model_dump(mode="json") for m in first.messages] + [{"role": "user", "content": "again"}]
+    second = client.submit("openai_t.reasoning", messages=messages).wait(timeout=WAIT)
+    assert second.status == TurnStatus.COMPLETED and second.text == "second"
+
+    _, turn1_step2, turn2 = (r.body for r in fake.wait_for_requests(3))
+    assert turn2["input"][:4] == turn1_step2["input"][:4]  # exactly what turn 1 itself sent back
+    assert turn2["input"][1] == {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [{"type": "summary_text", "text": "Thinking hard."}],
+        "encrypted_content": "enc-blob-1",
+    }
+    kinds = [item.get("type", item.get("role")) for item in turn2["input"]]
+    assert kinds[2:4] == ["function_call", "function_call_output"]
+    assert turn2["input"][2]["call_id"] == turn2["input"][3]["call_id"] == "call_r"
+    assert turn2["input"][-1]["role"] == "user"
