@@ -40,6 +40,7 @@ from tests.fakes.bedrock_server import (
     event,
     exception,
     message_start,
+    metadata,
     reasoning_block,
     redacted_block,
     text_block,
@@ -239,6 +240,32 @@ def test_in_stream_exception_before_content_is_retried(kind: str, fake: FakeBedr
     assert retry.data["code"] == kind
     assert len(fake.requests) == 2
     assert fake.requests[0].body == fake.requests[1].body
+
+
+@pytest.mark.parametrize("ending", ["exception", "truncated"])
+def test_usage_reported_by_a_failed_attempt_counts(ending: str, fake: FakeBedrock, worker: Any, client: Any) -> None:
+    """Tokens Bedrock reported (a metadata event) before the attempt failed are billed: the step's trace lists
+    the attempt with them and the turn's totals include them, as for the other providers."""
+    failed: list[bytes | Any] = [*message_start(), *metadata(1234, 3, cache_read=200)]
+    if ending == "exception":
+        failed.append(exception("modelStreamErrorException", "the model stream broke"))
+    fake.add(StreamReply(failed), turn(text_block(0, ["fine"]), usage=(1300, 7)))
+    result, events = run(client, "bedrock_t.chat")
+
+    assert result.status == TurnStatus.COMPLETED, result.error
+    assert len(fake.requests) == 2
+    [step] = result.trace.steps
+    [attempt] = step.failed_attempts
+    code = "modelStreamErrorException" if ending == "exception" else "incomplete_stream"
+    assert attempt.attempt == 0 and attempt.error == code.lower()  # the metrics reason: the code, lower-cased
+    assert (attempt.usage.input_tokens, attempt.usage.output_tokens) == (1234, 3)
+    assert attempt.usage.cache_read_tokens == 200
+    assert (attempt.provider, attempt.model) == ("bedrock", BEDROCK_MODEL)
+    assert (step.usage.input_tokens, step.usage.output_tokens) == (1300, 7)
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (1234 + 1300, 3 + 7)
+    assert result.usage.cache_read_tokens == 200
+    [retry] = of(events, EventType.STEP_RETRY)
+    assert retry.data["code"] == code
 
 
 def test_in_stream_exception_after_content_fails_the_turn(fake: FakeBedrock, worker: Any, client: Any) -> None:

@@ -22,7 +22,7 @@ import urllib3.exceptions
 from botocore.eventstream import ParserError
 
 from stepq.errors import DefinitionError, SubmitError
-from stepq.models import Delta, StepOutput, ToolSpec
+from stepq.models import Delta, StepOutput, ToolSpec, Usage
 from stepq.providers import bedrock_wire
 from stepq.providers.base import Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
 from stepq.providers.errors import classify_status, parse_retry_after
@@ -293,7 +293,9 @@ class BedrockAdapter(ProviderAdapter):
         except _EmitFailed as failed:
             raise failed.cause from None
         except Exception as exc:
-            raise classify_exception(exc, read) from None
+            error = classify_exception(exc, read)
+            error.usage = error.usage or _reported_usage(assembler)  # billed although the call failed
+            raise error from None
         finally:
             if stream is not None:
                 stream.close()
@@ -302,6 +304,7 @@ class BedrockAdapter(ProviderAdapter):
                 "the Bedrock stream ended without messageStop (truncated response)",
                 retryable=True,
                 code="incomplete_stream",
+                usage=_reported_usage(assembler),
             )
         message = assembler.message()
         self._malformed = assembler.malformed
@@ -318,6 +321,13 @@ class BedrockAdapter(ProviderAdapter):
 
     def malformed_note(self) -> str:
         return "Your last tool call was malformed. Call the tool again with a valid JSON object as its input."
+
+
+def _reported_usage(assembler: bedrock_wire.StreamAssembler) -> Usage | None:
+    """The usage a `metadata` event reported before the call failed (the engine counts it), else None."""
+    usage = assembler.usage
+    reported = usage.total_tokens or usage.cache_read_tokens or usage.cache_write_tokens
+    return usage if reported else None
 
 
 def create_adapter(agent: AgentDefinition, model: str) -> ProviderAdapter:
