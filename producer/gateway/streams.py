@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,11 @@ from redis.exceptions import RedisError
 
 from stepq.models import EventType, TurnStatus
 from stepq.store.keys import Keys
+
+try:  # the sentinel redis-py's hiredis parser makes `gets()` return when no complete reply is buffered
+    from redis._parsers.hiredis import NOT_ENOUGH_DATA as _NOT_ENOUGH_DATA
+except ImportError:  # another redis-py layout: the hub reads one message at a time
+    _NOT_ENOUGH_DATA = None
 
 log = logging.getLogger("stepq.gateway")
 
@@ -43,10 +49,34 @@ class RawEvent:
 
     @classmethod
     def parse(cls, payload: str) -> RawEvent:
+        fast = _parse_envelope(payload)
+        if fast is not None:
+            return fast
         head = json.loads(payload)
         if "\n" in payload:  # never from our writer; an SSE data line must not contain one
             payload = json.dumps(head, separators=(",", ":"))
         return cls(int(head["seq"]), str(head["type"]), payload)
+
+
+_SEQ = '{"seq":'
+_TYPE = ',"type":"'
+
+
+def _parse_envelope(payload: str) -> RawEvent | None:
+    """seq and type read off the front of the envelope our writer builds (`{"seq":N,"turn_id":"…","type":"…",`,
+    compact JSON, no newline) without decoding the rest: at thousands of events a second, decoding every event's
+    data only to route it was the hub's largest single cost. Anything else (None) takes the full JSON decode."""
+    if not payload.startswith(_SEQ) or "\n" in payload:
+        return None
+    comma = payload.find(",", 7)
+    digits = payload[7:comma]
+    start = payload.find(_TYPE, comma) + len(_TYPE)
+    end = payload.find('"', start)
+    kind = payload[start:end]
+    if comma < 0 or not digits.isdigit() or start < len(_TYPE) or end < 0 or "\\" in kind:
+        return None
+    # the string before "type" is turn_id's value; JSON escapes quotes in strings, so the first `,"type":"` is the key
+    return RawEvent(int(digits), kind, payload)
 
 
 @dataclass(eq=False)
@@ -56,6 +86,8 @@ class Listener:
     buffer: deque[RawEvent] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     resync: bool = False  # messages may have been missed: re-read the log
+    quiet: bool = False  # nothing arrived for a keep-alive interval: send a keep-alive and re-check the log
+    last: float = field(default_factory=time.monotonic)  # when something last arrived (or a keep-alive went)
 
     def push(self, event: RawEvent) -> None:
         if len(self.buffer) >= _MAX_BUFFERED:
@@ -63,11 +95,39 @@ class Listener:
             self.resync = True
         else:
             self.buffer.append(event)
+        self.last = time.monotonic()
         self.wake.set()
 
     def lost(self) -> None:
         self.resync = True
         self.wake.set()
+
+
+class _KeepAlive:
+    """One timer per stream for its whole life, flagging `quiet` when nothing arrived for `seconds`. (A
+    timeout around every wait instead armed and cancelled a timer per event: at 10,000 events a second
+    that was an eighth of the gateway's CPU.) The timer re-arms itself for when the stream would next be
+    quiet, so a busy stream costs one timer callback per `seconds`, not one per event."""
+
+    def __init__(self, listener: Listener, seconds: float) -> None:
+        self.listener = listener
+        self.seconds = seconds
+        self.loop = asyncio.get_running_loop()
+        self.handle = self.loop.call_later(seconds, self.tick)
+
+    def tick(self) -> None:
+        listener = self.listener
+        now = time.monotonic()
+        due = listener.last + self.seconds
+        if now >= due:
+            listener.quiet = True
+            listener.last = now
+            listener.wake.set()
+            due = now + self.seconds
+        self.handle = self.loop.call_later(due - now, self.tick)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
 
 
 class StreamHub:
@@ -81,6 +141,7 @@ class StreamHub:
         self._send = asyncio.Lock()  # SUBSCRIBE/UNSUBSCRIBE writes; only the reader task reads
         self._active = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
+        self.drained = 0  # messages dispatched straight from the parser's buffer (see _drain)
 
     @property
     def subscribed_channels(self) -> int:
@@ -136,6 +197,9 @@ class StreamHub:
             try:
                 message = await self._pubsub.get_message(timeout=None)  # blocks; no timer per message
                 backoff = 0.1
+                if message is not None:
+                    self._dispatch(message)
+                await self._drain()
             except (RedisError, ConnectionError, OSError) as exc:
                 log.warning("stream hub lost its Redis pub/sub connection (%s); reconnecting", exc)
                 for listeners in list(self._listeners.values()):
@@ -143,7 +207,29 @@ class StreamHub:
                         listener.lost()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    async def _drain(self) -> None:
+        """Dispatch every reply already read off the socket and parsed, without a round through redis-py's
+        per-message path (a timeout scope, push-notification hooks, a dict per message: most of the hub's
+        cost at thousands of messages a second). Only the C parser's complete replies are taken, nothing
+        is read from the socket here; subscribe confirmations and anything unexpected still go through
+        `PubSub.handle_message` so redis-py's own bookkeeping stays right. A connection without the hiredis
+        parser (fakeredis, another redis-py layout) is simply not drained: get_message does it all."""
+        reader = _buffered_replies(self._pubsub)
+        if reader is None:
+            return
+        while True:
+            raw = reader.gets()
+            if raw is _NOT_ENOUGH_DATA or raw is False:
+                return
+            # a list (hiredis >= 3.2 hands pub/sub messages over as its PushNotification, a list subclass)
+            if isinstance(raw, list) and len(raw) == 3 and raw[0] == "message":
+                self.drained += 1
+                self._deliver(raw[1], raw[2])
                 continue
+            if isinstance(raw, Exception):
+                raise raw if isinstance(raw, RedisError | ConnectionError) else RedisError(str(raw))
+            message = await self._pubsub.handle_message(raw)
             if message is not None:
                 self._dispatch(message)
 
@@ -157,18 +243,30 @@ class StreamHub:
             for listener in self._listeners.get(channel, ()):
                 listener.lost()  # a re-subscription after a reconnect: anything may have been missed
             return
-        if kind != "message":
-            return
+        if kind == "message":
+            self._deliver(channel, message["data"])
+
+    def _deliver(self, channel: str, data: str) -> None:
         listeners = self._listeners.get(channel)
         if not listeners:
             return
         try:
-            event = RawEvent.parse(message["data"])
+            event = RawEvent.parse(data)
         except (ValueError, KeyError, TypeError):
             log.warning("dropped a malformed message on %s", channel)
             return
         for listener in listeners:
             listener.push(event)
+
+
+def _buffered_replies(pubsub: Any) -> Any | None:
+    """The hiredis reader behind a redis-py pub/sub connection (its `gets()` returns the next complete reply
+    already received), or None when the connection is not one redis-py built with hiredis."""
+    parser = getattr(getattr(pubsub, "connection", None), "_parser", None)
+    reader = getattr(parser, "_reader", None)
+    if _NOT_ENOUGH_DATA is None or type(reader).__module__ != "hiredis" or not callable(getattr(reader, "gets", None)):
+        return None
+    return reader
 
 
 class EventReader:
@@ -253,42 +351,42 @@ async def follow_batches(
     """
     cursor = after
     async with hub.listen(reader.keys.channel(turn_id)) as listener:
-        pending = await _patiently(reader.read, turn_id, cursor)
-        while True:
-            batch: list[RawEvent] = []
-            for event in pending:
-                if event.seq <= cursor:
-                    continue
-                if event.seq > cursor + 1:  # a gap: what was published before it is in the log
-                    missed = await _patiently(reader.read, turn_id, cursor, event.seq - 1)
-                    for old in missed:
-                        if old.seq > cursor:
-                            cursor = old.seq
-                            batch.append(old)
+        timer = _KeepAlive(listener, keepalive_s)
+        try:
+            pending = await _patiently(reader.read, turn_id, cursor)
+            while True:
+                batch: list[RawEvent] = []
+                for event in pending:
                     if event.seq <= cursor:
                         continue
-                cursor = event.seq
-                batch.append(event)
-            finish = next((i for i, e in enumerate(batch) if e.type == FINISH), None)
-            if finish is not None:
-                yield batch[: finish + 1]
-                return
-            if batch:
-                yield batch
-            woke = True
-            if not listener.buffer and not listener.resync:
-                try:
-                    async with asyncio.timeout(keepalive_s):  # (cheaper than wait_for: no task per wait)
-                        await listener.wake.wait()
-                except TimeoutError:
-                    woke = False
-            listener.wake.clear()
-            pending = list(listener.buffer)
-            listener.buffer.clear()
-            if listener.resync or not woke:
-                listener.resync = False
-                pending = await _patiently(reader.read, turn_id, cursor) + pending
-            if not woke:
-                if not pending and await _patiently(reader.finished, turn_id):
-                    return  # ended without a turn-finish event (its writer died after the commit)
-                yield []
+                    if event.seq > cursor + 1:  # a gap: what was published before it is in the log
+                        missed = await _patiently(reader.read, turn_id, cursor, event.seq - 1)
+                        for old in missed:
+                            if old.seq > cursor:
+                                cursor = old.seq
+                                batch.append(old)
+                        if event.seq <= cursor:
+                            continue
+                    cursor = event.seq
+                    batch.append(event)
+                finish = next((i for i, e in enumerate(batch) if e.type == FINISH), None)
+                if finish is not None:
+                    yield batch[: finish + 1]
+                    return
+                if batch:
+                    yield batch
+                if not listener.buffer and not listener.resync and not listener.quiet:
+                    await listener.wake.wait()  # no timer per wait: _keep_alive flags a quiet stream
+                listener.wake.clear()
+                quiet, listener.quiet = listener.quiet, False
+                pending = list(listener.buffer)
+                listener.buffer.clear()
+                if listener.resync or quiet:
+                    listener.resync = False
+                    pending = await _patiently(reader.read, turn_id, cursor) + pending
+                if quiet:
+                    if not pending and await _patiently(reader.finished, turn_id):
+                        return  # ended without a turn-finish event (its writer died after the commit)
+                    yield []
+        finally:
+            timer.cancel()
