@@ -98,6 +98,12 @@ class Settings(BaseSettings):
     max_prompt_chars: int = Field(default=200_000, ge=1)
     max_messages: int = Field(default=500, ge=1)
     max_tool_result_chars: int = Field(default=20_000, ge=1)
+    compact_at: float = Field(default=0.8, ge=0, le=1)  # of the context window; 0 turns compaction off
+    context_windows: dict[str, Annotated[int, Field(gt=0)]] = Field(
+        default_factory=dict
+    )  # {"provider/model" | "model": tokens}
+    compact_keep_recent: int = Field(default=4, ge=1)  # latest messages whose tool results are never cut
+    compact_tool_result_chars: int = Field(default=500, ge=0)  # what an older tool result is cut to
     tool_max_lingering: int = Field(default=4, ge=1)  # per tool: calls still running past their timeout
     tool_error_chars: int = Field(default=300, ge=20)  # a tool exception's message as the model reads it
 

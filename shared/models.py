@@ -337,6 +337,7 @@ class EventType(StrEnum):
     STEP_RETRY = "step-retry"
     STEP_RESET = "step-reset"
     STEP_FINISH = "step-finish"
+    CONTEXT_COMPACTED = "context-compacted"
     TURN_FINISH = "turn-finish"
     ERROR = "error"
 
@@ -381,6 +382,7 @@ class StepTrace(BaseModel):
     raw_stop_reason: str | None = None
     stopped_by: LoopStop | None = None  # set on the step after which a loop limit ended the tool steps
     stop_detail: str | None = None  # what that limit named (the custom condition, the tool, the step count)
+    kind: Literal["model", "compaction"] = "model"  # compaction: the call that summarised older turns
 
 
 class LoopTrace(BaseModel):
@@ -459,6 +461,17 @@ class PendingToolCall(BaseModel):
     expires_at: float
 
 
+class Compaction(BaseModel):
+    """How the transcript the model sees differs from the turn's own (which stays whole, for the record):
+    `messages[:summarised]` are replaced by one user message holding `summary`, and the results of the
+    calls in `cut` are cut to `cut_chars`. Stored with the turn, so a redelivered step sees the same."""
+
+    summarised: int = 0
+    summary: str | None = None
+    cut: list[str] = Field(default_factory=list)  # tool call ids whose results are cut
+    cut_chars: int = 0
+
+
 class ParkedStep(BaseModel):
     """A step whose tool calls wait for approvals or for client-side results; holds everything to resume it."""
 
@@ -511,6 +524,7 @@ class TurnState(BaseModel):
     answer_due: LoopStop | None = None  # object mode: a limit fired; the next step is the reserved answer step
     failed_attempts: list[FailedAttempt] = Field(default_factory=list)  # this step's, until its trace is written
     parked: ParkedStep | None = None
+    compaction: Compaction | None = None  # the model sees a compacted transcript (see engine/compaction.py)
     trace: LoopTrace = Field(default_factory=LoopTrace)
     text: str = ""
     object: Any = None

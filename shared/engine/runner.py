@@ -23,6 +23,7 @@ from stepq.agents import AgentDefinition
 from stepq.approvals import ApprovalClaim
 from stepq.batch import record_finish
 from stepq.engine import client_tools, stopping, structured
+from stepq.engine.compaction import Compactor, view
 from stepq.engine.dispatch import PreparedCall, StepDispatcher
 from stepq.engine.emitter import StepEmitter
 from stepq.engine.output import parse_object, repair_note
@@ -221,7 +222,7 @@ class StepRunner:
                 state.answer_due = LoopStop.MAX_STEPS  # the last allowed step is the reserved answer step
             tool_choice = OUTPUT_TOOL if structured.must_answer_now(agent, state, bool(tools)) else "auto"
         try:  # the files' bytes, for this call only (the transcript keeps references)
-            messages = state.messages if self._checkpoint is not None else self._with_files(state)
+            messages = state.messages if self._checkpoint is not None else self._with_files(state, view(state))
         except attachments.AttachmentMissingError as exc:
             return self._fail(state, emitter, str(exc))
         # built from already-validated parts: re-validating the whole transcript each step costs O(turn length)
@@ -240,6 +241,11 @@ class StepRunner:
             attempt=state.attempt,
             options=agent.provider_options,
         )
+        if self._checkpoint is None:  # over the context window's share: compact what the model sees first
+            compacted = self._compact(state, agent, adapter, request, emitter, lease)
+            if isinstance(compacted, Decision):
+                return compacted
+            request = compacted
         checkpoint = self._checkpoint
         if checkpoint is not None:  # the model already answered this step before a crash: replay, don't re-ask
             output = self._replay(state, emitter, specs, checkpoint)
@@ -557,13 +563,63 @@ class StepRunner:
             return self._fail(state, emitter, f"no valid object before the loop stopped ({stop.value})")
         return self._finish(state, emitter, TurnStatus.COMPLETED, stop.finish_reason)
 
-    def _with_files(self, state: TurnState) -> list[Message]:
+    def _compact(
+        self,
+        state: TurnState,
+        agent: AgentDefinition,
+        adapter: ProviderAdapter,
+        request: StepRequest,
+        emitter: StepEmitter,
+        lease: StepLease,
+    ) -> StepRequest | Decision:
+        """Compaction (engine/compaction.py), stored before the model call; its summary call is a traced step."""
+        started = time.monotonic()
+        compactor = Compactor(
+            self.rt.settings, adapter, lambda msgs: self._with_files(state, msgs), lambda: lease.should_stop
+        )
+        try:
+            done = compactor.run(state, request)
+        except ProviderError as exc:  # the summary call failed: retried like the step's own call
+            self._count_failed_attempt(state, exc)
+            return self._provider_failure(state, agent, emitter, exc)
+        if lease.lost.is_set():
+            return _none(StepLoss.LEASE_LOST)
+        if lease.cancelled.is_set():
+            return self._finish(state, emitter, TurnStatus.CANCELLED, FinishReason.CANCELLED)
+        if done is None:
+            return request
+        state.compaction = done.compaction
+        if done.summary_output is not None:
+            usage = done.summary_output.usage
+            cost = step_cost(self.rt.settings.prices, state.provider, state.model, usage)
+            state.usage = state.usage + usage
+            state.cost = add_costs(state.cost, cost)
+            state.trace.steps.append(
+                StepTrace(
+                    step=state.step,
+                    provider=state.provider,
+                    model=state.model,
+                    usage=usage,
+                    cost=cost,
+                    duration_s=round(time.monotonic() - started, 4),
+                    stop_reason=done.summary_output.finish_reason.value,
+                    raw_stop_reason=done.summary_output.raw_finish_reason,
+                    kind="compaction",
+                )
+            )
+            record_usage(state.agent, self._tenant(state), state.provider, state.model, usage, cost)
+        emitter.publish(EventType.CONTEXT_COMPACTED, done.event())
+        if not self._commit(state, release=False):
+            return _none(StepLoss.COMMIT_LOST)
+        return request.model_copy(update={"messages": self._with_files(state, view(state))})
+
+    def _with_files(self, state: TurnState, messages: list[Message]) -> list[Message]:
         """The transcript with each file's bytes filled in (stored ones from the turn, URLs fetched)."""
-        if not any(isinstance(m, UserMessage) and m.files for m in state.messages):
-            return state.messages
+        if not any(isinstance(m, UserMessage) and m.files for m in messages):
+            return messages
         turns = self.rt.turns
         return attachments.resolve(
-            state.messages,
+            messages,
             lambda file_id: turns.load_file(state.turn_id, file_id, state.thread_id),
             self.rt.settings,
             state.provider,

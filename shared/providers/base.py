@@ -41,6 +41,7 @@ class StepRequest(BaseModel):
     step: int = 0
     attempt: int = 0
     options: dict[str, Any] = Field(default_factory=dict)
+    purpose: Literal["step", "summary"] = "step"  # summary: compaction's call that summarises older turns
 
 
 Emit = Callable[[Delta], None]
@@ -64,6 +65,11 @@ class ProviderAdapter(ABC):
     def is_malformed(self, output: StepOutput) -> bool:
         """True when the step's output is a malformed tool call worth one corrective retry."""
         return False
+
+    def count_tokens(self, request: StepRequest) -> int | None:
+        """The request's input tokens from the provider's count endpoint; None when it has none (the engine
+        then estimates). Raise ProviderError on failure."""
+        return None
 
     def malformed_note(self) -> str:
         return "Your last function call was malformed. Call the function again with valid JSON arguments."
