@@ -44,6 +44,7 @@ log = logging.getLogger("stepq.compaction")
 CHARS_PER_TOKEN = 4
 SUMMARY_TARGET = 0.5  # after summarising, the request should fill at most this share of the limit
 SUMMARY_MAX_TOKENS = 2048
+SUMMARY_ALLOWANCE = 512  # what a summary usually takes, for choosing how much to keep
 SUMMARY_INSTRUCTIONS = (
     "You compress conversations. Summarise the conversation below so that an assistant can carry on from it "
     "without seeing it: the user's goals and constraints, facts learned (tool results that matter, ids, "
@@ -230,7 +231,7 @@ class Compactor:
             provider=request.provider,
             model=request.model,
             system=SUMMARY_INSTRUCTIONS,
-            messages=[UserMessage(content=render(current[:cut], done.limit * CHARS_PER_TOKEN // 2))],
+            messages=[UserMessage(content=render(current[:cut], _render_budget(done.window)))],
             tools=[],
             tool_choice=None,
             max_tokens=SUMMARY_MAX_TOKENS,
@@ -263,7 +264,7 @@ class Compactor:
         fixed = (len(request.system or "") + sum(len(t.model_dump_json()) for t in request.tools)) // CHARS_PER_TOKEN
         target = done.limit * SUMMARY_TARGET
         for i in candidates:
-            if ratio * (fixed + _chars(current[i:]) // CHARS_PER_TOKEN + SUMMARY_MAX_TOKENS) <= target:
+            if ratio * (fixed + _chars(current[i:]) // CHARS_PER_TOKEN + SUMMARY_ALLOWANCE) <= target:
                 return i
         return candidates[-1]
 
@@ -274,6 +275,14 @@ def _view_with(state: TurnState, compaction: Compaction) -> list[Message]:
         return view(state)
     finally:
         state.compaction = saved
+
+
+def _render_budget(window: int) -> int:
+    """Characters of conversation the summary call is given: what its window holds besides its answer."""
+    return max(2000, int((window - SUMMARY_MAX_TOKENS) * CHARS_PER_TOKEN * 0.9))
+
+
+RENDERED_RESULT_CHARS = 1000  # a tool result in the summary call's input: its start is what matters
 
 
 def render(messages: list[Message], max_chars: int) -> str:
@@ -292,6 +301,8 @@ def render(messages: list[Message], max_chars: int) -> str:
         else:
             for r in m.results:
                 output = r.output if isinstance(r.output, str) else json.dumps(r.output, default=str)
+                if len(output) > RENDERED_RESULT_CHARS:
+                    output = output[:RENDERED_RESULT_CHARS] + f"…[{len(output) - RENDERED_RESULT_CHARS} more chars]"
                 lines.append(f"TOOL {r.name} returned{' an error' if r.is_error else ''}: {output}")
     text = "\n".join(lines)
     return text if len(text) <= max_chars else "…" + text[-max_chars:]

@@ -121,6 +121,17 @@ class AnthropicAdapter(ProviderAdapter):
         """A tool call whose input was not a JSON object earns one corrective retry."""
         return any(c.provider_data and "invalid_json" in c.provider_data for c in output.message.tool_calls)
 
+    def count_tokens(self, request: StepRequest) -> int | None:
+        """`messages.count_tokens` on the request the step would send (system, tools and thinking included)."""
+        params = build_params(request)
+        counted = {
+            k: params[k] for k in ("model", "messages", "system", "tools", "tool_choice", "thinking") if k in params
+        }
+        try:
+            return int(cast(Any, self.client_factory().messages).count_tokens(**counted).input_tokens)
+        except Exception as exc:
+            raise self.classify(exc, DEFAULT_STALL_TIMEOUT_S) from exc
+
     def stream_step(self, request: StepRequest, emit: Emit, should_stop: ShouldStop) -> StepOutput:
         options = request.options
         stall_s = float(options.get("stall_timeout_s", DEFAULT_STALL_TIMEOUT_S))

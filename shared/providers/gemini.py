@@ -251,6 +251,26 @@ class GeminiAdapter(ProviderAdapter):
     def malformed_note(self) -> str:
         return MALFORMED_NOTE
 
+    def count_tokens(self, request: StepRequest) -> int | None:
+        """`models.count_tokens`. Vertex counts the system instruction and tools too; the Gemini API counts
+        only contents (its SDK refuses the rest), so those are added at 4 characters a token."""
+        contents, system_in_transcript = to_contents(request.messages)
+        system = [request.system] if request.system else []
+        config = build_config(request, system + system_in_transcript)
+        try:
+            client = get_client()
+            if client.vertexai:
+                tools = [t for t in config.tools or [] if isinstance(t, types.Tool)]
+                counted = types.CountTokensConfig(system_instruction=config.system_instruction, tools=tools or None)
+                result = client.models.count_tokens(model=request.model, contents=contents, config=counted)
+                return int(result.total_tokens or 0)
+            result = client.models.count_tokens(model=request.model, contents=contents)
+        except Exception as exc:
+            raise classify(exc) from exc
+        rest = sum(len(text) for text in system + system_in_transcript)
+        rest += sum(len(t.model_dump_json()) for t in request.tools)
+        return int(result.total_tokens or 0) + rest // 4
+
     def stream_step(self, request: StepRequest, emit: Emit, should_stop: ShouldStop) -> StepOutput:
         contents, system_in_transcript = to_contents(request.messages)
         system = [request.system] if request.system else []

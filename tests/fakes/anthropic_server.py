@@ -183,6 +183,13 @@ class FakeAnthropic(ScriptedHTTPServer[Reply, RecordedRequest]):
 
 
 _SECRET_HEADERS = frozenset({"authorization", "x-api-key"})
+
+
+def count_tokens(body: dict[str, Any]) -> int:
+    """What the fake's count endpoint answers: the request's JSON at 4 characters a token."""
+    return len(json.dumps(body)) // 4
+
+
 # the native Messages route, and Vertex AI's route for Claude (model in the path)
 MESSAGES_PATH = re.compile(
     r"^/v1/messages$|^/v1/projects/[^/]+/locations/[^/]+/publishers/anthropic/models/[^/:]+:(stream)?[rR]awPredict$"
@@ -207,6 +214,9 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
             fake.add_request(RecordedRequest(path=self.path, headers=headers, body=body))
             if self.path == "/token":  # Google's OAuth token endpoint, for Claude on Vertex AI
                 self._json(200, {"access_token": "ya29.fake-token", "expires_in": 3600, "token_type": "Bearer"})
+                return
+            if self.path.split("?")[0] == "/v1/messages/count_tokens":  # a deterministic count: 4 chars a token
+                self._json(200, {"input_tokens": count_tokens(body)})
                 return
             if not MESSAGES_PATH.match(self.path.split("?")[0]):
                 self._error(ErrorReply(404, "not_found_error", f"fake Anthropic server: no route {self.path}"))

@@ -155,6 +155,15 @@ def _handler_for(fake: FakeGemini) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 body = {"_unparsed": raw.decode("utf-8", "replace")}
             headers = {k.lower(): ("<set>" if k.lower() in _SECRET_HEADERS else v) for k, v in self.headers.items()}
+            if self.path.split("?")[0].endswith(":countTokens"):  # a deterministic count: 4 chars a token
+                fake.add_request(RecordedRequest("POST", self.path, headers, body))
+                data = json.dumps({"totalTokens": len(json.dumps(body)) // 4}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json; charset=UTF-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             reply = fake.record(RecordedRequest("POST", self.path, headers, body))
             if reply is None:
                 self._error(ErrorReply(400, "fake Gemini: no scripted reply left for this request", "INVALID_ARGUMENT"))
