@@ -47,6 +47,14 @@ def compact(value: Any, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+_PLAN_MARKS = {"pending": "[ ]", "running": "[>]", "done": "[x]", "failed": "[!]", "skipped": "[-]"}
+
+
+def plan_line(steps: list[dict[str, Any]]) -> str:
+    """A task plan on one line: `[x] Search · [>] Compare · [ ] Answer`."""
+    return " · ".join(f"{_PLAN_MARKS.get(str(r.get('status')), '[ ]')} {r.get('label')}" for r in steps)
+
+
 def pretty(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, indent=2, default=str)
 
@@ -136,6 +144,8 @@ class LiveView:
             self.line(
                 s.yellow(f"↻ step {event.step} retry {d.get('attempt')} in {d.get('countdown', 0):.2f}s: {cause}")
             )
+        elif kind == EventType.PLAN_UPDATE:
+            self.line(s.cyan("plan: ") + plan_line(d.get("steps", [])))
         elif kind == EventType.STEP_RESET:
             self.line(s.yellow(f"↺ step {event.step} reset ({d.get('reason')}): its partial output above is void"))
         elif kind == EventType.ERROR:
@@ -163,6 +173,8 @@ def event_summary(event: Event) -> str:
         return f"{d.get('name')}{' ERROR' if d.get('is_error') else ''} {compact(d.get('output'))}"
     if kind == EventType.APPROVAL_REQUEST:
         return f"{d.get('tool')} {compact(d.get('args', {}))} approval_id={d.get('approval_id')} token={d.get('token')}"
+    if kind == EventType.PLAN_UPDATE:
+        return plan_line(d.get("steps", []))
     if kind == EventType.TURN_FINISH:
         return f"{d.get('status')} finish={d.get('finish_reason')}" + (f" error={d['error']}" if d.get("error") else "")
     if kind == EventType.STEP_FINISH:

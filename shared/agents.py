@@ -22,6 +22,7 @@ from stepq.providers.scripted import ScriptStep
 from stepq.ratelimit import RateLimit
 from stepq.stops import NAME as STOP_NAME
 from stepq.stops import get_stop_condition, unknown_message
+from stepq.task_plan import PLAN_GUIDANCE, PLAN_TOOL, plan_tool
 from stepq.tools import ToolDefinition, all_tools
 
 MutationPolicy = Literal["read-only", "confirm-required", "destructive-confirm-required"]
@@ -124,6 +125,10 @@ class AgentDefinition(BaseModel):
     """The system message of every step."""
     allowed_tools: list[str] = Field(default_factory=list)
     """Whitelist of tool names (registered with `@tool`) the model may be shown; nothing else is."""
+    task_plan: bool = False
+    """Show the model the read-only `update_task_plan` tool and tell it to state its plan with it: the plan
+    streams as `plan-update` events and is stored with the turn (see `stepq.task_plan`). Not listed in
+    `allowed_tools`: this flag adds it."""
     read_only: bool = True
     """True hides every mutation or destructive tool from the model, whatever `allowed_tools` says."""
     mutation_policy: MutationPolicy = "confirm-required"
@@ -208,6 +213,13 @@ class AgentDefinition(BaseModel):
             raise ValueError(f"agent id {value!r} must look like '<module>.<name>' (lowercase, underscores)")
         return value
 
+    @field_validator("allowed_tools")
+    @classmethod
+    def _check_plan_tool(cls, value: list[str]) -> list[str]:
+        if PLAN_TOOL in value:
+            raise ValueError(f"allowed_tools: {PLAN_TOOL!r} is added by task_plan=True; remove it from the list")
+        return value
+
     @model_validator(mode="after")
     def _check_output(self) -> AgentDefinition:
         if self.execution_mode == "object":
@@ -249,7 +261,15 @@ class AgentDefinition(BaseModel):
         tools = [registry[name] for name in self.allowed_tools if name in registry]
         if not self.writes_allowed:
             tools = [t for t in tools if not (t.is_mutation or t.destructive)]
+        if self.task_plan:
+            tools.append(plan_tool())
         return tools
+
+    @property
+    def instructions(self) -> str | None:
+        """The system text of every step: the agent's prompt, plus the plan guidance when it has a plan."""
+        parts = [p for p in (self.system_prompt, PLAN_GUIDANCE if self.task_plan else "") if p]
+        return "\n\n".join(parts) or None
 
     @property
     def writes_allowed(self) -> bool:

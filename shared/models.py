@@ -145,6 +145,24 @@ class ToolResult(BaseModel):
     status: ToolResultStatus = ToolResultStatus.OK
 
 
+class PlanStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+class PlanStep(BaseModel):
+    """One row of an agent's visible task plan (see stepq.task_plan): a short user-facing label."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    label: str = Field(min_length=1, max_length=120)
+    status: PlanStatus = PlanStatus.PENDING
+    tool_name: str | None = Field(default=None, max_length=128)  # the tool whose calls advance this row
+
+
 class ToolResultMessage(BaseModel):
     role: Literal["tool"] = "tool"
     results: list[ToolResult]
@@ -338,6 +356,7 @@ class EventType(StrEnum):
     STEP_RESET = "step-reset"
     STEP_FINISH = "step-finish"
     CONTEXT_COMPACTED = "context-compacted"
+    PLAN_UPDATE = "plan-update"  # the agent's visible task plan, whole (see stepq.task_plan)
     TURN_FINISH = "turn-finish"
     ERROR = "error"
 
@@ -404,6 +423,7 @@ class TurnResult(BaseModel):
     trace: LoopTrace = Field(default_factory=LoopTrace)
     # the whole transcript, tool cycles and reasoning included, every call answered: what submit(messages=) takes
     messages: list[Message] = Field(default_factory=list)
+    plan: list[PlanStep] | None = None  # the agent's visible task plan, as last updated
 
 
 # --------------------------------------------------------------------------- persisted turn state
@@ -533,6 +553,7 @@ class TurnState(BaseModel):
     stop_detail: str | None = None
     cost: float | None = None
     error: str | None = None
+    plan: list[PlanStep] | None = None  # the visible task plan (agents with task_plan=True)
 
     def result(self) -> TurnResult:
         return TurnResult(
@@ -549,6 +570,7 @@ class TurnState(BaseModel):
             error=self.error,
             trace=self.trace,
             messages=closed_transcript(self.messages),
+            plan=self.plan,
         )
 
 

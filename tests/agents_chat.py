@@ -131,3 +131,28 @@ fails = AgentDefinition(
         )
     ],
 )
+
+planned = AgentDefinition(
+    id="chat.plan",
+    description="States a plan, looks a word up, answers: the plan streams as a data-plan part.",
+    task_plan=True,
+    allowed_tools=["chat_lookup"],
+    script=[
+        ScriptStep(
+            text="Planning.",
+            tool_calls=[
+                ScriptToolCall(
+                    name="update_task_plan",
+                    args={
+                        "steps": [
+                            {"label": "Look up alpha", "status": "pending", "tool_name": "chat_lookup"},
+                            {"label": "Answer", "status": "pending"},
+                        ]
+                    },
+                )
+            ],
+        ),
+        ScriptStep(tool_calls=[ScriptToolCall(name="chat_lookup", args={"key": "alpha"})]),
+        ScriptStep(text="Alpha is the first letter."),
+    ],
+)

@@ -108,6 +108,21 @@ def test_approve_a_tool_call_and_see_its_result(browser_context: object, stack: 
     expect(page.get_by_test_id("message-assistant")).to_have_count(1)
 
 
+def test_the_task_plan_is_drawn_above_the_answer_and_advances(
+    browser_context: object, stack: ChatStack, shots: list
+) -> None:
+    page = open_chat(browser_context, stack, "chat.plan", shots, "plan")
+    say(page, "what is alpha?")
+    expect(answer(page)).to_have_attribute("data-status", "completed")
+    steps = answer(page).get_by_test_id("plan").get_by_test_id("plan-step")
+    expect(steps).to_have_count(2)  # one plan, updated in place
+    expect(steps.nth(0)).to_have_attribute("data-status", "done")
+    expect(steps.nth(0)).to_contain_text("Look up alpha")
+    expect(steps.nth(1)).to_have_attribute("data-status", "pending")
+    first = answer(page).locator(":scope > *").first
+    expect(first).to_have_attribute("data-testid", "plan")  # drawn above the answer's other parts
+
+
 def test_reload_mid_stream_continues_without_duplicated_text(
     browser_context: object, stack: ChatStack, shots: list
 ) -> None:

@@ -121,6 +121,8 @@ def describe(state: TurnState) -> dict[str, Any]:
             {"tool_call_id": c.tool_call_id, "tool": c.tool_name, "args": c.args, "expires_at": c.expires_at}
             for c in state.parked.client_calls
         ]
+    if state.plan is not None:  # the agent's visible task plan: progress, shown while the turn runs too
+        out["plan"] = [s.model_dump(exclude_none=True) for s in state.plan]
     if state.status.terminal:
         out["result"] = {
             "text": state.text,

@@ -16,6 +16,7 @@ Mapping:
   step-finish                -> finish-step
   step-reset                 -> reset-step (the client drops the step's parts), then a transient data-step-reset
   step-retry                 -> transient data-retry
+  plan-update                -> data-plan (id "plan": each update replaces the message's plan part)
   error                      -> error
   turn-finish                -> finish {finishReason, messageMetadata: turn id, status, finish reason, usage}
 
@@ -262,6 +263,9 @@ class UIMessageTranslator:
         data = {k: event.data.get(k) for k in ("attempt", "countdown", "error", "status") if k in event.data}
         return [{"type": "data-retry", "data": {"step": event.step, **data}, "transient": True}]
 
+    def _on_plan_update(self, event: Event) -> list[Chunk]:
+        return [{"type": "data-plan", "id": "plan", "data": {"steps": event.data.get("steps", [])}}]
+
     def _on_error(self, event: Event) -> list[Chunk]:
         return [*self._close_parts(), {"type": "error", "errorText": str(event.data.get("message", "error"))}]
 
@@ -299,6 +303,7 @@ _HANDLERS = {
     EventType.STEP_FINISH: UIMessageTranslator._on_step_finish,
     EventType.STEP_RESET: UIMessageTranslator._on_step_reset,
     EventType.STEP_RETRY: UIMessageTranslator._on_step_retry,
+    EventType.PLAN_UPDATE: UIMessageTranslator._on_plan_update,
     EventType.ERROR: UIMessageTranslator._on_error,
     EventType.TURN_FINISH: UIMessageTranslator._on_turn_finish,
 }

@@ -179,6 +179,12 @@ class MessageBuilder {
       case 'data-step-reset':
         state.notice = 'the step restarted; its partial answer was dropped';
         break;
+      case 'data-plan': { // the agent's task plan, whole: one part per message, updated in place
+        const part = m.parts.find((p) => p.type === 'data-plan' && p.id === chunk.id);
+        if (part) part.data = chunk.data;
+        else m.parts.push({ type: 'data-plan', id: chunk.id, data: chunk.data });
+        break;
+      }
       default:
         break;
     }
@@ -383,8 +389,21 @@ function drawTool(message, part) {
   return box;
 }
 
+const PLAN_MARKS = { pending: '○', running: '◐', done: '●', failed: '✕', skipped: '–' };
+
+/** The task plan, drawn above the message's other parts (it is progress, not content). */
+function drawPlan(part) {
+  const box = el('ol', { class: 'plan', testid: 'plan' });
+  for (const row of part.data.steps || []) {
+    box.append(el('li', { class: `plan-step ${row.status}`, testid: 'plan-step', 'data-status': row.status },
+      `${PLAN_MARKS[row.status] || '○'} ${row.label}`));
+  }
+  return box;
+}
+
 function drawMessage(message) {
   const box = el('div', { class: `msg ${message.role}`, testid: `message-${message.role}`, 'data-id': message.id });
+  for (const part of message.parts.filter((p) => p.type === 'data-plan')) box.append(drawPlan(part));
   for (const part of message.parts) {
     if (part.type === 'text') box.append(el('div', { class: 'text', testid: 'text' }, part.text));
     else if (part.type === 'reasoning') {

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import redis
 
-from stepq import attachments, edits, threads
+from stepq import attachments, edits, task_plan, threads
 from stepq.agents import AgentDefinition
 from stepq.approvals import ApprovalClaim
 from stepq.batch import record_finish
@@ -51,6 +51,7 @@ from stepq.models import (
     Message,
     ParkedStep,
     PendingApproval,
+    PlanStep,
     ReasoningPart,
     StepLoss,
     StepOutput,
@@ -229,7 +230,7 @@ class StepRunner:
         request = StepRequest.model_construct(
             provider=state.provider,
             model=state.model,
-            system=agent.system_prompt or None,
+            system=agent.instructions,
             messages=messages,
             tools=specs,
             tool_choice=tool_choice,
@@ -301,6 +302,7 @@ class StepRunner:
         prepared = [dispatcher.prepare(c) for c in calls]
         for p in prepared:
             emitter.defer(EventType.TOOL_CALL, {"id": p.call.id, "name": p.call.name, "args": p.call.args})
+        self._update_plan(state, emitter, task_plan.mark_running(state.plan, calls))
         if self._checkpoint is None:
             # A re-run of this step replays this answer (same calls, same ids), so results stored by
             # tool-call id keep side effects to one execution. Before a tool with side effects runs, the
@@ -324,6 +326,7 @@ class StepRunner:
         for p in prepared:
             if p.waits and p.call.id in stored:
                 results[p.call.id] = stored[p.call.id]
+        self._update_plan(state, emitter, task_plan.after_results(state.plan, calls, results))
         if waiting:
             return self._park(state, agent, emitter, output, trace, waiting)
         state.messages.append(ToolResultMessage(results=[results[c.id] for c in calls]))
@@ -449,6 +452,13 @@ class StepRunner:
                 "status": result.status.value,
             },
         )
+
+    @staticmethod
+    def _update_plan(state: TurnState, emitter: StepEmitter, plan: list[PlanStep] | None) -> None:
+        """Store a changed task plan with the turn and stream it whole (`plan-update`)."""
+        if plan is not None:
+            state.plan = plan
+            emitter.defer(EventType.PLAN_UPDATE, task_plan.event_data(plan))
 
     # ------------------------------------------------------------------ after a step
 
@@ -918,6 +928,8 @@ class StepRunner:
                 result = dispatcher.record(_refusal(call, "approval does not match the call's arguments; not run"))
             results.append(result)
             self._publish_result(emitter, result)
+        gated = {r.tool_call_id: r for r in results if r.tool_call_id in by_call and r.tool_call_id not in stored}
+        self._update_plan(state, emitter, task_plan.after_results(state.plan, calls, gated))
         state.messages.append(edits.with_args(parked.assistant, edited))
         state.messages.append(ToolResultMessage(results=results))
         state.tool_calls_made += len(calls)

@@ -105,16 +105,18 @@ async function ask(agent, text, id = chatId(agent), onChunk = () => {}) {
     abortSignal: undefined,
     messages: [{ id: `u-${id}`, role: 'user', parts: [{ type: 'text', text }] }],
   });
-  const [forReader, forLog] = stream.tee();
-  const logged = (async () => {
-    for await (const chunk of forLog) {
-      chunks.push(chunk);
-      onChunk(chunk);
-    }
-  })();
+  // logged as they arrive, copied: the reader reuses a data chunk's object as the message part it updates
+  const logged = stream.pipeThrough(
+    new TransformStream({
+      transform(chunk, controller) {
+        chunks.push(structuredClone(chunk));
+        onChunk(chunk);
+        controller.enqueue(chunk);
+      },
+    }),
+  );
   let message;
-  for await (const snapshot of readUIMessageStream({ stream: forReader, terminateOnError: true })) message = snapshot;
-  await logged;
+  for await (const snapshot of readUIMessageStream({ stream: logged, terminateOnError: true })) message = snapshot;
   return { message, chunks, id };
 }
 
@@ -150,6 +152,22 @@ test('tools: the tool part carries its input and output', async () => {
   assert.equal(lastText(message), state.result.text, 'the last step answers');
   assert.equal(textOf(message), 'Looking it up.Alpha is the first letter.');
   assert.equal(message.parts.filter((p) => p.type === 'step-start').length, 2);
+});
+
+test('a task plan streams as one data-plan part, updated in place as its tool runs', async () => {
+  const { message, chunks } = await ask('chat.plan', 'what is alpha?');
+  const updates = chunks.filter((c) => c.type === 'data-plan');
+  assert.deepEqual(
+    updates.map((c) => c.data.steps.map((s) => s.status)),
+    [['pending', 'pending'], ['running', 'pending'], ['done', 'pending']],
+  );
+  assert.ok(updates.every((c) => c.id === 'plan' && !c.transient));
+  const plans = message.parts.filter((p) => p.type === 'data-plan');
+  assert.equal(plans.length, 1, 'each update replaces the one plan part');
+  assert.deepEqual(plans[0].data.steps.map((s) => [s.label, s.status]), [['Look up alpha', 'done'], ['Answer', 'pending']]);
+  const state = await turn(message.metadata.turnId);
+  assert.deepEqual(state.plan.map((s) => [s.label, s.status]), [['Look up alpha', 'done'], ['Answer', 'pending']]);
+  assert.equal(lastText(message), 'Alpha is the first letter.');
 });
 
 for (const approved of [true, false]) {
