@@ -28,9 +28,10 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from stepq.client_tools import client_results_in
 from stepq.errors import ThreadBusyError, ThreadNotFoundError
-from stepq.models import Event, EventType, TurnStatus
-from stepq.producer.gateway import routes_approvals, sse
+from stepq.models import Event, EventType
+from stepq.producer.gateway import chat_tool_outputs, routes_approvals, sse
 from stepq.producer.gateway.auth import Principal, require
 from stepq.producer.gateway.errors import GatewayError
 from stepq.producer.gateway.routes_turns import gateway
@@ -104,24 +105,30 @@ async def _ask(
 async def _answer_approvals(
     gw: Gateway, principal: Principal, chat_id: str, message: dict[str, Any]
 ) -> StreamingResponse:
-    """An assistant message with approval responses: decide them, then continue the same message."""
+    """An assistant message with approval responses or client-side tool outputs (`addToolOutput`): decide and
+    supply them, then continue the same message."""
     decisions = _approval_responses(message)
-    if not decisions:
+    thread = await _existing_thread(gw, principal, chat_id)
+    turn_id = str(message.get("id", ""))
+    known = thread is not None and turn_id in {t.turn_id for t in thread.turns}
+    outputs = await chat_tool_outputs.new_outputs(gw, turn_id, message) if known else None
+    if not decisions and not outputs:
         raise GatewayError(
             422,
             "invalid-request",
-            "the last message is an assistant message without tool approval responses; "
-            "send a user message, or answer the pending approvals (addToolApprovalResponse)",
+            "the last message is an assistant message without tool approval responses or client-side tool "
+            "outputs; send a user message, answer the pending approvals (addToolApprovalResponse) or supply the "
+            "tool outputs (addToolOutput)",
         )
-    if not principal.may("approve"):
+    if decisions and not principal.may("approve"):
         raise GatewayError(403, "forbidden", "this credential lacks the 'approve' scope")
-    thread = await _existing_thread(gw, principal, chat_id)
-    turn_id = str(message.get("id", ""))
-    if thread is None or turn_id not in {t.turn_id for t in thread.turns}:
+    if thread is None or not known:
         raise GatewayError(404, "not-found", f"no turn {turn_id!r} in chat {chat_id!r}")
     cursor = await _park_cursor(gw, turn_id)
     for decision in decisions:
         await _decide(gw, principal, turn_id, decision)
+    if outputs:
+        await chat_tool_outputs.supply(gw, principal, turn_id, outputs)
     return _stream_response(gw, turn_id, cursor, _metadata(chat_id, thread))
 
 
@@ -292,7 +299,7 @@ async def _decide(gw: Gateway, principal: Principal, turn_id: str, decision: Dec
 async def _park_cursor(gw: Gateway, turn_id: str) -> int:
     """Where a continuation starts: just after the turn's latest approval request (the client has the rest)."""
     events = await gw.reader.read(turn_id, 0)
-    requests = [e.seq for e in events if e.type == EventType.APPROVAL_REQUEST.value]
+    requests = [e.seq for e in events if e.type in _PARKING]
     return requests[-1] if requests else (events[-1].seq if events else 0)
 
 
@@ -305,15 +312,19 @@ def _stream_response(gw: Gateway, turn_id: str, cursor: int, metadata: dict[str,
     )
 
 
-async def _waits_on_people(gw: Gateway, turn_id: str) -> bool:
-    """The turn is parked and at least one of its approvals is still undecided and unexpired."""
+async def _waits_on_people(gw: Gateway, turn_id: str) -> str | None:
+    """The turn's parked status when at least one of its approvals is still undecided and unexpired, or a
+    client-side tool result is still to come from the browser; None otherwise."""
     state = await gw.run_sync(gw.runtime.turns.load, turn_id)
-    if state is None or state.status != TurnStatus.AWAITING_APPROVAL or state.parked is None:
-        return False
+    if state is None or not state.status.parked or state.parked is None:
+        return None
+    if not await gw.run_sync(client_results_in, gw.runtime, state, time.time()):
+        return state.status.value
     ids = [a.approval_id for a in state.parked.approvals]
     records = await gw.run_sync(gw.runtime.approvals.get_many, ids)
     now = time.time()
-    return any(r is not None and r.status == "pending" and now < r.expires_at for r in records.values())
+    pending = any(r is not None and r.status == "pending" and now < r.expires_at for r in records.values())
+    return state.status.value if pending else None
 
 
 async def _ui_stream(gw: Gateway, turn_id: str, cursor: int, metadata: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -324,11 +335,12 @@ async def _ui_stream(gw: Gateway, turn_id: str, cursor: int, metadata: dict[str,
     metrics.open_streams.inc()
     try:
         yield _frames(translator.begin())
-        if await _waits_on_people(gw, turn_id):  # parked: what there is, then the message closes
+        waiting = await _waits_on_people(gw, turn_id)
+        if waiting:  # parked: what there is, then the message closes
             chunks = [c for e in await gw.reader.read(turn_id, cursor) for c in translator.feed(_event(e))]
-            yield _frames(chunks + translator.end_parked()) + DONE
+            yield _frames(chunks + translator.end_parked(waiting)) + DONE
             return
-        parked = False
+        parked: str | None = None
         async for batch in follow_batches(gw.hub, gw.reader, turn_id, cursor, gw.settings.gateway_keepalive_s):
             if not batch:  # a quiet stream: it closes if the turn now waits on people (a partial decision)
                 parked = await _waits_on_people(gw, turn_id)
@@ -341,17 +353,20 @@ async def _ui_stream(gw: Gateway, turn_id: str, cursor: int, metadata: dict[str,
                 chunks += translator.feed(_event(raw))
                 if translator.finished:
                     break
-                if raw.type == EventType.APPROVAL_REQUEST.value and translator.parked:
+                if raw.type in _PARKING and translator.parked:
                     parked = await _waits_on_people(gw, turn_id)
                     if parked:
                         break
             yield _frames(chunks)
             if translator.finished or parked:
                 break
-        closing = translator.end_parked() if parked else translator.end_unfinished()
+        closing = translator.end_parked(parked) if parked else translator.end_unfinished()
         yield _frames(closing) + DONE
     finally:
         metrics.open_streams.dec()
+
+
+_PARKING = (EventType.APPROVAL_REQUEST.value, EventType.TOOL_RESULTS_REQUEST.value)  # events a step parks with
 
 
 def _event(raw: RawEvent) -> Event:

@@ -12,6 +12,8 @@ Mapping:
   tool-call                  -> tool-input-start, tool-input-available
   approval-request           -> tool-approval-request (the approval id only: never the token)
   approval-decision          -> tool-approval-response
+  tool-results-request       -> nothing new: its calls stay `input-available` for the client to run
+                                (`addToolOutput`); the message closes parked until the results come back
   tool-result                -> tool-output-available | tool-output-error | tool-output-denied
   step-finish                -> finish-step
   step-reset                 -> reset-step (the client drops the step's parts), then a transient data-step-reset
@@ -65,6 +67,7 @@ class _Step:
     calls: set[str] = field(default_factory=set)  # tool-call ids of the open step
     settled: set[str] = field(default_factory=set)  # ...with a result
     awaiting: set[str] = field(default_factory=set)  # ...with an approval request and no decision yet
+    client: set[str] = field(default_factory=set)  # ...client-side calls waiting for their caller's result
 
 
 class UIMessageTranslator:
@@ -89,9 +92,10 @@ class UIMessageTranslator:
 
     @property
     def parked(self) -> bool:
-        """Every tool call of the step has a result or waits on a person, and at least one waits."""
+        """Every tool call of the step has a result or waits on a person or the client, and at least one waits."""
         step = self._step
-        return bool(step.awaiting) and step.calls <= (step.settled | step.awaiting)
+        waiting = step.awaiting | step.client
+        return bool(waiting) and step.calls <= (step.settled | waiting)
 
     # ------------------------------------------------------------------ the public edges
 
@@ -109,18 +113,21 @@ class UIMessageTranslator:
             out += handler(self, event)
         return out
 
-    def end_parked(self) -> list[Chunk]:
-        """Close the message for now: the turn waits for approvals; the next POST continues it."""
+    def end_parked(self, status: str | None = None) -> list[Chunk]:
+        """Close the message for now: the turn waits for approvals or client-side tool results; the next POST
+        (approval responses, tool outputs) continues it."""
         self.finished = True
         out = self.begin() + self._close_parts()
+        if status is None:  # the turn's status when known, else what this stream saw it wait for
+            status = "awaiting_tool_results" if self._step.client and not self._step.awaiting else "awaiting_approval"
         out.append(
             {
                 "type": "finish",
                 "finishReason": "tool-calls",
                 "messageMetadata": {
                     "turnId": self.turn_id,
-                    "status": "awaiting_approval",
-                    "finishReason": "awaiting-approval",
+                    "status": status,
+                    "finishReason": status.replace("_", "-"),
                 },
             }
         )
@@ -234,10 +241,16 @@ class UIMessageTranslator:
             chunk["reason"] = "the approval expired"
         return [chunk]
 
+    def _on_tool_results_request(self, event: Event) -> list[Chunk]:
+        calls = event.data.get("calls") or []
+        self._step.client.update(str(c.get("tool_call_id")) for c in calls if isinstance(c, dict))
+        return []
+
     def _on_tool_result(self, event: Event) -> list[Chunk]:
         call_id = str(event.data.get("id"))
         self._step.settled.add(call_id)
         self._step.awaiting.discard(call_id)
+        self._step.client.discard(call_id)
         output = event.data.get("output")
         if not event.data.get("is_error"):
             return [{"type": "tool-output-available", "toolCallId": call_id, "output": output}]
@@ -299,6 +312,7 @@ _HANDLERS = {
     EventType.TOOL_CALL: UIMessageTranslator._on_tool_call,
     EventType.APPROVAL_REQUEST: UIMessageTranslator._on_approval_request,
     EventType.APPROVAL_DECISION: UIMessageTranslator._on_approval_decision,
+    EventType.TOOL_RESULTS_REQUEST: UIMessageTranslator._on_tool_results_request,
     EventType.TOOL_RESULT: UIMessageTranslator._on_tool_result,
     EventType.STEP_FINISH: UIMessageTranslator._on_step_finish,
     EventType.STEP_RESET: UIMessageTranslator._on_step_reset,
