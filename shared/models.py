@@ -484,11 +484,11 @@ class PendingToolCall(BaseModel):
 class Compaction(BaseModel):
     """How the transcript the model sees differs from the turn's own (which stays whole, for the record):
     `messages[:summarised]` are replaced by one user message holding `summary`, and the results of the
-    calls in `cut` are cut to `cut_chars`. Stored with the turn, so a redelivered step sees the same."""
+    tool-result messages at the positions in `cut` are cut to `cut_chars`. Stored with the turn, so a redelivered step sees the same."""
 
     summarised: int = 0
     summary: str | None = None
-    cut: list[str] = Field(default_factory=list)  # tool call ids whose results are cut
+    cut: list[int] = Field(default_factory=list)  # positions (in the turn's transcript) of tool results cut
     cut_chars: int = 0
 
 

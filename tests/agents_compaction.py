@@ -68,3 +68,14 @@ def long_transcript(rounds: int = 6) -> list[dict[str, object]]:
         ]
     messages.append({"role": "user", "content": "final question"})
     return messages
+
+
+thread_chat = AgentDefinition(
+    id="cp.thread_chat",
+    allowed_tools=["cp_blob"],
+    # every turn of the thread: one lookup (its call id repeats from turn to turn), then an answer
+    script=[
+        ScriptStep(text="reading", tool_calls=[ScriptToolCall(name="cp_blob", args={"n": 1})]),
+        ScriptStep(text="ok"),
+    ],
+)

@@ -83,3 +83,27 @@ def test_no_compaction_under_the_limit_or_when_turned_off(prefix):
         state = drive(rt, turn_id)
         assert state.status == TurnStatus.COMPLETED and state.compaction is None
         assert not [e for e in rt.events.read(turn_id) if e.type == "context-compacted"]
+
+
+def test_a_long_thread_is_compacted_per_turn_and_keeps_its_whole_history(prefix):
+    from stepq.threads import continue_thread, create_thread, get_thread
+
+    rt = get_runtime(make_settings(prefix, context_windows={"scripted": 3000}))
+    thread = create_thread(rt, "cp.thread_chat", metadata={"prefix": prefix})
+    compacted_turns = 0
+    for i in range(6):
+        continued = continue_thread(rt, thread.thread_id, prompt=f"message {i}")
+        state = drive(rt, continued.state.turn_id)
+        assert state.status == TurnStatus.COMPLETED and state.text == "ok"
+        if state.compaction is not None:
+            compacted_turns += 1
+            assert_pairs_intact(view(state))
+            seen = sum(len(m.model_dump_json()) for m in view(state))
+            assert seen < sum(len(m.model_dump_json()) for m in state.messages)
+    assert compacted_turns >= 2  # later turns start over the limit: each compacts what its model sees
+
+    # the thread's history is the whole conversation: every prompt, every result uncut
+    history = get_thread(rt, thread.thread_id).messages
+    assert [m.content for m in history if isinstance(m, UserMessage)] == [f"message {i}" for i in range(6)]
+    results = [r.output for m in history if isinstance(m, ToolResultMessage) for r in m.results]
+    assert len(results) == 6 and all(len(o) > 3000 for o in results)

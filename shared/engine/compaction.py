@@ -23,7 +23,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from stepq.config import Settings
 from stepq.models import (
@@ -89,11 +89,10 @@ def view(state: TurnState) -> list[Message]:
         return state.messages
     out: list[Message] = [summary_message(c.summary)] if c.summary else []
     cut = set(c.cut)
-    for message in state.messages[c.summarised :]:
-        if isinstance(message, ToolResultMessage) and cut.intersection(r.tool_call_id for r in message.results):
-            message = ToolResultMessage(
-                results=[_cut(r, c.cut_chars) if r.tool_call_id in cut else r for r in message.results]
-            )
+    for index in range(c.summarised, len(state.messages)):
+        message = state.messages[index]
+        if index in cut and isinstance(message, ToolResultMessage):
+            message = ToolResultMessage(results=[_cut(r, c.cut_chars) for r in message.results])
         out.append(message)
     return out
 
@@ -181,17 +180,17 @@ class Compactor:
         if before <= limit:
             return None
         previous = state.compaction or Compaction(cut_chars=s.compact_tool_result_chars)
-        current = view(state)
-        # stage 1: cut the older tool results
-        keep_from = max(0, len(current) - s.compact_keep_recent)
-        cut_ids = [
-            r.tool_call_id
-            for m in current[:keep_from]
-            if isinstance(m, ToolResultMessage)
-            for r in m.results
-            if r.tool_call_id not in previous.cut and _cut(r, previous.cut_chars) is not r
+        # stage 1: cut the older tool results (by position in the turn's transcript: ids may repeat in a thread)
+        keep_from = len(state.messages) - s.compact_keep_recent
+        cut_at = [
+            i
+            for i in range(previous.summarised, max(previous.summarised, keep_from))
+            if i not in previous.cut
+            and isinstance(m := state.messages[i], ToolResultMessage)
+            and any(_cut(r, previous.cut_chars) is not r for r in m.results)
         ]
-        compaction = previous.model_copy(update={"cut": [*previous.cut, *cut_ids]})
+        cut_ids = [r.tool_call_id for i in cut_at for r in cast(ToolResultMessage, state.messages[i]).results]
+        compaction = previous.model_copy(update={"cut": [*previous.cut, *cut_at]})
         done = Compacted(compaction, before, before, self.counted_by, window, limit, cut_ids)
         request = self._with(state, compaction, request)
         done.tokens_after = self.count(request, limit, always=True)
