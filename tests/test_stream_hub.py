@@ -125,3 +125,45 @@ def test_envelope_fast_parse_agrees_with_json(rt: Runtime, prefix: str) -> None:
     for bad in ('{"seq":"x","type":"a"}', "not json", '{"type":"a"}'):
         with pytest.raises((ValueError, KeyError, TypeError)):
             RawEvent.parse(bad)
+
+
+class CountingReader(EventReader):
+    """The real reader, counting the log reads the streams make."""
+
+    reads = 0
+
+    async def read(self, turn_id: str, after: int, until: int | None = None) -> list[RawEvent]:
+        self.reads += 1
+        return await super().read(turn_id, after, until)
+
+
+async def _open_and_follow(rt: Runtime, prefix: str, streams: int) -> tuple[list[list[int]], int]:
+    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True, max_connections=1)
+    commands = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    hub = StreamHub(client)
+    reader = CountingReader(commands, rt.keys)
+    await hub.start()
+    turns = [f"{prefix}-open-{i}" for i in range(streams)]
+    seen: list[list[int]] = [[] for _ in turns]
+    try:
+        tasks = [asyncio.create_task(_collect(hub, reader, t, into)) for t, into in zip(turns, seen, strict=True)]
+        async with asyncio.timeout(TIMEOUT):
+            while hub.subscribed_channels < streams or reader.reads < streams:
+                await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(None, _publish_burst, rt, t, 3) for t in turns))
+        async with asyncio.timeout(TIMEOUT):
+            await asyncio.gather(*tasks)
+        return seen, reader.reads
+    finally:
+        await hub.close()
+        await client.aclose()
+        await commands.aclose()
+
+
+def test_opening_a_stream_reads_the_log_once(rt: Runtime, prefix: str) -> None:
+    """Subscribe, then one read of the log, then live messages only: the subscription's confirmation is not
+    taken for a reconnect (that re-read every stream's log a second time as it opened)."""
+    seen, reads = asyncio.run(_open_and_follow(rt, prefix, streams=20))
+    assert seen == [[1, 2, 3, 4]] * 20
+    assert reads == 20

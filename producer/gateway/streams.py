@@ -239,7 +239,11 @@ class StreamHub:
         if kind == "subscribe":
             future = self._confirmed.get(channel)
             if future is not None and not future.done():
+                # the first confirmation: every listener of the channel is still waiting for it in listen()
+                # and reads the log once it returns, so nothing can be missed (a re-read here doubled the
+                # Redis reads of every stream's start: 2,000 extra XRANGEs when 2,000 clients connect)
                 future.set_result(None)
+                return
             for listener in self._listeners.get(channel, ()):
                 listener.lost()  # a re-subscription after a reconnect: anything may have been missed
             return
