@@ -111,17 +111,49 @@ class NaiveHub(StreamHub):
 
 
 def run_gateway(mode: str, port: int) -> None:
-    """Entry point of the gateway subprocess (settings come from the STEPQ_* environment)."""
+    """Entry point of the gateway subprocess (settings come from the STEPQ_* environment). `shared-<N>proc`
+    runs uvicorn with N worker processes on the one port, each with its own hub (and its own connections)."""
     import uvicorn
 
+    raise_fd_limit()
+    options: dict[str, Any] = {"host": "127.0.0.1", "port": port, "log_level": "warning", "backlog": 8192}
+    options["timeout_keep_alive"] = 600
+    workers = gateway_procs(mode)
+    if workers > 1:
+        os.environ["STEPQ_BENCH_GATEWAY_MODE"] = mode
+        uvicorn.run("bench.gateway_streams:app_from_env", factory=True, workers=workers, **options)
+    else:
+        uvicorn.run(build_app(mode), **options)
+
+
+def gateway_procs(mode: str) -> int:
+    """How many gateway processes a design runs: `shared-2proc` is 2, the others 1."""
+    return int(mode.removeprefix("shared-").removesuffix("proc")) if mode.endswith("proc") else 1
+
+
+def build_app(mode: str) -> Any:
     from stepq.config import Settings
     from stepq.producer.gateway.app import create_app
     from stepq.producer.gateway.auth import AuthConfig
 
+    return create_app(Settings(), AuthConfig(insecure_dev=True), hub_factory=NaiveHub if mode == "naive" else None)
+
+
+def app_from_env() -> Any:
+    """The app factory each uvicorn worker process calls (`shared-<N>proc`)."""
     raise_fd_limit()
-    settings = Settings()
-    app = create_app(settings, AuthConfig(insecure_dev=True), hub_factory=NaiveHub if mode == "naive" else None)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", backlog=8192, timeout_keep_alive=600)
+    return build_app(os.environ["STEPQ_BENCH_GATEWAY_MODE"])
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU of a process and its direct children (uvicorn's worker processes), from /proc."""
+    total = process_cpu_seconds(pid)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and entry != str(pid):
+            with contextlib.suppress(OSError, IndexError, ValueError), open(f"/proc/{entry}/stat") as stat:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    total += process_cpu_seconds(int(entry))
+    return total
 
 
 def raise_fd_limit() -> None:
@@ -306,14 +338,14 @@ def measure(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         held = gateway_connections(rt, name)
         profilers = start_profilers(args, mode, {"gateway": gateway.pid, "client": clients[-1].pid})
         gw0, self0, redis0, t0 = (
-            process_cpu_seconds(gateway.pid),
+            tree_cpu_seconds(gateway.pid),
             own_cpu_seconds(),
             redis_cpu_seconds(rt),
             time.monotonic(),
         )
         published = publish(rt, turn_ids, args.rate, args.seconds)
         elapsed = time.monotonic() - t0
-        cpu = (process_cpu_seconds(gateway.pid) - gw0) / elapsed
+        cpu = (tree_cpu_seconds(gateway.pid) - gw0) / elapsed
         held = max(held, gateway_connections(rt, name))
         finals = [rt.events.submit(t, EventType.TURN_FINISH, 1, {"finish_reason": "stop"}) for t in turn_ids]
         for pending in finals:
@@ -322,7 +354,7 @@ def measure(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         # CPU seconds spent on the events, publish start -> the last client's turn-finish (a gateway that fell
         # behind keeps working after the publisher stops: counted)
         spent = {
-            "gateway": process_cpu_seconds(gateway.pid) - gw0,
+            "gateway": tree_cpu_seconds(gateway.pid) - gw0,
             "clients": sum(r["cpu_delivering"] for r in results),
             "publisher": own_cpu_seconds() - self0,
             "redis": redis_cpu_seconds(rt) - redis0,
@@ -381,7 +413,7 @@ def start_profilers(args: argparse.Namespace, mode: str, pids: dict[str, int | N
         out = os.path.join(args.profile, f"{mode}-{role}.txt")
         spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or "py-spy"
         cmd = [spy, "record", "--pid", str(pid), "--duration", str(int(args.seconds)), "--rate", "50"]
-        cmd += ["--nonblocking", "--format", "raw", "--output", out]
+        cmd += ["--nonblocking", "--subprocesses", "--format", "raw", "--output", out]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return procs
 
@@ -441,7 +473,9 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=5.0, help="text-delta events per second per turn")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long every turn streams")
     parser.add_argument("--client-procs", type=int, default=2, help="processes the clients are spread over")
-    parser.add_argument("--modes", default="shared,naive", help="designs to run, in order")
+    parser.add_argument(
+        "--modes", default="shared,naive", help="designs to run, in order: shared, naive, shared-<K>proc (K processes)"
+    )
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--profile", metavar="DIR", help="py-spy the gateway and a client while publishing")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
@@ -498,7 +532,8 @@ def main() -> int:
     print("us: CPU microseconds per event, publish start to the last turn-finish; redis is the whole server's")
     print(
         "redis conns: the gateway's connections (CLIENT LIST by its client name) idle / 10 streams / all streams; "
-        f"the shared design is bounded by its pool ({POOL}) + 1 pub/sub connection, whatever N"
+        f"the shared design is bounded by its pool ({POOL}) + 1 pub/sub connection, whatever N "
+        "(shared-<K>proc: K gateway processes, K times that)"
     )
     shared = next((r for r in results if r["mode"] == "shared"), None)
     ok = False
