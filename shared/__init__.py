@@ -41,6 +41,7 @@ from stepq.errors import (
     UnknownAgentError,
     WaitTimeoutError,
 )
+from stepq.mcp_tools import McpServer, McpTool
 from stepq.models import (
     Event,
     EventType,
@@ -91,6 +92,8 @@ __all__ = [
     "LoopConfig",
     "LoopOverrides",
     "LoopStop",
+    "McpServer",
+    "McpTool",
     "MissingExtraError",
     "MissingFeaturesError",
     "Multitask",

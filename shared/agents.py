@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Collection
 from typing import Any, Literal
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stepq.errors import DefinitionError
+from stepq.mcp_tools import McpTool, check_mcp_names
 from stepq.models import Fallback, LoopLimits, ToolSpec
 from stepq.providers.base import OUTPUT_TOOL
 from stepq.providers.function import FunctionModel
@@ -129,6 +131,9 @@ class AgentDefinition(BaseModel):
     """Show the model the read-only `update_task_plan` tool and tell it to state its plan with it: the plan
     streams as `plan-update` events and is stored with the turn (see `stepq.task_plan`). Not listed in
     `allowed_tools`: this flag adds it."""
+    mcp_tools: list[McpTool] = Field(default_factory=list)
+    """Tools of MCP servers the model may be shown, each pinned to its input schema (`McpTool`); policy applies
+    to them exactly as to `allowed_tools`."""
     read_only: bool = True
     """True hides every mutation or destructive tool from the model, whatever `allowed_tools` says."""
     mutation_policy: MutationPolicy = "confirm-required"
@@ -255,10 +260,13 @@ class AgentDefinition(BaseModel):
             schema = {"type": "object", "properties": {OUTPUT_WRAPPER: schema}, "required": [OUTPUT_WRAPPER]}
         return ToolSpec(name=OUTPUT_TOOL, description=OUTPUT_TOOL_DESCRIPTION, input_schema=schema)
 
-    def visible_tools(self) -> list[ToolDefinition]:
-        """The tools the model is shown: the whitelist, minus writes unless writes are unlocked."""
+    def visible_tools(self, features: Collection[str] | None = None) -> list[ToolDefinition]:
+        """The tools the model is shown: the whitelist and the MCP tools, minus writes unless writes are unlocked,
+        minus the tools whose `required_features` the caller lacks (`features=None`: any caller)."""
         registry = all_tools()
         tools = [registry[name] for name in self.allowed_tools if name in registry]
+        tools += [t.definition() for t in self.mcp_tools]
+        tools = [t for t in tools if t.available_to(features)]
         if not self.writes_allowed:
             tools = [t for t in tools if not (t.is_mutation or t.destructive)]
         if self.task_plan:
@@ -303,6 +311,7 @@ class AgentRegistry:
         for stop in agent.loop.stop_when:
             if stop.custom is not None and get_stop_condition(stop.custom) is None:
                 raise DefinitionError(f"agent {agent.id}: loop.stop_when: {unknown_message(stop.custom)}")
+        check_mcp_names(agent.id, agent.allowed_tools, agent.mcp_tools)
         provider, _ = split_shorthand(agent.default_provider, agent.default_model)
         providers = [p for p in (provider, *(f.provider for f in agent.fallbacks)) if p]
         if providers:

@@ -10,6 +10,7 @@ the variable and the problem, instead of surfacing later inside a running step.
 from __future__ import annotations
 
 import json
+import os
 import re
 from functools import lru_cache
 from typing import Annotated, Any
@@ -18,8 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, V
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
+from stepq import module_models
 from stepq.errors import ConfigurationError
 from stepq.models import Fallback
+from stepq.module_models import ModuleModel
 from stepq.ratelimit import RateLimit
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")  # +sentinel: failover, +cluster
@@ -55,6 +58,9 @@ class Settings(BaseSettings):
 
     provider: str | None = None
     model: str | None = None
+    # STEPQ_<MODULE>_PROVIDER / STEPQ_<MODULE>_MODEL, by module (the part of an agent id before the dot);
+    # read from the environment unless given (see stepq.module_models)
+    module_models: dict[str, ModuleModel] = Field(default=None, validate_default=True)
 
     # Celery / durability
     redis_outage_s: float = Field(default=60.0, ge=0)  # how long Redis calls retry through an outage before failing
@@ -168,6 +174,16 @@ class Settings(BaseSettings):
                 raise ValueError(f"entry {n} names unknown provider {fallback.provider!r}; known: {', '.join(known)}")
         return value
 
+    @field_validator("module_models", mode="before")
+    @classmethod
+    def _module_models(cls, value: object) -> object:
+        """Variables named after modules cannot be declared fields: they are found by scanning the environment."""
+        if value is None:
+            return module_models.from_environ(os.environ)
+        if isinstance(value, dict):
+            return module_models.check({k: ModuleModel.model_validate(v) for k, v in value.items()})
+        return value
+
     @field_validator("key_prefix")
     @classmethod
     def _check_prefix(cls, value: str) -> str:
@@ -194,6 +210,9 @@ class Settings(BaseSettings):
         env: dict[str, str] = {}
         for name, value in self.model_dump().items():
             if value is None:
+                continue
+            if name == "module_models":  # one variable pair per module, as an operator sets them
+                env.update(module_models.to_env(self.module_models))
                 continue
             key = f"STEPQ_{name.upper()}"
             if name == "approval_secret":
@@ -266,6 +285,8 @@ def _variable(field: str) -> str:
 def _describe(error: ErrorDetails) -> str:
     field, *inside = [str(part) for part in error["loc"]] or [""]  # a model-level check has no location
     where = (_variable(field) if field else "STEPQ_* settings") + "".join(f": {part}" for part in inside)
+    if error["type"] == "value_error" and field == "module_models":  # the message names the variable itself
+        return str(error["ctx"]["error"])
     if error["type"] == "value_error":  # our own validators: the message already says it all
         return f"{where}: {error['ctx']['error']}"
     if error["type"] == "extra_forbidden":

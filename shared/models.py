@@ -528,6 +528,7 @@ class TurnState(BaseModel):
     messages: list[Message] = Field(default_factory=list)  # stored apart, append-only (see store/turns.py)
     limits: LoopLimits
     metadata: dict[str, Any] = Field(default_factory=dict)
+    features: list[str] = Field(default_factory=list)  # the caller's, from submit: tools requiring others are hidden
     priority: str = "interactive"
     idempotency_key: str | None = None
     thread_id: str | None = None  # set for a turn of a thread: its finish folds into the thread

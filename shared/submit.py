@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from stepq import attachments as files
+from stepq import module_models
 from stepq.agents import AgentDefinition, Budget, StopWhen
 from stepq.errors import MissingFeaturesError, OverrideError, SubmitError, UnknownAgentError
 from stepq.jsonsafe import non_finite_path
@@ -200,6 +201,10 @@ def new_turn_state(
     if agent is None:
         known = ", ".join(rt.agents.ids()) or "none loaded (set STEPQ_AGENT_MODULES)"
         raise UnknownAgentError(f"unknown agent {agent_id!r}; known agents: {known}")
+    if features is not None and (
+        not isinstance(features, list | tuple | set | frozenset) or not all(isinstance(f, str) for f in features)
+    ):
+        raise SubmitError("features must be a list of feature names (strings)")
     missing = sorted(set(agent.required_features) - set(features or []))
     if missing:
         raise MissingFeaturesError(f"agent {agent.id} requires features the caller lacks: {', '.join(missing)}")
@@ -212,7 +217,14 @@ def new_turn_state(
     bad = non_finite_path(metadata)
     if bad:
         raise SubmitError(f"metadata{bad[1:]} is NaN or Infinity, which JSON cannot carry: send null or a string")
-    chosen_provider, chosen_model = resolve_model(agent, provider, model, rt.settings.provider, rt.settings.model)
+    chosen_provider, chosen_model = resolve_model(
+        agent,
+        provider,
+        model,
+        rt.settings.provider,
+        rt.settings.model,
+        module=module_models.for_agent(rt.settings.module_models, agent.id),
+    )
     limits = tighten(agent, loop)
     pending = files.Pending()
     state = TurnState(
@@ -223,6 +235,7 @@ def new_turn_state(
         messages=build_messages(rt, agent, prompt, messages, attachments, chosen_provider, pending),
         limits=limits,
         metadata=metadata or {},
+        features=sorted(set(features or [])),
         priority=priority or agent.priority,
         idempotency_key=idempotency_key,
         created_at=time.time(),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import logging
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast, get_type_hints
 
@@ -70,6 +70,7 @@ class ToolDefinition:
     context_param: str | None = None
     client: bool = False  # no server-side run: the turn parks until its caller sends the result (Client.resume)
     editable: bool = False  # a reviewer may approve a gated call with edited arguments (re-validated, re-bound)
+    required_features: tuple[str, ...] = ()  # a caller lacking any of these never sees the tool
     _validator: Any = field(default=None, repr=False)
 
     def validate(self, args: Any) -> dict[str, Any]:
@@ -89,6 +90,10 @@ class ToolDefinition:
                 "; ".join(f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}" for e in errors)
             )
         return args
+
+    def available_to(self, features: Collection[str] | None) -> bool:
+        """Whether a caller with these features may see the tool (None: any caller, as when checking a definition)."""
+        return features is None or set(self.required_features) <= set(features)
 
     def requires_approval(self, args: dict[str, Any]) -> bool:
         if callable(self.needs_approval):
@@ -140,12 +145,17 @@ def tool(
     timeout_s: float | None = 60.0,
     client: bool = False,
     editable: bool = False,
+    required_features: Collection[str] = (),
 ) -> Any:
     """Declare a tool. Its schema comes from `args_model`, `input_schema`, or the type hints.
 
     `client=True` declares a client-side tool: the function is never run (its signature and docstring
     describe the tool); a call parks the turn until its caller supplies the result with `Client.resume`.
-    `editable=True` lets a reviewer approve a gated call with other arguments (`Client.approve(args=...)`)."""
+    `editable=True` lets a reviewer approve a gated call with other arguments (`Client.approve(args=...)`).
+    `required_features`: features a turn's caller must have for the model to be shown the tool (and for a
+    call to it to run); other callers' turns never see it."""
+    if isinstance(required_features, str):
+        raise DefinitionError("required_features must be a list of feature names, not one string")
 
     def wrap(func: Callable[..., Any]) -> ToolDefinition:
         model = args_model
@@ -184,6 +194,7 @@ def tool(
             context_param=context_param,
             client=client,
             editable=editable,
+            required_features=tuple(required_features),
         )
         if client and (is_mutation or destructive or needs_approval):
             raise DefinitionError(

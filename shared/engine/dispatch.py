@@ -85,7 +85,7 @@ class StepDispatcher:
         self.breaker = breaker
         self.max_result_chars = max_result_chars
         self.execution = execution  # runs the functions: timeouts, cancellation, sanitised errors
-        self.visible = {t.name: t for t in agent.visible_tools()}
+        self.visible = {t.name: t for t in agent.visible_tools(state.features)}  # a hidden tool cannot run
 
     def prepare(self, call: ToolCall) -> PreparedCall:
         def fail(output: dict[str, Any], status: ToolResultStatus) -> PreparedCall:

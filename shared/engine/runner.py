@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import redis
 
-from stepq import attachments, edits, task_plan, threads
+from stepq import attachments, edits, mcp_tools, task_plan, threads
 from stepq.agents import AgentDefinition
 from stepq.approvals import ApprovalClaim
 from stepq.batch import record_finish
@@ -115,6 +115,7 @@ class StepRunner:
         self._checkpoint: StepOutput | None = None
         self._pending_checkpoint: PreparedWrite | None = None
         self._emitter: StepEmitter | None = None
+        self._tools_refused: list[dict[str, str]] = []  # MCP tools not offered this step, and why
 
     # ------------------------------------------------------------------ delivery
 
@@ -166,7 +167,8 @@ class StepRunner:
         emitter = StepEmitter(self.rt.events, state.turn_id, state.step, self.rt.settings.coalesce_window_ms / 1000)
         self._emitter = emitter
         try:
-            return self._run_step(state, lease, start, emitter)
+            with mcp_tools.step_scope():  # the step's MCP sessions (if it uses any) close with it
+                return self._run_step(state, lease, start, emitter)
         finally:
             emitter.flush()  # anything still deferred (e.g. on a path that did not commit) goes out now
 
@@ -212,7 +214,8 @@ class StepRunner:
             adapter = create_adapter(state.provider, agent, state.model)
         except Exception as exc:
             return self._fail(state, emitter, str(exc))
-        tools = agent.visible_tools()
+        # the caller's features pick the tools; an MCP tool whose server changed its schema is not offered
+        tools, self._tools_refused = mcp_tools.offered(agent.visible_tools(state.features))
         specs = [ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema) for t in tools]
         tool_choice: str | None = None
         output_schema = None
@@ -355,7 +358,9 @@ class StepRunner:
                 return Decision(
                     "reschedule", step=state.step, countdown=grant.wait_s, reason=f"rate limit ({grant.reason})"
                 )
-        self._defer_step_start(state, emitter, specs, granted_at=grant.at if grant is not None else None)
+        self._defer_step_start(
+            state, emitter, specs, granted_at=grant.at if grant is not None else None, refused=self._tools_refused
+        )
         used: int | None = None
         guard = _EventWriteGuard(emitter.emit)
         probe = FirstChunkProbe(guard)  # times the first content delta (stepq_time_to_first_chunk_seconds)
@@ -390,7 +395,7 @@ class StepRunner:
 
     def _replay(self, state: TurnState, emitter: StepEmitter, specs: list[ToolSpec], output: StepOutput) -> StepOutput:
         """Re-publish a checkpointed answer after the step-reset, so subscribers see the step whole."""
-        self._defer_step_start(state, emitter, specs, replayed=True)
+        self._defer_step_start(state, emitter, specs, replayed=True, refused=self._tools_refused)
         for part in output.message.parts:
             if isinstance(part, TextPart) and part.text:
                 emitter.emit(Delta("text", part.text))
@@ -406,6 +411,7 @@ class StepRunner:
         specs: list[ToolSpec],
         replayed: bool = False,
         granted_at: float | None = None,
+        refused: list[dict[str, str]] | None = None,
     ) -> None:
         data: dict[str, Any] = {
             "attempt": state.attempt,
@@ -416,6 +422,8 @@ class StepRunner:
         }
         if replayed:
             data["replayed"] = True
+        if refused:  # MCP tools whose server no longer advertises the pinned schema: name and reason
+            data["tools_refused"] = refused
         if granted_at is not None:  # the rate limiter's grant (Redis clock): the time this call counts from
             data["rate_limit_granted_at"] = granted_at
         emitter.defer(EventType.STEP_START, data)  # goes out with the first delta, or within the flush window

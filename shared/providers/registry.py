@@ -137,14 +137,19 @@ def resolve_model(
     model: str | None,
     env_provider: str | None,
     env_model: str | None,
+    module: tuple[str | None, str | None] = (None, None),
 ) -> tuple[str, str]:
-    """Per-turn choice (only if the agent allows it) > agent default > environment."""
+    """Per-turn choice (only if the agent allows it) > the module's STEPQ_<MODULE>_PROVIDER/_MODEL > agent
+    default > STEPQ_PROVIDER/STEPQ_MODEL. A module provider comes with its module model (or is offline)."""
     provider, model = split_shorthand(provider, model)
     if (provider or model) and not agent.allow_runtime_override:
         raise SubmitError(f"agent {agent.id} does not allow choosing the provider or model per turn")
     default_provider, default_model = split_shorthand(agent.default_provider, agent.default_model)
     env_p, env_m = split_shorthand(env_provider, env_model)
-    chosen_provider = provider or default_provider or env_p
+    module_p, module_m = module
+    if module_p is not None:  # the agent's and the fleet's model ids belong to other providers
+        default_model = env_m = None
+    chosen_provider = provider or module_p or default_provider or env_p
     if chosen_provider is None:
         if agent.script:
             chosen_provider = "scripted"
@@ -157,7 +162,9 @@ def resolve_model(
     check_configured(chosen_provider)
     if chosen_provider == "function" and agent.function_model is None:
         _function(agent, "")  # refused at submit, with the fix named, not inside a running turn
-    chosen_model = model or default_model or env_m or (chosen_provider if chosen_provider in OFFLINE else None)
+    chosen_model = (
+        model or module_m or default_model or env_m or (chosen_provider if chosen_provider in OFFLINE else None)
+    )
     if chosen_model is None:
         raise SubmitError(f"no model for agent {agent.id} on {chosen_provider}: set default_model or STEPQ_MODEL")
     return chosen_provider, chosen_model
