@@ -217,6 +217,8 @@ def _run_turn(
                 view.on_event(event)
             if event.type == EventType.APPROVAL_REQUEST:
                 decider.decide(client, event)
+            elif event.type == EventType.TOOL_RESULTS_REQUEST:
+                cli_tool_results.answer_at_terminal(client, event, out)
         result = client.wait(handle.turn_id, timeout=60.0)
     except KeyboardInterrupt:
         if view is not None:

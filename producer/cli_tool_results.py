@@ -1,15 +1,19 @@
-"""`stepq resume TURN --results JSON`: answer a turn's client-side tool calls from the command line, and the
-JSON option values `stepq approve --args` and `resume` share."""
+"""Client-side tool calls at the command line: `stepq resume TURN --results JSON`, the answers `stepq run` asks
+for at the terminal, and the JSON option values `stepq approve --args` and `resume` share."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import sys
+from typing import Any, TextIO
 
 from stepq.config import Settings
+from stepq.errors import ToolResultsError
+from stepq.models import Event
 from stepq.producer.client import Client
-from stepq.producer.failures import UsageError
+from stepq.producer.failures import UsageError, err
+from stepq.producer.render import compact
 
 
 def json_object(raw: str | None, option: str) -> dict[str, Any] | None:
@@ -47,3 +51,34 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--error", action="append", default=[], metavar="CALL_ID", help="this call's output is an error")
     p.set_defaults(func=cmd_resume)
+
+
+def answer_at_terminal(client: Client, event: Event, out: TextIO) -> None:
+    """`stepq run` meets a client-side tool call: a person at the terminal types each result (JSON, or plain
+    text taken as a string); without a terminal every call gets an error result, so the turn never hangs on a
+    caller that is not there (as an approval is denied)."""
+    calls = [c for c in event.data.get("calls") or [] if isinstance(c, dict)]
+    if not calls:
+        return
+    results: dict[str, Any] = {}
+    errors: list[str] = []
+    interactive = sys.stdin.isatty()
+    for call in calls:
+        call_id, tool = str(call.get("tool_call_id")), str(call.get("tool"))
+        if not interactive:
+            results[call_id] = f"no client to run {tool}: stepq run's stdin is not a terminal"
+            errors.append(call_id)
+            continue
+        out.write(f"\nResult of client-side tool {tool} {compact(call.get('args', {}), 400)}?\n  ({call_id}) ")
+        out.flush()
+        line = sys.stdin.readline().strip()
+        try:
+            results[call_id] = json.loads(line)
+        except json.JSONDecodeError:
+            results[call_id] = line
+    if not interactive:
+        err(f"{len(calls)} client-side tool call(s) answered as errors: stdin is not a terminal")
+    try:
+        client.resume(event.turn_id, results, errors=errors)
+    except ToolResultsError as exc:  # answered already (a replayed turn, another caller): the turn goes on
+        err(f"results not taken: {exc}")

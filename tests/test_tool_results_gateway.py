@@ -98,3 +98,12 @@ def test_cli_show_status_and_resume(worker, client, prefix, settings):
     assert turn_id_of(proc.stdout) == handle.turn_id
     result = handle.wait(timeout=WAIT)
     assert 'ct_pick_date="soon",ct_geolocate={"error": "denied", "status": "failed"}' in result.text
+
+
+def test_cli_run_without_a_terminal_answers_client_calls_as_errors(worker, settings):
+    env = settings_env(settings)
+    proc = stepq(env, "run", "ct.browser", "plan it", "--json", check=0)
+    assert "2 client-side tool call(s) answered as errors: stdin is not a terminal" in proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["status"] == "completed"
+    assert "no client to run ct_pick_date: stepq run's stdin is not a terminal" in result["text"]
