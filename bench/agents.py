@@ -7,7 +7,9 @@ tightens `loop.max_steps` per turn) and ends with finish reason `max-steps`.
 from __future__ import annotations
 
 from stepq.agents import AgentDefinition, LoopConfig
-from stepq.providers.scripted import ScriptStep, ScriptToolCall
+from stepq.providers.base import ProviderAdapter
+from stepq.providers.registry import register_provider
+from stepq.providers.scripted import ScriptedAdapter, ScriptStep, ScriptToolCall
 from stepq.tools import tool
 
 MAX_STEPS = 1000  # the most LoopConfig allows; a turn asks for fewer with loop={"max_steps": n}
@@ -24,5 +26,29 @@ overhead = AgentDefinition(
     system_prompt="benchmark",
     allowed_tools=["bench_nop"],
     loop=LoopConfig(max_steps=MAX_STEPS),
+    script=[ScriptStep(text="", tool_calls=[ScriptToolCall(name="bench_nop", args={"n": 1})])],
+)
+
+
+class _MeasuredScripted(ScriptedAdapter):
+    """The scripted model, taken to report real usage: compaction's cheap gate (the last call's usage plus
+    what was added since) applies to it as to a real provider's."""
+
+    usage_is_measured = True
+
+
+def _measured_factory(agent: AgentDefinition, model: str) -> ProviderAdapter:
+    return _MeasuredScripted(agent.script or [])
+
+
+register_provider("bench-measured", _measured_factory)
+
+overhead_measured = AgentDefinition(
+    id="bench.overhead_measured",
+    system_prompt="benchmark",
+    allowed_tools=["bench_nop"],
+    loop=LoopConfig(max_steps=MAX_STEPS),
+    default_provider="bench-measured",
+    default_model="bench-model",
     script=[ScriptStep(text="", tool_calls=[ScriptToolCall(name="bench_nop", args={"n": 1})])],
 )

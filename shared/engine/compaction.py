@@ -1,8 +1,10 @@
 """Compaction: keep a long turn's request inside the model's context window.
 
 Before a step, the request is measured: from the provider's count endpoint where it has one (Anthropic
-`messages.count_tokens`, Gemini `models.count_tokens`), else estimated at 4 characters a token (the
-count endpoint is asked only once that estimate reaches half the limit, so short turns cost no call).
+`messages.count_tokens`, Gemini `models.count_tokens`), else estimated at 4 characters a token. Both are
+skipped while the last call's reported usage plus what was added since is under half the limit, and the
+count endpoint is asked only once the estimate reaches half the limit: short turns cost no call and no
+pass over the transcript.
 When it exceeds `STEPQ_COMPACT_AT` of the model's context window (the table below, or
 `STEPQ_CONTEXT_WINDOWS`), the transcript the model sees is compacted in two stages:
 
@@ -122,6 +124,21 @@ def estimate(request: StepRequest) -> int:
     return chars // CHARS_PER_TOKEN
 
 
+def observed_tokens(state: TurnState) -> int | None:
+    """The request's size from what the provider reported for the last model call (its input and output)
+    plus the messages added since, at 4 characters a token; None before the first call or without usage."""
+    last = next((t for t in reversed(state.trace.steps) if t.kind == "model"), None)
+    if last is None or not last.usage.input_tokens:
+        return None
+    u = last.usage
+    since = 0
+    for m in reversed(state.messages):
+        if isinstance(m, AssistantMessage):
+            break
+        since += len(m.model_dump_json())
+    return u.input_tokens + (u.cache_read_tokens or 0) + (u.cache_write_tokens or 0) + u.output_tokens + since // 4
+
+
 # --------------------------------------------------------------------------- planning and running
 
 
@@ -176,6 +193,9 @@ class Compactor:
         if not window or not s.compact_at:
             return None
         limit = int(window * s.compact_at)
+        observed = observed_tokens(state) if self.adapter.usage_is_measured else None
+        if observed is not None and observed < limit // 2:  # the cheap gate: no pass over the transcript
+            return None
         before = self.count(request, limit)
         if before <= limit:
             return None

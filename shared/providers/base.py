@@ -53,6 +53,7 @@ class ProviderAdapter(ABC):
 
     name: str = "abstract"
     tool_failure_breaker: int | None = None  # the provider's preferred breaker (the agent may set one too)
+    usage_is_measured: bool = True  # False for offline models whose token counts are stand-ins, not sizes
 
     @abstractmethod
     def stream_step(self, request: StepRequest, emit: Emit, should_stop: ShouldStop) -> StepOutput:

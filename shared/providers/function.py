@@ -92,6 +92,7 @@ class FunctionModel(ProviderAdapter):
 
     name = "function"
     tool_failure_breaker: int | None = None
+    usage_is_measured = False  # its usage is a stand-in: compaction measures the request instead
 
     def __init__(self, function: ModelFunction) -> None:
         self.function = function

@@ -146,6 +146,7 @@ class ScriptedAdapter(ProviderAdapter):
 
     name = "scripted"
     tool_failure_breaker: int | None = None
+    usage_is_measured = False  # its usage is a stand-in: compaction measures the request instead
 
     def __init__(self, script: list[ScriptStep]) -> None:
         if not script:
