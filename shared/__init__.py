@@ -59,6 +59,7 @@ from stepq.producer.client import ApprovalReceipt, Client, TurnHandle
 from stepq.providers.function import FunctionModel, FunctionRequest, FunctionResponse, TestModel
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
 from stepq.ratelimit import RateLimit
+from stepq.step_control import StepContext, StepOverrides
 from stepq.stops import StopContext, stop_condition
 from stepq.submit import LoopOverrides
 from stepq.threads import Multitask, Thread, ThreadTurn
@@ -105,6 +106,8 @@ __all__ = [
     "ScriptStep",
     "ScriptToolCall",
     "Settings",
+    "StepContext",
+    "StepOverrides",
     "StepTrace",
     "StepqError",
     "StopContext",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any, Literal
 
 import jsonschema
@@ -22,6 +22,7 @@ from stepq.providers.function import FunctionModel
 from stepq.providers.registry import check_tool_schemas, known_providers, split_shorthand
 from stepq.providers.scripted import ScriptStep
 from stepq.ratelimit import RateLimit
+from stepq.step_control import StepContext, StepOverrides, check_choice
 from stepq.stops import NAME as STOP_NAME
 from stepq.stops import get_stop_condition, unknown_message
 from stepq.task_plan import PLAN_GUIDANCE, PLAN_TOOL, plan_tool
@@ -167,6 +168,17 @@ class AgentDefinition(BaseModel):
     tool_failure_breaker: int | None = Field(default=None, ge=1)
     """Failures after which a tool is blocked for the rest of the turn (`permanently_failed`);
     unset uses the provider's preference (on for Gemini and Anthropic on Vertex, off otherwise)."""
+    tool_choice: str | None = None
+    """Every step's tool choice: `auto` (the model decides), `none` (no tool calls), `required` (at least one
+    call) or a tool's name (that tool); each adapter maps it to its API's own. Unset: the provider default."""
+    active_tools: list[str] | None = None
+    """The tools shown on every step, a subset of `allowed_tools` (unset: all the allowlist shows).
+    `prepare_step` may change it per step, within the allowlist and the mutation gate; callers narrow it."""
+    prepare_step: Callable[[StepContext], StepOverrides | dict[str, Any] | None] | None = Field(
+        default=None, exclude=True
+    )
+    """`fn(StepContext) -> StepOverrides | dict | None`, called on the worker before each step: overrides
+    for that step only (`model`, `active_tools`, `tool_choice`, `max_output_tokens`, extra `system` text)."""
     max_output_tokens: int | None = None
     """Cap on one model call's output tokens (provider default when unset)."""
     temperature: float | None = None
@@ -293,6 +305,24 @@ class AgentDefinition(BaseModel):
         return False
 
 
+def check_step_tools(agent: AgentDefinition) -> None:
+    """`active_tools` and `tool_choice` must name tools the agent can show: refused at load, not mid-turn."""
+    shown = [t.name for t in agent.visible_tools()]
+    for name in agent.active_tools or []:
+        if name not in agent.allowed_tools:
+            raise DefinitionError(f"agent {agent.id}: active_tools names {name!r}, which allowed_tools does not list")
+        if name not in shown:
+            raise DefinitionError(
+                f"agent {agent.id}: active_tools names {name!r}, a write tool the agent hides (read_only=True or "
+                "mutation_policy='read-only')"
+            )
+    if agent.tool_choice is not None:
+        active = shown if agent.active_tools is None else [n for n in shown if n in agent.active_tools]
+        problem = check_choice(agent.tool_choice, active)
+        if problem:
+            raise DefinitionError(f"agent {agent.id}: {problem}")
+
+
 class AgentRegistry:
     """Agents by id, loaded from modules. Loading validates every tool reference."""
 
@@ -308,6 +338,7 @@ class AgentRegistry:
         unknown = [name for name in agent.allowed_tools if name not in registry]
         if unknown:
             raise DefinitionError(f"agent {agent.id}: allowed_tools names unknown tools: {', '.join(unknown)}")
+        check_step_tools(agent)
         for stop in agent.loop.stop_when:
             if stop.custom is not None and get_stop_condition(stop.custom) is None:
                 raise DefinitionError(f"agent {agent.id}: loop.stop_when: {unknown_message(stop.custom)}")

@@ -387,11 +387,23 @@ class FailedAttempt(BaseModel):
     model: str | None = None
 
 
+class ToolCallTrace(BaseModel):
+    """One tool call of a step: how big its arguments and result were (JSON characters) and how it ended."""
+
+    id: str
+    name: str
+    input_chars: int
+    output_chars: int | None = None  # None: never run (the turn ended first)
+    status: ToolResultStatus | None = None  # `invalid_arguments` marks arguments that failed the schema
+    truncated: bool = False  # the result was cut to STEPQ_MAX_TOOL_RESULT_CHARS before the model read it
+
+
 class StepTrace(BaseModel):
     step: int
     provider: str
     model: str
     tool_calls: list[str] = Field(default_factory=list)
+    calls: list[ToolCallTrace] = Field(default_factory=list)  # each call's sizes and outcome
     usage: Usage = Field(default_factory=Usage)  # the successful attempt's tokens
     cost: float | None = None  # this step's cost, failed attempts included (when STEPQ_PRICES has the model)
     failed_attempts: list[FailedAttempt] = Field(default_factory=list)  # those that reported usage
@@ -399,13 +411,50 @@ class StepTrace(BaseModel):
     duration_s: float = 0.0
     stop_reason: str | None = None  # the model call's finish reason (`tool-calls`, `stop`, `length`, ...)
     raw_stop_reason: str | None = None
+    tools: list[str] | None = None  # the tools the step showed the model (its active tools)
+    tool_choice: str | None = None  # the tool choice it sent (None: the provider's default)
+    max_output_tokens: int | None = None  # its output cap, when one was set
+    warnings: list[str] = Field(default_factory=list)  # prepare_step asks that were ignored, and why
     stopped_by: LoopStop | None = None  # set on the step after which a loop limit ended the tool steps
     stop_detail: str | None = None  # what that limit named (the custom condition, the tool, the step count)
     kind: Literal["model", "compaction"] = "model"  # compaction: the call that summarised older turns
+    malformed: bool = False  # the model's tool call was malformed: the next step got a corrective note
+    invalid_output: bool = False  # object mode: this answer failed validation (a repair step or a failure follows)
+    repair: bool = False  # object mode: this step answered a repair note
 
 
 class LoopTrace(BaseModel):
     steps: list[StepTrace] = Field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """The whole loop in one small dict (the `turn-finish` event carries it): totals, then a row per step."""
+        steps = self.steps
+        return {
+            "steps": len(steps),
+            "tool_calls": sum(len(s.tool_calls) for s in steps),
+            "models": list(dict.fromkeys(f"{s.provider}/{s.model}" for s in steps)),
+            "retries": sum(s.retries for s in steps),
+            "failed_attempts": sum(len(s.failed_attempts) for s in steps),
+            "malformed": sum(s.malformed for s in steps),
+            "repairs": sum(s.repair for s in steps),
+            "warnings": sum(len(s.warnings) for s in steps),
+            "duration_s": round(sum(s.duration_s for s in steps), 4),
+            "per_step": [
+                {
+                    "step": s.step,
+                    "model": f"{s.provider}/{s.model}",
+                    "tools": s.tool_calls,
+                    "tool_input_chars": sum(c.input_chars for c in s.calls),
+                    "tool_output_chars": sum(c.output_chars or 0 for c in s.calls),
+                    "tokens": s.usage.total_tokens,
+                    "cost": s.cost,
+                    "stop_reason": s.stop_reason,
+                    "stopped_by": s.stopped_by.value if s.stopped_by else None,
+                    "stop_detail": s.stop_detail,
+                }
+                for s in steps
+            ],
+        }
 
 
 class TurnResult(BaseModel):
@@ -442,6 +491,8 @@ class LoopLimits(BaseModel):
     max_wall_clock_s: float | None = None
     max_tokens: int | None = None
     answer_reserve_tokens: int | None = None  # object mode's hold-back for the answer step (see Budget)
+    active_tools: list[str] | None = None  # the caller's narrowing of the tools shown on every step
+    tool_choice: str | None = None  # the caller's tool choice (as tight as the agent's or tighter)
 
 
 class Fallback(BaseModel):
@@ -462,6 +513,20 @@ class Fallback(BaseModel):
                 raise ValueError(f"fallback {value!r}: write it as provider/model or {{provider, model}}")
             return {"provider": provider, "model": model}
         return value
+
+
+class StepPlan(BaseModel):
+    """What one step runs with, resolved once per step (agent, prepare_step, caller) and kept until the next
+    step, so a retried or resumed step uses the same plan. `base` is the turn's own provider/model while a
+    step runs on another one (prepare_step's `model`): the next step starts from it again."""
+
+    step: int
+    tools: list[str]
+    tool_choice: str | None = None
+    max_output_tokens: int | None = None
+    system: str | None = None  # prepare_step's extra system text
+    base: Fallback | None = None
+    warnings: list[str] = Field(default_factory=list)
 
 
 class PendingApproval(BaseModel):
@@ -546,6 +611,7 @@ class TurnState(BaseModel):
     failed_attempts: list[FailedAttempt] = Field(default_factory=list)  # this step's, until its trace is written
     parked: ParkedStep | None = None
     compaction: Compaction | None = None  # the model sees a compacted transcript (see engine/compaction.py)
+    step_plan: StepPlan | None = None  # this step's tools, tool choice, model (see StepPlan)
     trace: LoopTrace = Field(default_factory=LoopTrace)
     text: str = ""
     object: Any = None

@@ -17,6 +17,7 @@ from stepq.jsonsafe import non_finite_path
 from stepq.models import EventType, LoopLimits, Message, SystemMessage, TurnState, UserMessage, new_turn_id
 from stepq.providers.registry import resolve_model
 from stepq.runtime import Runtime
+from stepq.step_control import at_most, check_choice
 from stepq.stops import get_stop_condition, unknown_message
 from stepq.transcripts import check_pairing
 
@@ -31,9 +32,13 @@ class LoopOverrides(BaseModel):
     max_steps: int | None = Field(default=None, ge=1)
     stop_when: list[StopWhen] = Field(default_factory=list)
     budget: Budget = Field(default_factory=Budget)
+    active_tools: list[str] | None = None  # a subset of the tools the agent shows
+    tool_choice: str | None = None  # as tight as the agent's or tighter: auto < required < a tool; auto < none
 
 
-def tighten(agent: AgentDefinition, overrides: LoopOverrides | dict[str, Any] | None) -> LoopLimits:
+def tighten(
+    agent: AgentDefinition, overrides: LoopOverrides | dict[str, Any] | None, features: list[str] | None = None
+) -> LoopLimits:
     """The agent's loop limits with the caller's overrides applied; a widening attempt is refused."""
     limits = agent.loop.limits()
     if overrides is None:
@@ -70,7 +75,10 @@ def tighten(agent: AgentDefinition, overrides: LoopOverrides | dict[str, Any] | 
     max_tokens = narrower("budget.max_tokens", budget.max_tokens, limits.max_tokens)
     extra_counts = [s.step_count for s in overrides.stop_when if s.step_count is not None]
     stop_after = min([c for c in [limits.stop_after_steps, *extra_counts] if c is not None], default=None)
+    active_tools, tool_choice = _narrow_tools(agent, overrides, features)
     return LoopLimits(
+        active_tools=active_tools,
+        tool_choice=tool_choice,
         max_steps=int(max_steps or limits.max_steps),
         stop_after_steps=stop_after,
         stop_on_tool=sorted({*limits.stop_on_tool, *(s.has_tool_call for s in overrides.stop_when if s.has_tool_call)}),
@@ -84,6 +92,34 @@ def tighten(agent: AgentDefinition, overrides: LoopOverrides | dict[str, Any] | 
             [r for r in (limits.answer_reserve_tokens, budget.answer_reserve_tokens) if r is not None], default=None
         ),
     )
+
+
+def _narrow_tools(
+    agent: AgentDefinition, overrides: LoopOverrides, features: list[str] | None
+) -> tuple[list[str] | None, str | None]:
+    """The caller's active_tools and tool_choice, refused unless they narrow what the agent shows this caller
+    and chooses."""
+    shown = [t.name for t in agent.visible_tools(features or [])]
+    default = [n for n in shown if agent.active_tools is None or n in agent.active_tools]
+    asked = overrides.active_tools
+    if asked is not None:
+        wider = [n for n in asked if n not in default]
+        if wider:
+            raise OverrideError(
+                f"active_tools names {', '.join(map(repr, wider))}, which agent {agent.id} does not show "
+                f"(it shows: {', '.join(default) or 'none'}); overrides may only tighten"
+            )
+    choice = overrides.tool_choice
+    if choice is not None:
+        problem = check_choice(choice, asked if asked is not None else default)
+        if problem:
+            raise OverrideError(f"invalid loop overrides: {problem}")
+        if not at_most(choice, agent.tool_choice):
+            raise OverrideError(
+                f"tool_choice={choice!r} is looser than agent {agent.id}'s {agent.tool_choice!r}; overrides may only "
+                "tighten (auto < required < a tool name; auto < none)"
+            )
+    return asked, choice
 
 
 def _check_utf8(text: str, what: str) -> None:
@@ -225,7 +261,7 @@ def new_turn_state(
         rt.settings.model,
         module=module_models.for_agent(rt.settings.module_models, agent.id),
     )
-    limits = tighten(agent, loop)
+    limits = tighten(agent, loop, features)
     pending = files.Pending()
     state = TurnState(
         turn_id=new_turn_id(),

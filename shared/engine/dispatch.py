@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from stepq.agents import AgentDefinition
 from stepq.approvals import canonical_args_hash
+from stepq.engine import step_plan
 from stepq.engine.tool_exec import ToolExecution
 from stepq.errors import ToolArgumentError
 from stepq.jsonsafe import finite, non_finite_path
@@ -85,7 +86,7 @@ class StepDispatcher:
         self.breaker = breaker
         self.max_result_chars = max_result_chars
         self.execution = execution  # runs the functions: timeouts, cancellation, sanitised errors
-        self.visible = {t.name: t for t in agent.visible_tools(state.features)}  # a hidden tool cannot run
+        self.visible = {t.name: t for t in step_plan.callable_tools(agent, state)}  # this step's; hidden: cannot run
 
     def prepare(self, call: ToolCall) -> PreparedCall:
         def fail(output: dict[str, Any], status: ToolResultStatus) -> PreparedCall:
@@ -96,6 +97,8 @@ class StepDispatcher:
         if blocked is not None:
             return PreparedCall(call, None, None, blocked)
         definition = self.visible.get(call.name)
+        if definition is None and call.name in {t.name for t in self.agent.visible_tools(self.state.features)}:
+            return fail({"error": f"Tool not available on this step: {call.name}"}, ToolResultStatus.NOT_FOUND)
         if definition is None:
             if self.breaker is not None:
                 return fail(

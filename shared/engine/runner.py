@@ -22,7 +22,7 @@ from stepq import attachments, edits, mcp_tools, task_plan, threads
 from stepq.agents import AgentDefinition
 from stepq.approvals import ApprovalClaim
 from stepq.batch import record_finish
-from stepq.engine import client_tools, stopping, structured
+from stepq.engine import client_tools, step_plan, stopping, structured, tracing
 from stepq.engine.compaction import Compactor, view
 from stepq.engine.dispatch import PreparedCall, StepDispatcher
 from stepq.engine.emitter import StepEmitter
@@ -201,7 +201,7 @@ class StepRunner:
             decision.action,
             decision.reason,
             time.monotonic() - started,
-            state.trace.steps[traced:],
+            tracing.new_traces(state, traced),
             self._tenant(state),
         )
         return decision
@@ -210,21 +210,23 @@ class StepRunner:
 
     def _model_step(self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter, lease: StepLease) -> Decision:
         started = time.monotonic()
-        try:
+        try:  # this step's tools, tool choice and model (the agent's, its prepare_step's, the caller's)
+            plan = step_plan.prepare(agent, state)
             adapter = create_adapter(state.provider, agent, state.model)
         except Exception as exc:
             return self._fail(state, emitter, str(exc))
-        # the caller's features pick the tools; an MCP tool whose server changed its schema is not offered
-        tools, self._tools_refused = mcp_tools.offered(agent.visible_tools(state.features))
+        # this step's tools (plan, caller's features); an MCP tool whose server changed its schema is not offered
+        tools, self._tools_refused = mcp_tools.offered(step_plan.step_tools(agent, state, plan))
         specs = [ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema) for t in tools]
-        tool_choice: str | None = None
+        tool_choice: str | None = plan.tool_choice
         output_schema = None
         if agent.execution_mode == "object":
             output_schema = agent.output_schema()
             specs.append(structured.output_tool(agent))
             if tools and state.answer_due is None and state.step + 1 >= state.limits.max_steps:
                 state.answer_due = LoopStop.MAX_STEPS  # the last allowed step is the reserved answer step
-            tool_choice = OUTPUT_TOOL if structured.must_answer_now(agent, state, bool(tools)) else "auto"
+            answer_now = structured.must_answer_now(agent, state, bool(tools))
+            tool_choice = OUTPUT_TOOL if answer_now else (tool_choice or "auto")
         try:  # the files' bytes, for this call only (the transcript keeps references)
             messages = state.messages if self._checkpoint is not None else self._with_files(state, view(state))
         except attachments.AttachmentMissingError as exc:
@@ -233,12 +235,12 @@ class StepRunner:
         request = StepRequest.model_construct(
             provider=state.provider,
             model=state.model,
-            system=agent.instructions,
+            system=step_plan.system_text(agent, plan),
             messages=messages,
             tools=specs,
             tool_choice=tool_choice,
             output_schema=output_schema,
-            max_tokens=agent.max_output_tokens,
+            max_tokens=plan.max_output_tokens,
             temperature=agent.temperature,
             stop_sequences=agent.stop_sequences,
             step=state.step,
@@ -261,6 +263,7 @@ class StepRunner:
 
         cost = step_cost(self.rt.settings.prices, state.provider, state.model, output.usage)
         failed, state.failed_attempts = state.failed_attempts, []
+        repairing = bool(state.trace.steps) and state.trace.steps[-1].invalid_output
         trace = StepTrace(
             step=state.step,
             provider=state.provider,
@@ -273,6 +276,11 @@ class StepRunner:
             duration_s=round(time.monotonic() - started, 4),
             stop_reason=output.finish_reason.value,
             raw_stop_reason=output.raw_finish_reason,
+            tools=[t.name for t in specs],
+            tool_choice=tool_choice,
+            max_output_tokens=plan.max_output_tokens,
+            warnings=plan.warnings,
+            repair=repairing,
         )
         state.usage = state.usage + output.usage
         state.cost = add_costs(state.cost, cost)  # failed attempts were added when they failed
@@ -283,6 +291,7 @@ class StepRunner:
 
         if not state.malformed_retry_used and adapter.is_malformed(output):
             state.malformed_retry_used = True
+            trace.malformed = True
             state.messages.append(UserMessage(content=adapter.malformed_note()))
             return self._advance(state, agent, emitter)
 
@@ -299,6 +308,7 @@ class StepRunner:
             if self._reserve_answer(state, agent, LoopStop.TOOL_CALL_BUDGET):  # the calls are not run
                 note = "not run: the turn's tool-call budget is spent; give your final answer now"
                 state.messages.append(ToolResultMessage(results=[_refusal(c, note) for c in calls]))
+                tracing.record_calls(state, calls)
                 return self._advance(state, agent, emitter)
             return self._finish_limit(state, agent, emitter, LoopStop.TOOL_CALL_BUDGET)
         dispatcher = self._dispatcher(state, agent, emitter, adapter.tool_failure_breaker)
@@ -478,6 +488,9 @@ class StepRunner:
             try:
                 state.object = parse_object(agent, text)
             except InvalidOutputError as exc:
+                traced = tracing.this_step(state)
+                if traced is not None:
+                    traced.invalid_output = True
                 if state.repairs_used < agent.output_repairs and self._steps_left(state):
                     state.repairs_used += 1
                     state.messages.append(output.message)
@@ -497,6 +510,7 @@ class StepRunner:
     def _after_tools(
         self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter, calls: list[ToolCall]
     ) -> Decision:
+        tracing.record_calls(state, calls)  # the step's trace is written with its commit, sizes included
         if agent.execution_mode == "object" and state.answer_due is not None:  # the answer step called tools
             return self._finish_limit(state, agent, emitter, state.answer_due)
         try:
@@ -667,6 +681,7 @@ class StepRunner:
         state.finished_at = time.time()
         parked, state.parked = state.parked, None
         if parked is not None:  # ended while parked: a decision arriving from now on is refused
+            tracing.resume_trace(state, parked.step_trace)
             ids = [a.approval_id for a in parked.approvals]
             self.rt.approvals.cancel(ids, time.time(), f"turn {status.value}")
         if not self._commit(state):
@@ -691,6 +706,7 @@ class StepRunner:
                 "usage": state.usage.model_dump(),
                 "cost": state.cost,
                 "error": state.error,
+                "trace": state.trace.summary(),
             },
         )
         batch = state.metadata.get("batch_id")
@@ -863,6 +879,7 @@ class StepRunner:
             step_trace=trace,
         )
         state.messages.pop()  # the assistant message is re-added with the results on resume
+        state.trace.steps.pop()  # so is the step's trace (kept in `parked`), complete with the results
         state.status = TurnStatus.AWAITING_APPROVAL if pending else TurnStatus.AWAITING_TOOL_RESULTS
         if not self._commit(state):
             return _none(StepLoss.COMMIT_LOST)
@@ -943,6 +960,7 @@ class StepRunner:
         state.tool_calls_made += len(calls)
         state.parked = None
         state.status = TurnStatus.RUNNING
+        tracing.resume_trace(state, parked.step_trace)
         return self._after_tools(state, agent, emitter, calls)
 
     def _await_tool_results(self, state: TurnState) -> Decision:

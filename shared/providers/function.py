@@ -5,7 +5,8 @@ The `scripted` provider replays fixed steps whatever it is asked. These answer w
 - `FunctionModel(fn)`: `fn(FunctionRequest) -> FunctionResponse | str` decides each step from the
   transcript, the tools it is shown and the output schema (the `function` provider; the agent carries
   it as `function_model=`).
-- `TestModel()`: a ready-made function. It calls each of the agent's tools once, with arguments built
+- `TestModel()`: a ready-made function. It calls each of the tools it is shown once (none under
+  `tool_choice="none"`, the named one under a forced tool choice), with arguments built
   from the tool's schema and the prompt, then answers: in object mode with an object built from the
   output schema and the prompt (a property named in the prompt as `name: value` takes that value;
   strings otherwise quote the prompt, numbers come from the prompt's numbers), so different inputs
@@ -57,6 +58,7 @@ class FunctionRequest:
     system: str | None = None
     step: int = 0
     options: dict[str, Any] = field(default_factory=dict)  # the agent's provider_options
+    tool_choice: str | None = None  # the step's: auto, none, required or a tool name (None: unset)
 
     @property
     def prompt(self) -> str:
@@ -108,6 +110,7 @@ class FunctionModel(ProviderAdapter):
             system=request.system,
             step=request.step,
             options=dict(request.options),
+            tool_choice=request.tool_choice,
         )
         answer = self.function(asked)
         if isinstance(answer, str):
@@ -170,7 +173,10 @@ class TestModel(FunctionModel):
 def test_function(request: FunctionRequest) -> FunctionResponse:
     """TestModel's answer to one step (usable inside your own FunctionModel function too)."""
     prompt = request.prompt
-    pending = [t for t in request.tools if t.name not in request.called]
+    choice = request.tool_choice
+    pending = [t for t in request.tools if t.name not in request.called and choice != "none"]
+    if choice not in (None, "auto", "none", "required", OUTPUT_TOOL):  # a forced tool: that one, once more
+        pending = [t for t in request.tools if t.name == choice]
     if pending and not request.answer_now:
         return FunctionResponse(
             tool_calls=[

@@ -210,10 +210,10 @@ def responses_params(request: StepRequest) -> dict[str, Any]:
                 for t in tools
             ]
             choice = request.tool_choice
-            if choice is not None and choice != "auto":
+            if choice is not None:  # unset: the API's default (auto)
                 _check_choice(choice, [t.name for t in tools])
                 params["tool_choice"] = (
-                    choice if choice in ("none", "required") else {"type": "function", "name": choice}
+                    choice if choice in ("auto", "none", "required") else {"type": "function", "name": choice}
                 )
             if options.get("disable_parallel_tool_use"):
                 params["parallel_tool_calls"] = False
@@ -295,10 +295,10 @@ def chat_params(request: StepRequest) -> dict[str, Any]:
             for t in request.tools
         ]
         choice = request.tool_choice
-        if choice is not None and choice != "auto":
+        if choice is not None:  # unset: the API's default (auto)
             _check_choice(choice, [t.name for t in request.tools])
             params["tool_choice"] = (
-                choice if choice in ("none", "required") else {"type": "function", "function": {"name": choice}}
+                choice if choice in ("auto", "none", "required") else {"type": "function", "function": {"name": choice}}
             )
         if options.get("disable_parallel_tool_use"):
             params["parallel_tool_calls"] = False

@@ -7,7 +7,9 @@ assistant messages it was sent, so a conversation continued over several turns m
 through the script. A step streams its text in
 several deltas and can inject the failures the retry rule cares about:
 `before` (an HTTP error before the stream), `in-stream` (an error event inside a
-200 stream, before content) and `after-content` (an error after partial text).
+200 stream, before content) and `after-content` (an error after partial text). It honours the step's
+tool choice as a provider does: under `none` the step's scripted tool calls are dropped, and under a forced
+tool only calls to that tool are kept.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class ScriptStep(BaseModel):
     fail: ScriptFailure | None = None
     echo_tools: bool = False  # prepend "tools: a,b" to the text: shows what the model was shown
     echo_messages: bool = False  # prepend "saw: ..." (the transcript it was sent): shows what the model received
+    echo_tool_choice: bool = False  # prepend "tool_choice: ..." (what the step asked for)
     fresh_call_ids: bool = False  # new tool-call ids on every call, as real providers give
     delta_chars: int = Field(default=6, ge=1)
     delta_delay_s: float = Field(default=0.0, ge=0)
@@ -141,6 +144,15 @@ def _raise(failure: ScriptFailure) -> None:
     )
 
 
+def _may_call(request: StepRequest, name: str) -> bool:
+    """The tool choice, as a provider enforces it: no calls under `none`, only the named tool when one is forced.
+    (A call to a tool the step does not show is kept: tests use it to see the engine refuse it.)"""
+    choice = request.tool_choice
+    if choice == "none":
+        return False  # (object mode's forced answer is its own path: `object` steps answer through it)
+    return choice in (None, "auto", "required", OUTPUT_TOOL) or choice == name
+
+
 class ScriptedAdapter(ProviderAdapter):
     """Plays an agent's script. Stateless: which step to play comes from the request."""
 
@@ -174,6 +186,8 @@ class ScriptedAdapter(ProviderAdapter):
         if native:  # answer through the output tool, streaming the object's JSON as object deltas
             return self._native_object(request, step, emit, should_stop, parts)
         text = step.full_text([t.name for t in request.tools], request.messages)
+        if step.echo_tool_choice:
+            text = f"tool_choice: {request.tool_choice or 'unset'}" + (f"\n{text}" if text else "")
         chunks = _chunks(text, step.delta_chars)
         emitted: list[str] = []
         for index, chunk in enumerate(chunks):
@@ -194,6 +208,7 @@ class ScriptedAdapter(ProviderAdapter):
         calls = [
             ToolCall(id=c.id or f"call_{request.step}_{i}{suffix}", name=c.name, args=c.args)
             for i, c in enumerate(step.tool_calls)
+            if _may_call(request, c.name)
         ]
         parts.extend(calls)
         raw = step.raw_finish_reason or ("tool_use" if calls else "end_turn")
