@@ -6,6 +6,8 @@ call it, how long its loop may run, and what shape its answer must have.
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib
 import re
 from collections.abc import Callable, Collection
@@ -260,8 +262,7 @@ class AgentDefinition(BaseModel):
             return None
         if isinstance(self.output, dict):
             return self.output
-        schema: dict[str, Any] = self.output.model_json_schema()
-        return schema
+        return copy.deepcopy(_model_schema(self.output))  # a copy: callers may edit theirs
 
     def output_tool(self) -> ToolSpec:
         """The tool an object-mode step answers through, declared to the model beside the agent's own."""
@@ -382,3 +383,11 @@ _REGISTRY = AgentRegistry()
 
 def registry() -> AgentRegistry:
     return _REGISTRY
+
+
+@functools.lru_cache(maxsize=256)
+def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """A model's JSON schema, built once: pydantic rebuilds it on every call, and every step of an
+    object-mode turn asks for it several times (about a millisecond each, a large part of a batch step)."""
+    schema: dict[str, Any] = model.model_json_schema()
+    return schema
