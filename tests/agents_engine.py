@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from stepq.agents import AgentDefinition, Budget, LoopConfig, StopWhen
 from stepq.engine.runner import StepRunner
-from stepq.models import ToolResult, ToolResultMessage, TurnState
+from stepq.models import ToolResult, ToolResultMessage, TurnState, TurnStatus
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
 from stepq.runtime import Runtime
 from stepq.store.keys import Keys
@@ -496,7 +496,18 @@ def drive(rt: Runtime, turn_id: str, max_deliveries: int = 50) -> TurnState:
     for _ in range(max_deliveries):
         decision = runner.deliver(turn_id, step)
         if decision.action == "none":
-            break
+            state = rt.turns.load(turn_id)
+            if state is None or state.status.terminal or state.status.parked or state.status == TurnStatus.QUEUED:
+                break
+            # Still running after its delivery ended: on a loaded machine the step's lease expired while it ran
+            # (the heartbeat thread starved), so its commit was refused. Run it again once the lease is gone,
+            # as the sweeper would.
+            lease, deadline = rt.keys.lease(turn_id), time.monotonic() + 60
+            while rt.redis.exists(lease):  # a lease's TTL is seconds; polled, not slept through
+                assert time.monotonic() < deadline, f"turn {turn_id}'s lost lease never expired"
+                time.sleep(0.05)
+            step = state.step
+            continue
         assert decision.action in ("next", "retry"), decision
         assert decision.countdown == 0, "scripts used in-process retry with retry_after_s=0"
         step = decision.step
