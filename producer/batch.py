@@ -382,7 +382,9 @@ def submit_command(client: Client, ns: Any) -> int:
         return 2
     batch_id = check_batch_id(ns.batch_id or derive_batch_id(ns.agent, str(ns.input.resolve())))
     items = read_input(ns.input, ns.on_duplicate)
-    counts = batch_driver.store_batch(client.runtime, batch_id, ns.agent, items, ns.concurrency)
+    counts = batch_driver.store_batch(
+        client.runtime, batch_id, ns.agent, items, ns.concurrency, provider_batch=ns.provider_batch
+    )
     client.celery.send_task(BATCH_DRIVE, args=[batch_id], queue=queue_for(client.settings, "batch"))
     print(batch_id)
     print(
@@ -537,6 +539,12 @@ def _follow_main(command: str, args_list: list[str]) -> int:
         parser.add_argument("--concurrency", type=int, default=64, help="turns in flight at once")
         parser.add_argument("--batch-id", default=None, help="default: derived from the agent and the input path")
         parser.add_argument("--on-duplicate", choices=ON_DUPLICATE, default="refuse")
+        parser.add_argument(
+            "--provider-batch",
+            action="store_true",
+            help="send each step's model request through the provider's batch API (about half price, "
+            "answered within hours; needs the provider-batch tick on the workers' beat)",
+        )
     else:
         parser.add_argument("batch_id")
     if command == "status":

@@ -199,6 +199,7 @@ class Client:
         loop: LoopOverrides | dict[str, Any] | None = None,
         priority: str | None = None,
         attachments: list[Attachment] | None = None,
+        provider_batch: bool = False,
     ) -> TurnHandle:
         """Validate, store and enqueue a turn; returns its handle at once (the turn runs on a worker).
 
@@ -213,6 +214,8 @@ class Client:
         provider, model: choose per turn; only for agents with `allow_runtime_override=True`.
         loop: `LoopOverrides` (or a dict of it) that tighten the agent's loop; widening is refused.
         priority: `interactive` or `batch` (default: the agent's `priority`).
+        provider_batch: with `priority="batch"`, send each step's model request through the provider's
+            batch API (about half price, answered within hours; no worker waits). See docs/operations.md.
         attachments: `Attachment`s (images, PDFs, text files) added to the last user message; the agent's
             `accepted_media_types` and STEPQ_ATTACHMENT_* limits apply. File parts in `messages` work too.
 
@@ -232,6 +235,7 @@ class Client:
             loop=loop,
             priority=priority,
             attachments=attachments,
+            provider_batch=provider_batch,
         )
         if created or (
             idempotency_key is not None

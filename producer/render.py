@@ -215,7 +215,7 @@ def trace_table(trace: LoopTrace) -> list[str]:
     rows = [
         [
             str(s.step),
-            f"{s.provider}/{s.model}",
+            f"{s.provider}/{s.model}" + (" (batch)" if s.batch else ""),
             ", ".join(s.tool_calls) or "-",
             str(s.usage.input_tokens),
             str(s.usage.output_tokens),

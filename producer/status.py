@@ -11,7 +11,7 @@ from typing import Any
 
 from stepq.heartbeat import live_workers
 from stepq.metrics import QueueDepths, pending_approval_count
-from stepq.models import TurnState
+from stepq.models import TurnState, TurnStatus
 from stepq.producer.render import Style
 from stepq.protocol import worker_queues
 from stepq.runtime import Runtime
@@ -56,8 +56,13 @@ def collect_status(rt: Runtime, limit: int = 20, now: float | None = None) -> di
             )
 
     parked = []
-    for turn_id, _ in awaiting:
+    batched = []  # the awaiting index also holds turns parked for a provider batch (scored by their deadline)
+    for turn_id, deadline in awaiting:
         state = states.get(turn_id)
+        if state is not None and state.status == TurnStatus.AWAITING_BATCH:
+            batched.append({"turn_id": turn_id, "agent": state.agent, "step": state.step, "provider": state.provider,
+                            "model": state.model, "deadline_in_s": round(deadline - now, 1)})  # fmt: skip
+            continue
         if state is None or state.parked is None:
             continue
         records = rt.approvals.get_many([a.approval_id for a in state.parked.approvals])
@@ -97,8 +102,9 @@ def collect_status(rt: Runtime, limit: int = 20, now: float | None = None) -> di
         "queues": queues,
         "workers": live_workers(client, settings.state_prefix, now),
         "active_turns": {"count": int(active_count), "turns": running},
+        "awaiting_batch": {"count": len(batched), "turns": batched},
         "awaiting_approval": {
-            "count": int(awaiting_count),
+            "count": int(awaiting_count) - len(batched),
             "pending_approvals": pending_approval_count(client, settings.state_prefix, now),
             "turns": parked,
         },
@@ -141,6 +147,12 @@ def status_lines(status: dict[str, Any], style: Style) -> list[str]:
             + f"  updated {t['updated_s_ago']:.0f}s ago"
         )
 
+    batched = status["awaiting_batch"]
+    if batched["count"]:
+        lines.append(style.bold(f"awaiting a provider batch ({batched['count']} turns, no worker held)"))
+        for t in batched["turns"]:
+            lines.append(f"  {t['turn_id']}  {t['agent']}  step {t['step']}  {t['provider']}/{t['model']}"
+                         f"  online in {max(t['deadline_in_s'], 0) / 60:.0f} min at the latest")  # fmt: skip
     parked = status["awaiting_approval"]
     lines.append(
         style.bold(

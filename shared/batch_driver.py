@@ -86,8 +86,10 @@ def store_batch(
     agent: str,
     items: list[tuple[str, BatchItem | None, str | None]],
     concurrency: int,
+    provider_batch: bool = False,
 ) -> dict[str, int]:
     """Store a batch for the driver; refuses one still running. Bad lines are recorded as failed now.
+    `provider_batch`: its turns send their model requests through the provider's batch API.
 
     Returns counts: total, stored (items for the driver), failed (bad lines)."""
     keys, r = rt.keys, rt.redis
@@ -131,6 +133,7 @@ def store_batch(
             "total": len(items),
             "stored": len(lines),
             "concurrency": concurrency,
+            "provider_batch": int(provider_batch),
             "driver": 1,
             "state": "running",
             "cursor": 0,
@@ -220,7 +223,8 @@ def _pass(rt: Runtime, batch_id: str, token: str, plan: DrivePlan, full_check: b
         raw = cast(str | None, r.lindex(keys.batch_input(batch_id), cursor))
         if raw is None:  # the input expired under a batch left unfollowed for the event TTL
             break
-        turn_id = _place(rt, batch_id, record["agent"], token, cursor, BatchItem.model_validate_json(raw), plan)
+        item = BatchItem.model_validate_json(raw)
+        turn_id = _place(rt, batch_id, record, token, cursor, item, plan)
         if turn_id is None:
             return  # lost the lock or the cursor moved: another driver carries on
         cursor += 1
@@ -245,7 +249,7 @@ def _keep(rt: Runtime, batch_id: str) -> None:
 
 
 def _place(
-    rt: Runtime, batch_id: str, agent: str, token: str, index: int, item: BatchItem, plan: DrivePlan
+    rt: Runtime, batch_id: str, record: dict[str, str], token: str, index: int, item: BatchItem, plan: DrivePlan
 ) -> str | None:
     """Create item `index`'s turn (or find it), then move the cursor. Returns the turn id to count in flight,
     '' for an item recorded at once (reused or refused), None when this driver must stop."""
@@ -255,12 +259,13 @@ def _place(
     try:
         state, created = create_turn(
             rt,
-            agent,
+            record["agent"],
             prompt=item.prompt_text(),
             messages=item.messages,
             idempotency_key=item_idempotency_key(batch_id, item),
             metadata={**item.metadata, "batch_id": batch_id, "item_key": item.key},
             priority="batch",
+            provider_batch=record.get("provider_batch") == "1",
         )
     except SubmitError as exc:
         row = {"key": item.key, "item_hash": item_hash, "reused": False, "status": "failed", "error": str(exc)}

@@ -40,6 +40,7 @@ class Prices(BaseModel):
     output_per_mtok: float = Field(default=0.0, ge=0)
     cache_read_per_mtok: float | None = Field(default=None, ge=0)  # unset: billed as input
     cache_write_per_mtok: float | None = Field(default=None, ge=0)  # unset: billed as input
+    batch_factor: float = Field(default=0.5, ge=0, le=1)  # a provider-batch call's price as a share of online
 
 
 class Settings(BaseSettings):
@@ -92,6 +93,16 @@ class Settings(BaseSettings):
     # JSON list of {provider, model} (or "provider/model") a step fails over to, in order, when its attempts
     # are exhausted before any content streamed; an agent's own `fallbacks` win
     fallbacks: list[Fallback] = Field(default_factory=list)
+
+    # Provider batch APIs (turns submitted with provider_batch=True; see docs/operations.md)
+    provider_batch_window_s: float = Field(default=60.0, ge=0)  # a group is sent once its oldest request waited this
+    provider_batch_max_size: int = Field(default=1000, ge=1)  # ...or once it holds this many requests
+    provider_batch_poll_s: float = Field(default=30.0, gt=0)  # the flush-and-poll tick's period
+    provider_batch_deadline_s: float = Field(default=24 * 3600.0, gt=0)  # then a pending request runs online
+    provider_batch_online_fallback: bool = True  # a request whose batch attempts all failed runs online
+    # s3://bucket/prefix for Bedrock batch inference input and output (the provider reads the same variable)
+    bedrock_batch_bucket: str | None = Field(default=None, pattern=r"^s3://[a-z0-9][a-z0-9.-]+(/.*)?$")
+    bedrock_batch_role_arn: str | None = None  # the IAM role Bedrock assumes to read and write that bucket
 
     # Streams
     coalesce_window_ms: float = Field(default=10.0, ge=0)

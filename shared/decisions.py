@@ -187,7 +187,8 @@ def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int, str]]:
             rt.redis.zadd(rt.keys.active, {turn_id: now}, xx=True)
     for turn_id in rt.turns.expired_awaiting(now):
         state = rt.turns.load(turn_id)
-        if state is None or not state.status.parked:
+        # parked past an expiry, or past its provider batch's deadline (the step then runs online)
+        if state is None or not (state.status.parked or state.status == TurnStatus.AWAITING_BATCH):
             rt.redis.zrem(rt.keys.awaiting, turn_id)
             continue
         found.append((turn_id, state.step, state.priority))

@@ -158,9 +158,13 @@ def step_outcome(action: str, reason: str, status: str) -> str | None:
         return "conflict"
     if reason == StepLoss.LEASE_LOST:
         return "lost"
-    return {"completed": "ok", "failed": "failed", "cancelled": "cancelled", "awaiting_approval": "parked"}.get(
-        status, "other"
-    )
+    return {
+        "completed": "ok",
+        "failed": "failed",
+        "cancelled": "cancelled",
+        "awaiting_approval": "parked",
+        "awaiting_batch": "batched",
+    }.get(status, "other")
 
 
 def record_step(

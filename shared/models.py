@@ -249,6 +249,7 @@ class TurnStatus(StrEnum):
     RUNNING = "running"
     AWAITING_APPROVAL = "awaiting_approval"  # parked: a gated tool call waits for a person's decision
     AWAITING_TOOL_RESULTS = "awaiting_tool_results"  # parked: client-side tool calls wait for Client.resume
+    AWAITING_BATCH = "awaiting_batch"  # the step's model request waits in a provider batch (no worker held)
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -339,6 +340,7 @@ class StepOutput(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     raw_finish_reason: str | None = None
     finish_reason: FinishReason = FinishReason.STOP
+    batched: bool = False  # answered through the provider's batch API (billed at its batch price)
 
 
 class EventType(StrEnum):
@@ -354,6 +356,7 @@ class EventType(StrEnum):
     TOOL_RESULTS_REQUEST = "tool-results-request"
     STEP_RETRY = "step-retry"
     STEP_RESET = "step-reset"
+    STEP_BATCHED = "step-batched"
     STEP_FINISH = "step-finish"
     CONTEXT_COMPACTED = "context-compacted"
     PLAN_UPDATE = "plan-update"  # the agent's visible task plan, whole (see stepq.task_plan)
@@ -421,6 +424,7 @@ class StepTrace(BaseModel):
     malformed: bool = False  # the model's tool call was malformed: the next step got a corrective note
     invalid_output: bool = False  # object mode: this answer failed validation (a repair step or a failure follows)
     repair: bool = False  # object mode: this step answered a repair note
+    batch: bool = False  # answered through the provider's batch API
 
 
 class LoopTrace(BaseModel):
@@ -595,6 +599,9 @@ class TurnState(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     features: list[str] = Field(default_factory=list)  # the caller's, from submit: tools requiring others are hidden
     priority: str = "interactive"
+    provider_batch: bool = False  # batch priority: model requests go through the provider's batch API
+    batch_online_step: int | None = None  # this step left the provider batch (deadline, failures): runs online
+    batch_deadline_at: float | None = None  # a parked batch request still unanswered then runs online
     idempotency_key: str | None = None
     thread_id: str | None = None  # set for a turn of a thread: its finish folds into the thread
     created_at: float = Field(default_factory=time.time)

@@ -42,10 +42,16 @@ def find_prices(table: dict[str, Prices], provider: str, model: str) -> Prices |
     return table.get(f"{provider}/{model}") or table.get(provider)
 
 
-def step_cost(table: dict[str, Prices], provider: str, model: str, usage: Usage) -> float | None:
-    """The cost of one call, or None when the table has no price for the model."""
+def step_cost(
+    table: dict[str, Prices], provider: str, model: str, usage: Usage, *, batch: bool = False
+) -> float | None:
+    """The cost of one call, or None when the table has no price for the model. `batch`: answered through
+    the provider's batch API, billed at the entry's `batch_factor` (0.5: Anthropic, Gemini and Bedrock)."""
     prices = find_prices(table, provider, model)
-    return float(cost_decimal(prices, provider, usage)) if prices is not None else None
+    if prices is None:
+        return None
+    cost = cost_decimal(prices, provider, usage)
+    return float(cost * _d(prices.batch_factor) if batch else cost)
 
 
 def add_costs(*costs: float | None) -> float | None:

@@ -19,6 +19,7 @@ RUN_STEP = "stepq.run_step"
 APPROVE = "stepq.approve"
 SWEEP = "stepq.sweep"
 BATCH_DRIVE = "stepq.batch_drive"
+PROVIDER_BATCH_TICK = "stepq.provider_batch_tick"
 
 
 def queue_for(settings: Settings, priority: str) -> str:
@@ -83,6 +84,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "beat_schedule": {
-            "stepq-sweep": {"task": SWEEP, "schedule": settings.sweep_interval_s, "options": {"queue": settings.queue}}
+            "stepq-sweep": {"task": SWEEP, "schedule": settings.sweep_interval_s, "options": {"queue": settings.queue}},
+            "stepq-provider-batch": {
+                "task": PROVIDER_BATCH_TICK,
+                "schedule": settings.provider_batch_poll_s,
+                "options": {"queue": queue_for(settings, "batch")},
+            },
         },
     }

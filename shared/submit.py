@@ -231,6 +231,7 @@ def new_turn_state(
     loop: LoopOverrides | dict[str, Any] | None = None,
     priority: str | None = None,
     attachments: list[Any] | None = None,
+    provider_batch: bool = False,
 ) -> tuple[AgentDefinition, TurnState]:
     """Validate a submit and build the turn it asks for, storing nothing (a thread stores its turns itself)."""
     agent = rt.agents.get(agent_id) if isinstance(agent_id, str) else None
@@ -248,6 +249,8 @@ def new_turn_state(
         raise SubmitError("idempotency_key must be a string of 1 to 200 characters")
     if priority not in (None, "interactive", "batch"):
         raise SubmitError(f"priority must be 'interactive' or 'batch', not {priority!r}")
+    if provider_batch and (priority or agent.priority) != "batch":
+        raise SubmitError("provider_batch=True needs priority='batch': provider batch APIs answer in minutes to hours")
     if metadata is not None and not isinstance(metadata, dict):
         raise SubmitError("metadata must be a JSON object")
     bad = non_finite_path(metadata)
@@ -273,6 +276,7 @@ def new_turn_state(
         metadata=metadata or {},
         features=sorted(set(features or [])),
         priority=priority or agent.priority,
+        provider_batch=bool(provider_batch),
         idempotency_key=idempotency_key,
         created_at=time.time(),
     )
@@ -300,6 +304,7 @@ def create_turn(
     loop: LoopOverrides | dict[str, Any] | None = None,
     priority: str | None = None,
     attachments: list[Any] | None = None,
+    provider_batch: bool = False,
 ) -> tuple[TurnState, bool]:
     """Validate and store a turn. Returns (state, created); created is False for a repeated key."""
     agent, state = new_turn_state(
@@ -315,6 +320,7 @@ def create_turn(
         loop=loop,
         priority=priority,
         attachments=attachments,
+        provider_batch=provider_batch,
     )
     batch_id = state.metadata.get("batch_id")
     counter = rt.keys.batch(batch_id) if isinstance(batch_id, str) else None

@@ -1,4 +1,4 @@
-"""Tasks: `run_step` (exactly one loop step per task), `approve`, `batch_drive` and the periodic `sweep`.
+"""Tasks: `run_step` (one loop step per task), `approve`, `batch_drive`, the periodic `sweep` and `provider_batch_tick`.
 
 The task bodies are module-level functions registered on each app (the same callables
 for every app); they read their settings from the app that runs them.
@@ -12,13 +12,13 @@ from typing import Any
 
 from celery import Celery, Task
 
-from stepq import batch_driver
+from stepq import batch_driver, provider_batches
 from stepq.config import Settings
 from stepq.decisions import decide_approval, sweep
 from stepq.engine.runner import Decision, StepRunner
 from stepq.logging import log_context
 from stepq.metrics import STEP_DELIVERIES
-from stepq.protocol import APPROVE, BATCH_DRIVE, RUN_STEP, SWEEP, queue_for
+from stepq.protocol import APPROVE, BATCH_DRIVE, PROVIDER_BATCH_TICK, RUN_STEP, SWEEP, queue_for
 from stepq.runtime import Runtime, get_runtime
 
 log = logging.getLogger("stepq.worker")
@@ -127,9 +127,18 @@ def sweep_turns(self: Task) -> int:
     return len(found)
 
 
+def provider_batch_tick(self: Task, force_flush: bool = False) -> str:
+    """Send parked requests in provider batches, poll open ones, and send each answered step again."""
+    report = provider_batches.tick(_runtime(self), force_flush=force_flush)
+    for turn_id, step in report.resume:
+        _enqueue_step(self, turn_id, step, "batch")
+    return "busy" if report.busy else f"sent {report.sent}, collected {report.collected}, expired {report.expired}"
+
+
 def register_tasks(app: Celery) -> None:
     common: dict[str, Any] = {"bind": True, "acks_late": True, "reject_on_worker_lost": True}
     app.task(name=RUN_STEP, max_retries=None, **common)(run_step)
     app.task(name=APPROVE, **common)(approve)
     app.task(name=SWEEP, ignore_result=True, **common)(sweep_turns)
     app.task(name=BATCH_DRIVE, ignore_result=True, **common)(batch_drive)
+    app.task(name=PROVIDER_BATCH_TICK, ignore_result=True, **common)(provider_batch_tick)

@@ -22,7 +22,7 @@ from stepq import attachments, edits, mcp_tools, task_plan, threads
 from stepq.agents import AgentDefinition
 from stepq.approvals import ApprovalClaim
 from stepq.batch import record_finish
-from stepq.engine import client_tools, step_plan, stopping, structured, tracing
+from stepq.engine import batch_step, client_tools, step_plan, stopping, structured, tracing
 from stepq.engine.compaction import Compactor, view
 from stepq.engine.dispatch import PreparedCall, StepDispatcher
 from stepq.engine.emitter import StepEmitter
@@ -256,12 +256,14 @@ class StepRunner:
         if checkpoint is not None:  # the model already answered this step before a crash: replay, don't re-ask
             output = self._replay(state, emitter, specs, checkpoint)
         else:
-            called = self._call_model(state, agent, adapter, request, emitter, lease, specs)
+            called = self._batched(state, agent, adapter, request, emitter, specs)
+            if called is None:
+                called = self._call_model(state, agent, adapter, request, emitter, lease, specs)
             if isinstance(called, Decision):
                 return called
             output = called
 
-        cost = step_cost(self.rt.settings.prices, state.provider, state.model, output.usage)
+        cost = step_cost(self.rt.settings.prices, state.provider, state.model, output.usage, batch=output.batched)
         failed, state.failed_attempts = state.failed_attempts, []
         repairing = bool(state.trace.steps) and state.trace.steps[-1].invalid_output
         trace = StepTrace(
@@ -281,6 +283,7 @@ class StepRunner:
             max_output_tokens=plan.max_output_tokens,
             warnings=plan.warnings,
             repair=repairing,
+            batch=output.batched,
         )
         state.usage = state.usage + output.usage
         state.cost = add_costs(state.cost, cost)  # failed attempts were added when they failed
@@ -402,6 +405,54 @@ class StepRunner:
             return self._finish(state, emitter, TurnStatus.CANCELLED, FinishReason.CANCELLED)
 
         return output
+
+    # ------------------------------------------------------------------ provider batch APIs (see batch_step)
+
+    def _batched(
+        self,
+        state: TurnState,
+        agent: AgentDefinition,
+        adapter: ProviderAdapter,
+        request: StepRequest,
+        emitter: StepEmitter,
+        specs: list[ToolSpec],
+    ) -> StepOutput | Decision | None:
+        """A provider-batch turn's model call: park it for a batch, or take the batch's answer (or its
+        failure, under the usual retry budget). None: run it online (no batch API, deadline, spent)."""
+        if not batch_step.applies(state, adapter):
+            return None
+        routed = batch_step.route(self.rt, state, agent, request)
+        if isinstance(routed, batch_step.Waiting):
+            return _none("waiting for its provider batch")
+        if isinstance(routed, batch_step.Park):
+            return self._park_for_batch(state, emitter, routed.custom_id)
+        state.status = TurnStatus.RUNNING
+        state.batch_deadline_at = None
+        if isinstance(routed, batch_step.Online):
+            state.batch_online_step = state.step
+            emitter.publish(EventType.STEP_RETRY, {"attempt": state.attempt, "countdown": 0.0, "error": routed.reason,
+                                                   "status": None, "code": "provider-batch", "retry_after": None,
+                                                   "reason": routed.reason})  # fmt: skip
+            return None
+        self._defer_step_start(state, emitter, specs)
+        if isinstance(routed, ProviderError):
+            emitter.flush()
+            return self._provider_failure(state, agent, emitter, routed)
+        batch_step.replay(routed, emitter)
+        return routed
+
+    def _park_for_batch(self, state: TurnState, emitter: StepEmitter, custom_id: str) -> Decision:
+        """The request waits in the collector; the turn holds no worker until the tick brings its answer."""
+        state.status = TurnStatus.AWAITING_BATCH
+        state.batch_deadline_at = round(time.time() + self.rt.settings.provider_batch_deadline_s, 3)
+        if not self._commit(state):
+            return _none(StepLoss.COMMIT_LOST)
+        emitter.publish(
+            EventType.STEP_BATCHED,
+            {"provider": state.provider, "model": state.model, "attempt": state.attempt,
+             "custom_id": custom_id, "deadline_at": state.batch_deadline_at},
+        )  # fmt: skip
+        return _none("parked for a provider batch")
 
     def _replay(self, state: TurnState, emitter: StepEmitter, specs: list[ToolSpec], output: StepOutput) -> StepOutput:
         """Re-publish a checkpointed answer after the step-reset, so subscribers see the step whole."""
@@ -680,6 +731,7 @@ class StepRunner:
         state.finish_reason = reason
         state.finished_at = time.time()
         parked, state.parked = state.parked, None
+        batch_step.forget(self.rt, state)  # a request it left parked for a provider batch is not sent
         if parked is not None:  # ended while parked: a decision arriving from now on is refused
             tracing.resume_trace(state, parked.step_trace)
             ids = [a.approval_id for a in parked.approvals]

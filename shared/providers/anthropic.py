@@ -26,10 +26,11 @@ import httpx2
 
 from stepq.errors import SubmitError
 from stepq.models import StepOutput, ToolSpec
+from stepq.providers.anthropic_batch import AnthropicBatchAPI
 from stepq.providers.anthropic_stream import AUTH_HINT, CREDENTIAL_VARS, StreamAccumulator, classify_error
 from stepq.providers.anthropic_wire import build_params
 from stepq.providers.anthropic_wire import check_tools as _check_tools
-from stepq.providers.base import Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
+from stepq.providers.base import BatchAPI, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
 
 if TYPE_CHECKING:
     from stepq.agents import AgentDefinition
@@ -116,6 +117,10 @@ class AnthropicAdapter(ProviderAdapter):
 
     def check_tools(self, tools: list[ToolSpec]) -> None:
         _check_tools(tools)
+
+    def batch_api(self) -> BatchAPI | None:
+        """Message Batches (half price); a platform client (Vertex) has none."""
+        return AnthropicBatchAPI(self.client_factory, self.label, self.auth_hint) if self.name == "anthropic" else None
 
     def is_malformed(self, output: StepOutput) -> bool:
         """A tool call whose input was not a JSON object earns one corrective retry."""

@@ -245,7 +245,7 @@ def classify_error(
         err_type = err_type or exc.type
         detail = scrub(api_message or exc.api_message or str(exc))
         if exc.status_code == 200:  # the SDK raises an in-stream `event: error` with the 200's status
-            return _in_stream(err_type, detail, label, auth_hint)
+            return in_stream_error(err_type, detail, label, auth_hint)
         status = exc.status_code
         message = f"{label} returned {status} {err_type or 'error'}: {detail}"
         if status == 400 and any(h in detail.lower() for h in CONTEXT_HINTS):
@@ -288,8 +288,9 @@ def classify_error(
     )
 
 
-def _in_stream(err_type: str | None, detail: str, label: str, auth_hint: str) -> ProviderError:
-    """An error event in a 200 stream: overload/rate/api errors retry; request/auth errors are fatal."""
+def in_stream_error(err_type: str | None, detail: str, label: str, auth_hint: str) -> ProviderError:
+    """An error event in a 200 stream (or an errored batch result): overload/rate/api errors retry;
+    request/auth errors are fatal."""
     status = ERROR_TYPE_STATUS.get(err_type or "")
     message = f"{label} stream error {err_type or 'error'}: {detail}"
     if status is not None and status < 500 and status != 429:

@@ -75,6 +75,43 @@ class ProviderAdapter(ABC):
     def malformed_note(self) -> str:
         return "Your last function call was malformed. Call the function again with valid JSON arguments."
 
+    def batch_api(self) -> BatchAPI | None:
+        """The provider's batch API for this adapter's model, or None when it has none (steps run online)."""
+        return None
+
+
+# --------------------------------------------------------------------------- provider batch APIs
+
+
+BatchState = Literal["in_progress", "ended"]
+
+
+class BatchAPI(ABC):
+    """A provider's asynchronous batch endpoint: many step requests in, each one's answer out, later.
+
+    The engine never calls it while a worker waits: a periodic task submits the requests that steps
+    parked (`submit`), polls (`poll`), reads the answers (`results`) and cancels what ran past its
+    deadline (`cancel`). Answers are mapped to `StepOutput` exactly like a streamed call's; a failed
+    request is a `ProviderError` (retryable or not), classified like the streamed call's errors.
+    """
+
+    @abstractmethod
+    def submit(self, local_id: str, requests: list[tuple[str, StepRequest]]) -> str:
+        """Send one batch of (custom id, request); returns the provider's batch id. `local_id` names the
+        batch where the API lets a client name it (so a retried submit can find the first one)."""
+
+    @abstractmethod
+    def poll(self, batch_id: str) -> BatchState:
+        """Whether the provider finished the batch (every request answered, failed, cancelled or expired)."""
+
+    @abstractmethod
+    def results(self, batch_id: str) -> dict[str, StepOutput | ProviderError]:
+        """Each request's answer by custom id; a request missing from the map is treated as expired."""
+
+    @abstractmethod
+    def cancel(self, batch_id: str) -> None:
+        """Ask the provider to stop the batch (requests it already answered may still be read)."""
+
 
 # --------------------------------------------------------------------------- tool declarations
 

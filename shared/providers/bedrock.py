@@ -24,7 +24,7 @@ from botocore.eventstream import ParserError
 from stepq.errors import DefinitionError, SubmitError
 from stepq.models import Delta, StepOutput, ToolSpec, Usage
 from stepq.providers import bedrock_wire
-from stepq.providers.base import Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
+from stepq.providers.base import BatchAPI, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
 from stepq.providers.errors import classify_status, parse_retry_after
 
 if TYPE_CHECKING:
@@ -318,6 +318,14 @@ class BedrockAdapter(ProviderAdapter):
 
     def is_malformed(self, output: StepOutput) -> bool:
         return self._malformed or output.raw_finish_reason in bedrock_wire.MALFORMED_STOPS
+
+    def batch_api(self) -> BatchAPI | None:
+        """Batch inference for Claude models, once a bucket and a role are configured (else None: online)."""
+        from stepq.providers import bedrock_batch  # it uses this module's error classification
+
+        if not bedrock_batch.configured(self.model):
+            return None
+        return bedrock_batch.BedrockBatchAPI(self.model, _region(self.options))
 
     def malformed_note(self) -> str:
         return "Your last tool call was malformed. Call the tool again with a valid JSON object as its input."

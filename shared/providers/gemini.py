@@ -28,7 +28,7 @@ from google.genai import types
 from stepq.errors import DefinitionError, SubmitError
 from stepq.models import StepOutput, ToolSpec
 from stepq.providers import gemini_schema
-from stepq.providers.base import OUTPUT_TOOL, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
+from stepq.providers.base import OUTPUT_TOOL, BatchAPI, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
 from stepq.providers.gemini_errors import classify
 from stepq.providers.gemini_wire import PROVIDER, StreamParser, map_finish_reason, to_contents
 
@@ -247,6 +247,14 @@ class GeminiAdapter(ProviderAdapter):
 
     def is_malformed(self, output: StepOutput) -> bool:
         return output.raw_finish_reason == MALFORMED_FINISH
+
+    def batch_api(self) -> BatchAPI | None:
+        """Batch mode with inlined requests (AI Studio); Vertex batches read from GCS/BigQuery: not supported."""
+        if uses_vertex():
+            return None
+        from stepq.providers.gemini_batch import GeminiBatchAPI  # it imports this module's request builders
+
+        return GeminiBatchAPI(self.model)
 
     def malformed_note(self) -> str:
         return MALFORMED_NOTE

@@ -18,6 +18,7 @@ import base64
 import json
 import time
 import uuid
+import zlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,7 +36,16 @@ from stepq.models import (
     Usage,
     UserMessage,
 )
-from stepq.providers.base import OUTPUT_TOOL, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
+from stepq.providers.base import (
+    OUTPUT_TOOL,
+    BatchAPI,
+    BatchState,
+    Emit,
+    ProviderAdapter,
+    ProviderError,
+    ShouldStop,
+    StepRequest,
+)
 
 RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504, 529})
 
@@ -224,6 +234,9 @@ class ScriptedAdapter(ProviderAdapter):
             finish_reason=_FINISH_MAP.get(raw, FinishReason.STOP),
         )
 
+    def batch_api(self) -> BatchAPI | None:
+        return ScriptedBatchAPI(self.script)
+
     def _native_object(
         self, request: StepRequest, step: ScriptStep, emit: Emit, should_stop: ShouldStop, parts: list[Any]
     ) -> StepOutput:
@@ -243,3 +256,43 @@ class ScriptedAdapter(ProviderAdapter):
             raw_finish_reason="tool_use",
             finish_reason=FinishReason.TOOL_CALLS,
         )
+
+
+_BATCH_PREFIX = "scripted-batch:"
+
+
+class ScriptedBatchAPI(BatchAPI):
+    """An offline stand-in for a provider batch API: every request is answered at submit (no simulated
+    latency), and the answers travel in the batch id itself, so any worker process can read them back."""
+
+    def __init__(self, script: list[ScriptStep]) -> None:
+        self.adapter = ScriptedAdapter([s.model_copy(update={"delta_delay_s": 0.0}) for s in script])
+
+    def submit(self, local_id: str, requests: list[tuple[str, StepRequest]]) -> str:
+        answers: dict[str, Any] = {}
+        for custom, request in requests:
+            try:
+                answers[custom] = {
+                    "output": self.adapter.stream_step(request, lambda _d: None, lambda: False).model_dump()
+                }
+            except ProviderError as exc:
+                answers[custom] = {"error": [exc.message, exc.retryable, exc.status, exc.code]}
+        packed = zlib.compress(json.dumps(answers, separators=(",", ":")).encode())
+        return _BATCH_PREFIX + base64.urlsafe_b64encode(packed).decode()
+
+    def poll(self, batch_id: str) -> BatchState:
+        return "ended"
+
+    def results(self, batch_id: str) -> dict[str, StepOutput | ProviderError]:
+        answers = json.loads(zlib.decompress(base64.urlsafe_b64decode(batch_id.removeprefix(_BATCH_PREFIX))))
+        out: dict[str, StepOutput | ProviderError] = {}
+        for custom, answer in answers.items():
+            if "output" in answer:
+                out[custom] = StepOutput.model_validate(answer["output"])
+            else:
+                message, retryable, status, code = answer["error"]
+                out[custom] = ProviderError(message, retryable=retryable, status=status, code=code)
+        return out
+
+    def cancel(self, batch_id: str) -> None:
+        """Nothing runs in the background: there is nothing to stop."""

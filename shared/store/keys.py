@@ -104,6 +104,8 @@ class Keys:
             self.dispatched(turn_id),
             self.sent_step(turn_id),
             self.attachments(turn_id),
+            self.pbatch_request(turn_id),
+            self.pbatch_outcome(turn_id),
         ]
 
     def idempotency(self, agent: str, key: str) -> str:
@@ -227,6 +229,39 @@ class Keys:
     def batch_active(self) -> str:
         """SET of driven batches not finished yet, which the periodic tick drives."""
         return f"{self.prefix}:batches:active"
+
+    # ----------------------------------------------------------------- provider batch APIs
+
+    def pbatch_request(self, turn_id: str) -> str:
+        """STRING: the turn's step request waiting in (or sent to) a provider batch, as JSON with its custom id."""
+        return f"{self.turn(turn_id)}:pbatch"
+
+    def pbatch_outcome(self, turn_id: str) -> str:
+        """STRING: the provider batch's answer for the turn's request (custom id, result or error), as JSON."""
+        return f"{self.turn(turn_id)}:pbatch-outcome"
+
+    def pbatch_pending(self, group: str) -> str:
+        """ZSET of turn ids whose request waits for the next provider batch of `group` (provider/model)."""
+        return f"{self.prefix}:pbatch:pending:{group}"
+
+    @property
+    def pbatch_groups(self) -> str:
+        """SET of groups (provider/model) with requests waiting to be sent."""
+        return f"{self.prefix}:pbatch:groups"
+
+    def pbatch_batch(self, local_id: str) -> str:
+        """HASH of one provider batch: group, provider id, state, members (JSON), created and deadline times."""
+        return f"{self.prefix}:pbatch:batch:{local_id}"
+
+    @property
+    def pbatch_open(self) -> str:
+        """SET of provider batches sent (or being sent) whose results are not collected yet."""
+        return f"{self.prefix}:pbatch:open"
+
+    @property
+    def pbatch_lock(self) -> str:
+        """STRING: the flush-and-poll tick's lock (one tick at a time across the fleet)."""
+        return f"{self.prefix}:pbatch:lock"
 
     # ----------------------------------------------------------------- the broker (Celery on Redis)
 

@@ -66,7 +66,7 @@ if status == 'completed' or status == 'failed' or status == 'cancelled' then
   for i = 1, #KEYS do
     if i ~= 3 and i ~= 4 and i ~= 7 then redis.call('EXPIRE', KEYS[i], ARGV[6]) end
   end
-elseif status == 'awaiting_approval' or status == 'awaiting_tool_results' then
+elseif status == 'awaiting_approval' or status == 'awaiting_tool_results' or status == 'awaiting_batch' then
   redis.call('ZREM', KEYS[3], ARGV[3])
   redis.call('ZADD', KEYS[4], ARGV[5], ARGV[3])
 else
@@ -342,6 +342,8 @@ class TurnStore:
         score = state.updated_at
         if state.status.parked and state.parked:  # the awaiting index wakes the sweeper at the first expiry
             score = state.parked.expires_at
+        elif state.status == TurnStatus.AWAITING_BATCH and state.batch_deadline_at:
+            score = state.batch_deadline_at  # the sweeper looks again at the deadline (the step then runs online)
         if len(state.messages) < state._stored_messages or len(state.trace.steps) < state._stored_trace:
             state.version = expected
             raise ValueError("a turn's transcript and trace are append-only; stored entries cannot be removed")

@@ -42,7 +42,12 @@ class ErrorReply:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-Reply = SSEReply | ErrorReply
+@dataclass
+class ExpiredResult:
+    """A Message Batches result of type `expired` (the request never ran)."""
+
+
+Reply = SSEReply | ErrorReply | ExpiredResult
 
 
 @dataclass
@@ -172,6 +177,17 @@ class FakeAnthropic(ScriptedHTTPServer[Reply, RecordedRequest]):
 
     def __init__(self) -> None:
         super().__init__(_handler_for(self))
+        # Message Batches: each request is answered from the reply queue when its batch is created; a batch
+        # ends on its first retrieve while `batches_end` is set (else when the test calls `end_batches`)
+        self.batches: dict[str, dict[str, Any]] = {}
+        self.batch_results: dict[str, list[dict[str, Any]]] = {}
+        self.batches_end = True
+        self.cancelled: list[str] = []
+
+    def end_batches(self) -> None:
+        with self._cond:
+            for batch in self.batches.values():
+                _end(batch)
 
     def next_reply(self) -> Reply:
         reply = self.pop_reply()
@@ -180,6 +196,58 @@ class FakeAnthropic(ScriptedHTTPServer[Reply, RecordedRequest]):
         return ErrorReply(
             400, "invalid_request_error", "fake Anthropic server: no scripted reply left for this request"
         )
+
+
+def assemble(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The whole `message` a scripted stream adds up to (what Message Batches return for it)."""
+    message: dict[str, Any] = {}
+    blocks: dict[int, dict[str, Any]] = {}
+    json_parts: dict[int, list[str]] = {}
+    for event in events:
+        kind = event["type"]
+        if kind == "message_start":
+            message = json.loads(json.dumps(event["message"]))
+        elif kind == "content_block_start":
+            blocks[event["index"]] = dict(event["content_block"])
+        elif kind == "content_block_delta":
+            block, delta = blocks[event["index"]], event["delta"]
+            if delta["type"] == "text_delta":
+                block["text"] = block.get("text", "") + delta["text"]
+            elif delta["type"] == "thinking_delta":
+                block["thinking"] = block.get("thinking", "") + delta["thinking"]
+            elif delta["type"] == "signature_delta":
+                block["signature"] = block.get("signature", "") + delta["signature"]
+            elif delta["type"] == "input_json_delta":
+                json_parts.setdefault(event["index"], []).append(delta["partial_json"])
+        elif kind == "message_delta":
+            message["stop_reason"] = event["delta"].get("stop_reason")
+            message["usage"]["output_tokens"] = event["usage"]["output_tokens"]
+    for index, parts in json_parts.items():
+        blocks[index]["input"] = json.loads("".join(parts) or "{}")
+    message["content"] = [blocks[i] for i in sorted(blocks)]
+    return message
+
+
+def _batch_result(reply: Reply) -> dict[str, Any]:
+    if isinstance(reply, SSEReply):
+        return {"type": "succeeded", "message": assemble(reply.events)}
+    if isinstance(reply, ErrorReply):
+        return {
+            "type": "errored",
+            "error": {"type": "error", "error": {"type": reply.error_type, "message": reply.message}},
+        }
+    return {"type": "expired"}
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _end(batch: dict[str, Any]) -> None:
+    if batch["processing_status"] != "ended":
+        batch["processing_status"] = "ended"
+        batch["ended_at"] = _now_iso()
+        batch["results_url"] = f"{batch['_base']}/v1/messages/batches/{batch['id']}/results"
 
 
 _SECRET_HEADERS = frozenset({"authorization", "x-api-key"})
@@ -218,6 +286,9 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
             if self.path.split("?")[0] == "/v1/messages/count_tokens":  # a deterministic count: 4 chars a token
                 self._json(200, {"input_tokens": count_tokens(body)})
                 return
+            if self.path.startswith("/v1/messages/batches"):
+                self._batches_post(body)
+                return
             if not MESSAGES_PATH.match(self.path.split("?")[0]):
                 self._error(ErrorReply(404, "not_found_error", f"fake Anthropic server: no route {self.path}"))
                 return
@@ -229,6 +300,68 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
                 self._error(reply)
             else:
                 self._stream(reply)
+
+        def do_GET(self) -> None:
+            fake.add_request(RecordedRequest(path=self.path, headers={}, body={}))
+            match = re.match(r"^/v1/messages/batches/([^/?]+)(/results)?", self.path)
+            batch = fake.batches.get(match.group(1)) if match else None
+            if batch is None:
+                self._error(ErrorReply(404, "not_found_error", f"fake Anthropic server: no route {self.path}"))
+                return
+            if match and match.group(2):
+                lines = "".join(json.dumps(r) + "\n" for r in fake.batch_results[batch["id"]]).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/binary")
+                self.send_header("content-length", str(len(lines)))
+                self.end_headers()
+                self.wfile.write(lines)
+                return
+            if fake.batches_end:
+                _end(batch)
+            self._json(200, {k: v for k, v in batch.items() if not k.startswith("_")})
+
+        def _batches_post(self, body: dict[str, Any]) -> None:
+            cancel = re.match(r"^/v1/messages/batches/([^/?]+)/cancel$", self.path)
+            if cancel:
+                batch = fake.batches.get(cancel.group(1))
+                if batch is None:
+                    self._error(ErrorReply(404, "not_found_error", "no such batch"))
+                    return
+                fake.cancelled.append(batch["id"])
+                if batch["processing_status"] != "ended":
+                    fake.batch_results[batch["id"]] = [
+                        {"custom_id": r["custom_id"], "result": {"type": "canceled"}}
+                        for r in fake.batch_results[batch["id"]]
+                    ]
+                    batch["cancel_initiated_at"] = _now_iso()
+                    _end(batch)
+                self._json(200, {k: v for k, v in batch.items() if not k.startswith("_")})
+                return
+            requests = body.get("requests") or []
+            batch_id = f"msgbatch_{uuid.uuid4().hex[:16]}"
+            results = [{"custom_id": r["custom_id"], "result": _batch_result(fake.next_reply())} for r in requests]
+            fake.batch_results[batch_id] = results
+            batch = {
+                "id": batch_id,
+                "type": "message_batch",
+                "processing_status": "in_progress",
+                "request_counts": {
+                    "processing": len(requests),
+                    "succeeded": 0,
+                    "errored": 0,
+                    "canceled": 0,
+                    "expired": 0,
+                },
+                "ended_at": None,
+                "created_at": _now_iso(),
+                "expires_at": _now_iso(),
+                "archived_at": None,
+                "cancel_initiated_at": None,
+                "results_url": None,
+                "_base": fake.base_url,
+            }
+            fake.batches[batch_id] = batch
+            self._json(200, {k: v for k, v in batch.items() if not k.startswith("_")})
 
         def _error(self, reply: ErrorReply) -> None:
             body = {

@@ -49,6 +49,25 @@ class RecordedRequest:
 
 
 _SECRET_HEADERS = {"x-goog-api-key", "authorization"}
+_RPC_CODES = {"INVALID_ARGUMENT": 3, "NOT_FOUND": 5, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8,
+              "INTERNAL": 13, "UNAVAILABLE": 14, "UNAUTHENTICATED": 16}  # fmt: skip
+
+
+def merged_response(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The whole GenerateContentResponse a scripted stream adds up to (what batch mode returns for it)."""
+    parts: list[dict[str, Any]] = []
+    last: dict[str, Any] = {}
+    for event in events:
+        for candidate in event.get("candidates", []):
+            parts.extend(candidate.get("content", {}).get("parts", []))
+            last = {**last, **{k: v for k, v in candidate.items() if k != "content"}}
+        if "usageMetadata" in event:
+            last["_usage"] = event["usageMetadata"]
+    usage_meta = last.pop("_usage", None)
+    response: dict[str, Any] = {"candidates": [{"content": {"role": "model", "parts": parts}, **last}]}
+    if usage_meta is not None:
+        response["usageMetadata"] = usage_meta
+    return response
 
 
 # --------------------------------------------------------------------------- chunk builders
@@ -138,6 +157,17 @@ class FakeGemini(ScriptedHTTPServer[Reply, RecordedRequest]):
 
     def __init__(self) -> None:
         super().__init__(_handler_for(self))
+        # batch mode: each inlined request is answered from the reply queue when its batch is created; a batch
+        # succeeds on its first get while `batches_end` is set (else when the test calls `end_batches`)
+        self.batches: dict[str, dict[str, Any]] = {}
+        self.batches_end = True
+        self.cancelled: list[str] = []
+
+    def end_batches(self) -> None:
+        with self._cond:
+            for batch in self.batches.values():
+                if batch["metadata"]["state"] in ("BATCH_STATE_PENDING", "BATCH_STATE_RUNNING"):
+                    batch["metadata"]["state"] = "BATCH_STATE_SUCCEEDED"
 
 
 def _handler_for(fake: FakeGemini) -> type[BaseHTTPRequestHandler]:
@@ -164,6 +194,10 @@ def _handler_for(fake: FakeGemini) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 self.wfile.write(data)
                 return
+            if ":batchGenerateContent" in self.path or self.path.split("?")[0].endswith(":cancel"):
+                fake.add_request(RecordedRequest("POST", self.path, headers, body))
+                self._batches_post(body)
+                return
             reply = fake.record(RecordedRequest("POST", self.path, headers, body))
             if reply is None:
                 self._error(ErrorReply(400, "fake Gemini: no scripted reply left for this request", "INVALID_ARGUMENT"))
@@ -171,6 +205,63 @@ def _handler_for(fake: FakeGemini) -> type[BaseHTTPRequestHandler]:
                 self._error(reply)
             else:
                 self._stream(reply)
+
+        def do_GET(self) -> None:
+            fake.add_request(RecordedRequest("GET", self.path, {}, {}))
+            name = self.path.split("?")[0].split("/batches/")[-1]
+            batch = fake.batches.get(f"batches/{name}")
+            if batch is None:
+                self._error(ErrorReply(404, f"fake Gemini: no batch {name}", "NOT_FOUND"))
+                return
+            if fake.batches_end:
+                fake.end_batches()
+            self._json(batch if batch["metadata"]["state"] == "BATCH_STATE_SUCCEEDED" else _without_output(batch))
+
+        def _batches_post(self, body: dict[str, Any]) -> None:
+            path = self.path.split("?")[0]
+            if path.endswith(":cancel"):
+                name = "batches/" + path.split("/batches/")[-1].removesuffix(":cancel")
+                batch = fake.batches.get(name)
+                if batch is None:
+                    self._error(ErrorReply(404, "fake Gemini: no such batch", "NOT_FOUND"))
+                    return
+                fake.cancelled.append(name)
+                batch["metadata"]["state"] = "BATCH_STATE_CANCELLED"
+                batch["metadata"]["output"] = {"inlinedResponses": {"inlinedResponses": []}}
+                self._json({})
+                return
+            requests = body["batch"]["inputConfig"]["requests"]["requests"]
+            answers = []
+            for request in requests:
+                reply = fake.pop_reply()
+                answer: dict[str, Any] = {"metadata": request.get("metadata", {})}
+                if isinstance(reply, SSEReply):
+                    answer["response"] = merged_response(reply.events)
+                else:
+                    err = reply or ErrorReply(400, "fake Gemini: no scripted reply left", "INVALID_ARGUMENT")
+                    answer["error"] = {"code": _RPC_CODES.get(err.rpc_status, 2), "message": err.message}
+                answers.append(answer)
+            name = f"batches/fake{len(fake.batches) + 1}"
+            batch = {
+                "name": name,
+                "metadata": {
+                    "@type": "type.googleapis.com/google.ai.generativelanguage.v1main.GenerateContentBatch",
+                    "model": path.split("/models/")[-1].split(":")[0],
+                    "displayName": body["batch"].get("displayName", ""),
+                    "state": "BATCH_STATE_PENDING",
+                    "output": {"inlinedResponses": {"inlinedResponses": answers}},
+                },
+            }
+            fake.batches[name] = batch
+            self._json(_without_output(batch))
+
+        def _json(self, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json; charset=UTF-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
         def _error(self, reply: ErrorReply) -> None:
             payload: dict[str, Any] = {"code": reply.status, "message": reply.message, "status": reply.rpc_status}
@@ -205,3 +296,7 @@ def _handler_for(fake: FakeGemini) -> type[BaseHTTPRequestHandler]:
                 return
 
     return Handler
+
+
+def _without_output(batch: dict[str, Any]) -> dict[str, Any]:
+    return {**batch, "metadata": {k: v for k, v in batch["metadata"].items() if k != "output"}}
