@@ -23,7 +23,7 @@ import redis
 from pydantic import TypeAdapter
 from redis.commands.core import Script
 
-from stepq.models import Message, StepOutput, StepTrace, TurnState
+from stepq.models import Message, StepOutput, StepTrace, TurnState, TurnStatus
 from stepq.store.keys import Keys
 
 # KEYS[8] names no key (`Keys.absent`): an optional key (idempotency, counter) equal to it is not used. A real
