@@ -211,9 +211,11 @@ class BatchRunner:
             return
         item_hash = item.content_hash()
         state = self.client.get(handle.turn_id)
-        if state.status.terminal:  # finished in an earlier run: written now, not paid for again
-            progress.reused += 1
-            self._write_state(item.key, item_hash, True, state, progress, listed=False)
+        if state.status.terminal:  # finished already: written now (an earlier run's answer is not paid again)
+            # a turn this run created can finish before this read (a fast worker, a slow producer): not reused
+            reused = not handle.created
+            progress.reused += reused
+            self._write_state(item.key, item_hash, reused, state, progress, listed=False)
         else:
             progress.reused += not handle.created
             self.in_flight[handle.turn_id] = (item.key, item_hash, not handle.created)
