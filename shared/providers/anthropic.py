@@ -27,7 +27,7 @@ import httpx2
 from stepq.errors import SubmitError
 from stepq.models import StepOutput, ToolSpec
 from stepq.providers.anthropic_batch import AnthropicBatchAPI
-from stepq.providers.anthropic_stream import AUTH_HINT, CREDENTIAL_VARS, StreamAccumulator, classify_error
+from stepq.providers.anthropic_stream import AUTH_HINT, CREDENTIAL_VARS, RawEvent, StreamAccumulator, classify_error
 from stepq.providers.anthropic_wire import build_params
 from stepq.providers.anthropic_wire import check_tools as _check_tools
 from stepq.providers.base import BatchAPI, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
@@ -87,19 +87,6 @@ def shared_client() -> anthropic.Anthropic:
 # --------------------------------------------------------------------------- the adapter
 
 
-class _Event(dict[str, Any]):
-    """A raw stream event with attribute access: read exactly like the SDK's typed event models."""
-
-    __slots__ = ()
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            value = self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-        return _Event(value) if type(value) is dict else value
-
-
 class AnthropicAdapter(ProviderAdapter):
     """Messages streaming over any SDK client with `.messages.create` (native, or a platform client)."""
 
@@ -151,7 +138,7 @@ class AnthropicAdapter(ProviderAdapter):
             # events: building a typed model per delta was ~40% of a streaming step's CPU (bench/README.md)
             with messages.with_streaming_response.create(stream=True, **params) as response:
                 for raw in response.parse(to=anthropic.Stream[object]):
-                    acc.feed(_Event(raw) if type(raw) is dict else raw)
+                    acc.feed(RawEvent(raw) if type(raw) is dict else raw)
                     if should_stop():
                         return acc.output()
         except Exception as exc:

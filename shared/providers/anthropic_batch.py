@@ -13,33 +13,20 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from stepq.models import StepOutput
-from stepq.providers.anthropic_stream import AUTH_HINT, StreamAccumulator, classify_error, in_stream_error
+from stepq.providers.anthropic_stream import AUTH_HINT, RawEvent, StreamAccumulator, classify_error, in_stream_error
 from stepq.providers.anthropic_wire import build_params
 from stepq.providers.base import BatchAPI, BatchState, ProviderError, StepRequest
-
-
-class _Obj(dict[str, Any]):
-    """A plain-JSON object read with attribute access, as the accumulator reads the SDK's events."""
-
-    __slots__ = ()
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            value = self[name]
-        except KeyError:
-            raise AttributeError(name) from None
-        return _Obj(value) if type(value) is dict else value
 
 
 def message_output(message: dict[str, Any]) -> StepOutput:
     """A whole Messages API `message` as the step output its stream would have produced."""
     acc = StreamAccumulator(lambda _delta: None)
-    acc.feed(_Obj(type="message_start", message=message))
+    acc.feed(RawEvent(type="message_start", message=message))
     for index, block in enumerate(message.get("content") or []):
-        acc.feed(_Obj(type="content_block_start", index=index, content_block=block))
-        acc.feed(_Obj(type="content_block_stop", index=index))
-    acc.feed(_Obj(type="message_delta", delta={"stop_reason": message.get("stop_reason")}, usage=None))
-    acc.feed(_Obj(type="message_stop"))
+        acc.feed(RawEvent(type="content_block_start", index=index, content_block=block))
+        acc.feed(RawEvent(type="content_block_stop", index=index))
+    acc.feed(RawEvent(type="message_delta", delta={"stop_reason": message.get("stop_reason")}, usage=None))
+    acc.feed(RawEvent(type="message_stop"))
     return acc.output()
 
 

@@ -51,6 +51,20 @@ ERROR_TYPE_STATUS: dict[str, int] = {
 CONTEXT_HINTS = ("prompt is too long", "context window", "context length", "too many tokens")
 
 
+class RawEvent(dict[str, Any]):
+    """A plain-JSON stream event (or batch result) with attribute access, read exactly like the SDK's
+    typed event models by `StreamAccumulator`: the raw SSE path and the batch results share it."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            value = self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+        return RawEvent(value) if type(value) is dict else value
+
+
 def map_finish_reason(raw: str | None, had_tool_calls: bool) -> FinishReason:
     """max_tokens -> length, tool_use -> tool-calls, refusal -> content-filter, else stop."""
     if raw in FINISH_REASONS:

@@ -30,7 +30,7 @@ from stepq.models import StepOutput, ToolSpec
 from stepq.providers import gemini_schema
 from stepq.providers.base import OUTPUT_TOOL, BatchAPI, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
 from stepq.providers.gemini_errors import classify
-from stepq.providers.gemini_wire import PROVIDER, StreamParser, map_finish_reason, to_contents
+from stepq.providers.gemini_wire import PROVIDER, StreamParser, to_contents
 
 if TYPE_CHECKING:
     from stepq.agents import AgentDefinition
@@ -300,14 +300,7 @@ class GeminiAdapter(ProviderAdapter):
             raise
         finally:
             pump.abandoned.set()
-        message = parser.message()
-        raw = parser.raw_finish
-        return StepOutput(
-            message=message,
-            usage=parser.usage(),
-            raw_finish_reason=raw,
-            finish_reason=map_finish_reason(raw, bool(message.tool_calls)),
-        )
+        return parser.output()
 
     @staticmethod
     def _drain(pump: _Pump, parser: StreamParser, should_stop: ShouldStop, first: float, stall: float) -> None:

@@ -21,7 +21,7 @@ from stepq.providers import gemini_schema
 from stepq.providers.base import BatchAPI, BatchState, ProviderError, StepRequest
 from stepq.providers.errors import classify_status
 from stepq.providers.gemini_errors import classify, scrub
-from stepq.providers.gemini_wire import StreamParser, map_finish_reason, to_contents
+from stepq.providers.gemini_wire import StreamParser, to_contents
 
 ENDED = frozenset({"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_EXPIRED",
                    "JOB_STATE_PARTIALLY_SUCCEEDED"})  # fmt: skip
@@ -105,14 +105,7 @@ def _output(response: types.GenerateContentResponse, meta: dict[str, str]) -> St
         int(meta.get("step") or 0), names, lambda _d: None, "object" if meta.get("object") else "text"
     )
     parser.feed(response)
-    message = parser.message()
-    raw = parser.raw_finish
-    return StepOutput(
-        message=message,
-        usage=parser.usage(),
-        raw_finish_reason=raw,
-        finish_reason=map_finish_reason(raw, bool(message.tool_calls)),
-    )
+    return parser.output()
 
 
 def _error(error: Any) -> ProviderError:

@@ -24,6 +24,7 @@ from stepq.models import (
     FinishReason,
     Message,
     ReasoningPart,
+    StepOutput,
     SystemMessage,
     TextPart,
     ToolCall,
@@ -269,6 +270,16 @@ class StreamParser:
 
     def usage(self) -> Usage:
         return usage_from(self.usage_meta)
+
+    def output(self) -> StepOutput:
+        """What the stream (or a batch's whole response) amounted to: the step's output."""
+        message = self.message()
+        return StepOutput(
+            message=message,
+            usage=self.usage(),
+            raw_finish_reason=self.raw_finish,
+            finish_reason=map_finish_reason(self.raw_finish, bool(message.tool_calls)),
+        )
 
 
 def usage_from(meta: types.GenerateContentResponseUsageMetadata | None) -> Usage:
