@@ -19,7 +19,6 @@ from stepq.providers.registry import resolve_model
 from stepq.runtime import Runtime
 from stepq.step_control import at_most, check_choice
 from stepq.stops import get_stop_condition, unknown_message
-from stepq.store.keys import idempotency_home
 from stepq.transcripts import check_pairing
 
 _MESSAGES = TypeAdapter(list[Message])
@@ -233,10 +232,8 @@ def new_turn_state(
     priority: str | None = None,
     attachments: list[Any] | None = None,
     provider_batch: bool = False,
-    home: str | None = None,
 ) -> tuple[AgentDefinition, TurnState]:
-    """Validate a submit and build the turn it asks for, storing nothing (a thread stores its turns itself).
-    `home` places the turn's keys (a thread's turns live beside their thread, see stepq.store.keys)."""
+    """Validate a submit and build the turn it asks for, storing nothing (a thread stores its turns itself)."""
     agent = rt.agents.get(agent_id) if isinstance(agent_id, str) else None
     if agent is None:
         known = ", ".join(rt.agents.ids()) or "none loaded (set STEPQ_AGENT_MODULES)"
@@ -270,7 +267,7 @@ def new_turn_state(
     limits = tighten(agent, loop, features)
     pending = files.Pending()
     state = TurnState(
-        turn_id=new_turn_id(idempotency_home(agent.id, idempotency_key) if idempotency_key else home),
+        turn_id=new_turn_id(),
         agent=agent.id,
         provider=chosen_provider,
         model=chosen_model,
@@ -326,9 +323,10 @@ def create_turn(
         provider_batch=provider_batch,
     )
     batch_id = state.metadata.get("batch_id")
+    counter = rt.keys.batch(batch_id) if isinstance(batch_id, str) else None
     files.upload(state._objects)
     rt.turns.store_files(state)
-    existing = rt.turns.create(state, idempotency_key, batch_id if isinstance(batch_id, str) else None)
+    existing = rt.turns.create(state, idempotency_key, counter)
     rt.turns.files_stored(state, kept=not existing)
     if existing:
         found = rt.turns.load(existing)

@@ -30,7 +30,6 @@ from stepq.errors import SubmitError, ThreadBusyError, ThreadNotFoundError, Unkn
 from stepq.models import EventType, Message, TurnState, TurnStatus
 from stepq.models import closed_transcript as well_formed  # a thread keeps every tool call answered
 from stepq.runtime import Runtime
-from stepq.store.keys import home
 from stepq.submit import new_turn_state
 
 _MESSAGE = TypeAdapter(Message)
@@ -160,7 +159,6 @@ def continue_thread(
         metadata=turn_metadata,
         features=features,
         attachments=attachments,
-        home=home(thread_id),
     )
     ttl = rt.settings.thread_ttl_s
     upload(state._objects)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -65,7 +66,6 @@ from stepq.models import (
     TurnStatus,
     Usage,
     UserMessage,
-    new_approval_id,
 )
 from stepq.pricing import add_costs, step_cost
 from stepq.providers.base import OUTPUT_TOOL, ProviderAdapter, ProviderError, StepRequest
@@ -74,7 +74,6 @@ from stepq.ratelimit import RateLimit, estimate_tokens
 from stepq.retry import next_fallback, retry_countdown
 from stepq.runtime import Runtime
 from stepq.store.approvals import ApprovalRecord
-from stepq.store.keys import home
 from stepq.store.leases import StepLease
 from stepq.store.tool_results import ToolResultStore
 from stepq.store.turns import LeaseHeld, PreparedWrite, StepStart
@@ -890,7 +889,7 @@ class StepRunner:
             if not p.needs_approval:
                 continue
             assert p.args is not None
-            approval_id = new_approval_id(home(state.turn_id))
+            approval_id = f"apv_{uuid.uuid4().hex}"
             claim = ApprovalClaim(approval_id, state.turn_id, p.call.id, p.call.name, p.args_hash, expires_at)
             rt.approvals.create(
                 ApprovalRecord(
