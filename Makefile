@@ -11,8 +11,12 @@ DEMO_STAMP := $(VENV)/.installed-demo
 demo: $(DEMO_STAMP)
 	$(BIN)/stepq demo
 
+# The suite runs in 4 pytest-xdist processes: most tests wait on subprocess workers and servers, so
+# 4 processes on 2 cores halve the run; every test keeps its own key prefix and ports.
+PYTEST_WORKERS ?= 4
+
 test: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # The suite with every core kept busy by a CPU burner, as on a loaded CI machine: a test that depends
 # on timing fails here. The trap kills the burners however pytest ends (pass, failure, Ctrl-C).
@@ -24,7 +28,7 @@ test-stress: $(STAMP)
 		$(PYTHON) -c "while True: pass" & burners="$$burners $$!"; \
 	done; \
 	echo "test-stress: $$(echo $$burners | wc -w) CPU burners running (pids$$burners)"; \
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # mypy cannot follow the editable install's package-dir mapping, so it reads a link tree laid out as
 # the installed package: build/typecheck/stepq = shared/ + workers/ + producer/.
