@@ -184,27 +184,27 @@ def test_bulk_approve_decides_every_parked_item_once(settings, client, tmp_path)
     worker = WorkerProcess(settings, "bulk", concurrency=4)
     try:
         items = tmp_path / "items.jsonl"
-        _write(items, [{"key": f"g-{i}", "prompt": f"publish {i}"} for i in range(100)])
+        _write(items, [{"key": f"g-{i}", "prompt": f"publish {i}"} for i in range(50)])
         submit = _cli(settings, "batch", "submit", "--agent", "bt.gated", "--input", str(items),
-                      "--concurrency", "100", "--batch-id", "gated")  # fmt: skip
+                      "--concurrency", "50", "--batch-id", "gated")  # fmt: skip
         assert submit.returncode == 0, submit.stderr
 
         def parked():
             status = json.loads(_cli(settings, "batch", "status", "gated", "--json").stdout)
-            return status["awaiting_approval"] == 100
+            return status["awaiting_approval"] == 50
 
-        eventually(parked, timeout=180, what="100 items awaiting approval")
+        eventually(parked, timeout=180, what="50 items awaiting approval")
         progress = _cli(settings, "batch", "status", "gated")
-        assert "awaiting_approval: 100" in progress.stdout
+        assert "awaiting_approval: 50" in progress.stdout
         decided = _cli(
             settings, "approve", "--batch", "gated", "--all", "--yes", "--reviewer", "ops", "--timeout", "120"
         )
         assert decided.returncode == 0, decided.stderr
-        assert "approved 100, refused 0" in decided.stdout
+        assert "approved 50, refused 0" in decided.stdout
         done = _cli(settings, "batch", "wait", "gated", "--output", str(tmp_path / "out.jsonl"))
         assert done.returncode == 0, done.stderr
         rows = _lines(tmp_path / "out.jsonl")
-        assert len(rows) == 100 and {r["status"] for r in rows} == {"completed"}
+        assert len(rows) == 50 and {r["status"] for r in rows} == {"completed"}
         rt = client.runtime
         for row in rows:  # each approval decided once, by the bulk reviewer, and its tool ran once
             state = client.get(row["turn_id"])
@@ -221,7 +221,7 @@ def test_bulk_approve_decides_every_parked_item_once(settings, client, tmp_path)
 
 def test_submitted_batch_survives_its_cli_and_wait_returns_each_result_once(settings, client, tmp_path):
     items, out = tmp_path / "items.jsonl", tmp_path / "results.jsonl"
-    _write_items(items, 300, bad_lines={5})
+    _write_items(items, 120, bad_lines={5})
     submit = _cli(settings, "batch", "submit", "--agent", "bt.extract", "--input", str(items),
                   "--concurrency", "20", "--batch-id", "detached")  # fmt: skip
     assert submit.returncode == 0, submit.stderr  # returns at once: no worker is even running yet
@@ -238,22 +238,22 @@ def test_submitted_batch_survives_its_cli_and_wait_returns_each_result_once(sett
     try:
 
         def some_done():
-            return json.loads(_cli(settings, "batch", "status", "detached", "--json").stdout)["finished"] >= 30
+            return json.loads(_cli(settings, "batch", "status", "detached", "--json").stdout)["finished"] >= 15
 
-        eventually(some_done, timeout=180, what="30 results")
+        eventually(some_done, timeout=180, what="15 results")
         worker.kill()  # kill -9 a worker that drives the batch: the driver's state is in Redis
         worker = WorkerProcess(settings, "driver2", concurrency=4)
         done = _cli(settings, "batch", "wait", "detached", "--output", str(out))
         assert done.returncode == 1, done.stderr  # the bad line is a failed item
         rows = _lines(out)
         keys = [r["key"] for r in rows]
-        assert len(keys) == 300 and len(set(keys)) == 300
+        assert len(keys) == 120 and len(set(keys)) == 120
         by_key = {r["key"]: r for r in rows}
         assert by_key["bad-5"]["status"] == "failed" and "prompt" in by_key["bad-5"]["error"]
         assert by_key["item-77"]["object"] == {"name": "Contact 77", "email": "c77@example.com"}
-        assert sum(r["status"] == "completed" for r in rows) == 299
+        assert sum(r["status"] == "completed" for r in rows) == 119
         record = client.runtime.redis.hgetall(client.runtime.keys.batch("detached"))
-        assert int(record["created"]) == 299  # no item submitted twice
+        assert int(record["created"]) == 119  # no item submitted twice
         again = _cli(settings, "batch", "results", "detached", "--output", str(tmp_path / "again.jsonl"))
         assert again.returncode == 0 and _lines(tmp_path / "again.jsonl") == rows
     finally:

@@ -118,3 +118,22 @@ def test_blocked_sdk_is_really_unimportable(tmp_path: Path):
     env = blocked_env(tmp_path, ["google"])
     proc = run(env, sys.executable, "-c", "import google.genai")
     assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "anthropic-vertex", "gemini", "bedrock", "openai", "azure-openai"])
+def test_loading_agents_checks_their_tools_without_importing_the_sdk(tmp_path: Path, provider: str):
+    """Agent load (every CLI command, every worker start) checks tool schemas and that the SDK is installed,
+    but importing an SDK costs seconds: it happens at the first model call, not here."""
+    env = blocked_env(tmp_path, [], provider)
+    script = textwrap.dedent(
+        """
+        import sys
+        from stepq.agents import registry
+        registry().load_modules(["lean_agents"])
+        sdks = ("anthropic", "openai", "google.genai", "boto3", "botocore")
+        print(sorted(name for name in sys.modules if name in sdks))
+        """
+    )
+    proc = run(env, sys.executable, "-c", script)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

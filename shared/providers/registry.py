@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -91,15 +92,37 @@ def _load_lazy(name: str) -> None:
     register_provider(name, getattr(module, factory_name), getattr(module, check[0]) if check else None)
 
 
+# Each SDK adapter's tool check lives in an SDK-free module: loading agents (every CLI command, every
+# worker start) must not import the SDKs, which costs seconds. The SDK is only looked for, not imported.
+_TOOL_CHECKS: dict[str, str] = {
+    "anthropic": "stepq.providers.anthropic_wire",
+    "anthropic-vertex": "stepq.providers.anthropic_wire",
+    "gemini": "stepq.providers.gemini_schema",
+    "bedrock": "stepq.providers.bedrock_wire",
+    "openai": "stepq.providers.openai_wire",
+    "openai-compatible": "stepq.providers.openai_wire",
+    "azure-openai": "stepq.providers.openai_wire",
+}
+# the modules whose presence shows the provider's SDK is installed (a namespace like `google` is not enough)
+_SDK_PROBES: dict[str, tuple[str, ...]] = {"gemini": ("google.genai",), "anthropic-vertex": ("anthropic", "google.auth")}
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that is missing (or blocked) itself
+        return False
+
+
 def check_tool_schemas(provider: str, specs: list[ToolSpec]) -> None:
-    """Refuse, at agent load time, tool schemas this provider cannot take (the adapter module's `check_tools`),
-    and a provider whose SDK is not installed (MissingExtraError: `pip install 'stepq[<extra>]'`)."""
+    """Refuse, at agent load time, tool schemas this provider cannot take (its `check_tools`), and a
+    provider whose SDK is not installed (MissingExtraError: `pip install 'stepq[<extra>]'`)."""
     if provider not in _LAZY:
         return
-    module = _import_adapter(provider)
-    check = getattr(module, "check_tools", None)
-    if check is not None:
-        check(specs)
+    extra, sdk_modules = _EXTRAS[provider]
+    if not all(_installed(m) for m in _SDK_PROBES.get(provider, sdk_modules)):
+        raise MissingExtraError(f"provider {provider!r}", extra)
+    importlib.import_module(_TOOL_CHECKS[provider]).check_tools(specs)
 
 
 def check_configured(provider: str) -> None:
