@@ -104,7 +104,10 @@ _TOOL_CHECKS: dict[str, str] = {
     "azure-openai": "stepq.providers.openai_wire",
 }
 # the modules whose presence shows the provider's SDK is installed (a namespace like `google` is not enough)
-_SDK_PROBES: dict[str, tuple[str, ...]] = {"gemini": ("google.genai",), "anthropic-vertex": ("anthropic", "google.auth")}
+_SDK_PROBES: dict[str, tuple[str, ...]] = {
+    "gemini": ("google.genai",),
+    "anthropic-vertex": ("anthropic", "google.auth"),
+}
 
 
 def _installed(module: str) -> bool:
