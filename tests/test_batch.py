@@ -184,27 +184,27 @@ def test_bulk_approve_decides_every_parked_item_once(settings, client, tmp_path)
     worker = WorkerProcess(settings, "bulk", concurrency=4)
     try:
         items = tmp_path / "items.jsonl"
-        _write(items, [{"key": f"g-{i}", "prompt": f"publish {i}"} for i in range(50)])
+        _write(items, [{"key": f"g-{i}", "prompt": f"publish {i}"} for i in range(100)])
         submit = _cli(settings, "batch", "submit", "--agent", "bt.gated", "--input", str(items),
-                      "--concurrency", "50", "--batch-id", "gated")  # fmt: skip
+                      "--concurrency", "100", "--batch-id", "gated")  # fmt: skip
         assert submit.returncode == 0, submit.stderr
 
         def parked():
             status = json.loads(_cli(settings, "batch", "status", "gated", "--json").stdout)
-            return status["awaiting_approval"] == 50
+            return status["awaiting_approval"] == 100
 
-        eventually(parked, timeout=180, what="50 items awaiting approval")
+        eventually(parked, timeout=180, what="100 items awaiting approval")
         progress = _cli(settings, "batch", "status", "gated")
-        assert "awaiting_approval: 50" in progress.stdout
+        assert "awaiting_approval: 100" in progress.stdout
         decided = _cli(
             settings, "approve", "--batch", "gated", "--all", "--yes", "--reviewer", "ops", "--timeout", "120"
         )
         assert decided.returncode == 0, decided.stderr
-        assert "approved 50, refused 0" in decided.stdout
+        assert "approved 100, refused 0" in decided.stdout
         done = _cli(settings, "batch", "wait", "gated", "--output", str(tmp_path / "out.jsonl"))
         assert done.returncode == 0, done.stderr
         rows = _lines(tmp_path / "out.jsonl")
-        assert len(rows) == 50 and {r["status"] for r in rows} == {"completed"}
+        assert len(rows) == 100 and {r["status"] for r in rows} == {"completed"}
         rt = client.runtime
         for row in rows:  # each approval decided once, by the bulk reviewer, and its tool ran once
             state = client.get(row["turn_id"])
