@@ -41,6 +41,7 @@ from stepq.errors import (
     UnknownAgentError,
     WaitTimeoutError,
 )
+from stepq.extensions import AgentExtension, Suggestion
 from stepq.mcp_tools import McpServer, McpTool
 from stepq.models import (
     Event,
@@ -72,6 +73,7 @@ except _PackageNotFoundError:  # imported from a source tree that was never inst
 
 __all__ = [
     "AgentDefinition",
+    "AgentExtension",
     "ApprovalError",
     "ApprovalReceipt",
     "ApprovalRefusal",
@@ -114,6 +116,7 @@ __all__ = [
     "StopWhen",
     "StoreUnavailableError",
     "SubmitError",
+    "Suggestion",
     "TestModel",
     "Thread",
     "ThreadBusyError",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
+import logging
 import re
 from collections.abc import Callable, Collection
 from typing import Any, Literal
@@ -17,6 +18,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from stepq.errors import DefinitionError
+from stepq.extensions import Explanation, ModuleExports, Origin, Resolution, Suggestion, check_section_names, resolve
 from stepq.mcp_tools import McpTool, check_mcp_names
 from stepq.models import Fallback, LoopLimits, ToolSpec
 from stepq.providers.base import OUTPUT_TOOL
@@ -28,11 +30,13 @@ from stepq.step_control import StepContext, StepOverrides, check_choice
 from stepq.stops import NAME as STOP_NAME
 from stepq.stops import get_stop_condition, unknown_message
 from stepq.task_plan import PLAN_GUIDANCE, PLAN_TOOL, plan_tool
-from stepq.tools import ToolDefinition, all_tools
+from stepq.tools import ToolDefinition, all_tools, declared_tools, set_tool_overrides, tool_overrides
 
 MutationPolicy = Literal["read-only", "confirm-required", "destructive-confirm-required"]
 ExecutionMode = Literal["chat", "object"]
 _AGENT_ID = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
+REGISTERED = "(registered)"  # the provenance of agents given to AgentRegistry.register rather than found in a module
+log = logging.getLogger("stepq.agents")
 
 # An object-mode agent answers through one extra tool, `OUTPUT_TOOL`. Tool inputs must be objects,
 # so any other output schema rides wrapped as {OUTPUT_WRAPPER: ...}.
@@ -127,9 +131,15 @@ class AgentDefinition(BaseModel):
     description: str = ""
     """For people (the CLI, the gateway's agent list); the model never sees it."""
     system_prompt: str = ""
-    """The system message of every step."""
+    """The system message of every step (its first paragraph, before `prompt_sections`)."""
+    prompt_sections: dict[str, str] = Field(default_factory=dict)
+    """Named paragraphs of the system message after `system_prompt`, in this order: the parts another module's
+    `AgentExtension` replaces, deletes or appends by name."""
     allowed_tools: list[str] = Field(default_factory=list)
     """Whitelist of tool names (registered with `@tool`) the model may be shown; nothing else is."""
+    suggestions: list[Suggestion] = Field(default_factory=list)
+    """Starter prompts a chat launcher offers before the first message (`Suggestion(label=..., prompt=...)`; a
+    label alone is its prompt too), listed by `stepq agents` and `GET /v1/agents`. The model never sees them."""
     task_plan: bool = False
     """Show the model the read-only `update_task_plan` tool and tell it to state its plan with it: the plan
     streams as `plan-update` events and is stored with the turn (see `stepq.task_plan`). Not listed in
@@ -232,6 +242,12 @@ class AgentDefinition(BaseModel):
             raise ValueError(f"agent id {value!r} must look like '<module>.<name>' (lowercase, underscores)")
         return value
 
+    @field_validator("prompt_sections")
+    @classmethod
+    def _check_section_names(cls, value: dict[str, str]) -> dict[str, str]:
+        check_section_names(value, "prompt_sections")
+        return value
+
     @field_validator("allowed_tools")
     @classmethod
     def _check_plan_tool(cls, value: list[str]) -> list[str]:
@@ -288,8 +304,10 @@ class AgentDefinition(BaseModel):
 
     @property
     def instructions(self) -> str | None:
-        """The system text of every step: the agent's prompt, plus the plan guidance when it has a plan."""
-        parts = [p for p in (self.system_prompt, PLAN_GUIDANCE if self.task_plan else "") if p]
+        """The system text of every step: the agent's prompt and its sections, then the plan guidance when it has a
+        plan; paragraphs apart."""
+        plan = PLAN_GUIDANCE if self.task_plan else ""
+        parts = [p for p in (self.system_prompt, *self.prompt_sections.values(), plan) if p]
         return "\n\n".join(parts) or None
 
     @property
@@ -324,58 +342,119 @@ def check_step_tools(agent: AgentDefinition) -> None:
             raise DefinitionError(f"agent {agent.id}: {problem}")
 
 
+def check_agent(agent: AgentDefinition) -> None:
+    """What loading refuses: unknown tools and stop conditions, tool names that clash, schemas a provider cannot take."""
+    registry = all_tools()
+    unknown = [name for name in agent.allowed_tools if name not in registry]
+    if unknown:
+        raise DefinitionError(f"agent {agent.id}: allowed_tools names unknown tools: {', '.join(unknown)}")
+    check_step_tools(agent)
+    for stop in agent.loop.stop_when:
+        if stop.custom is not None and get_stop_condition(stop.custom) is None:
+            raise DefinitionError(f"agent {agent.id}: loop.stop_when: {unknown_message(stop.custom)}")
+    check_mcp_names(agent.id, agent.allowed_tools, agent.mcp_tools)
+    provider, _ = split_shorthand(agent.default_provider, agent.default_model)
+    providers = [p for p in (provider, *(f.provider for f in agent.fallbacks)) if p]
+    if providers:
+        specs = [
+            ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema) for t in agent.visible_tools()
+        ]
+        if agent.execution_mode == "object":
+            specs.append(agent.output_tool())
+        for name in dict.fromkeys(providers):  # the fallbacks must take the tools too
+            check_tool_schemas(name, specs)
+
+
 class AgentRegistry:
-    """Agents by id, loaded from modules. Loading validates every tool reference."""
+    """Agents by id, loaded from modules: their own agents with the other modules' overrides and extensions
+    applied (stepq.extensions), whatever order the modules load in. Loading validates every effective agent."""
 
     def __init__(self) -> None:
-        self._agents: dict[str, AgentDefinition] = {}
-        self._loaded: set[str] = set()
+        self._modules: dict[str, ModuleExports] = {}
+        self._registered: dict[str, AgentDefinition] = {}
+        self._resolution = Resolution({}, {}, {}, {}, {}, [])
+        self._checked: dict[int, AgentDefinition] = {}  # by id(); holds the object so its id is not reused
+        self._warned: set[str] = set()
 
     def register(self, agent: AgentDefinition) -> None:
-        existing = self._agents.get(agent.id)
+        """Add one agent outside any module (its provenance reads `(registered)`)."""
+        existing = self._registered.get(agent.id) or self._declared(agent.id)
         if existing is not None and existing is not agent:
             raise DefinitionError(f"agent {agent.id!r} is defined twice")
-        registry = all_tools()
-        unknown = [name for name in agent.allowed_tools if name not in registry]
-        if unknown:
-            raise DefinitionError(f"agent {agent.id}: allowed_tools names unknown tools: {', '.join(unknown)}")
-        check_step_tools(agent)
-        for stop in agent.loop.stop_when:
-            if stop.custom is not None and get_stop_condition(stop.custom) is None:
-                raise DefinitionError(f"agent {agent.id}: loop.stop_when: {unknown_message(stop.custom)}")
-        check_mcp_names(agent.id, agent.allowed_tools, agent.mcp_tools)
-        provider, _ = split_shorthand(agent.default_provider, agent.default_model)
-        providers = [p for p in (provider, *(f.provider for f in agent.fallbacks)) if p]
-        if providers:
-            specs = [
-                ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema)
-                for t in agent.visible_tools()
-            ]
-            if agent.execution_mode == "object":
-                specs.append(agent.output_tool())
-            for name in dict.fromkeys(providers):  # the fallbacks must take the tools too
-                check_tool_schemas(name, specs)
-        self._agents[agent.id] = agent
+        registered = {**self._registered, agent.id: agent}
+        self._apply(self._modules, registered)
+        self._registered = registered
 
     def load_modules(self, modules: list[str]) -> None:
+        """Import these modules and recompute the effective agents of every module loaded so far."""
+        new: dict[str, ModuleExports] = {}
         for name in modules:
-            if name in self._loaded:
+            if name in self._modules or name in new:
                 continue
             try:
                 module = importlib.import_module(name)
             except ImportError as exc:
                 raise DefinitionError(f"cannot import agent module {name!r}: {exc}") from exc
-            found = [v for v in vars(module).values() if isinstance(v, AgentDefinition)]
-            for agent in found:
-                if agent.id not in self._agents:
-                    self.register(agent)
-            self._loaded.add(name)
+            new[name] = ModuleExports.of(module, AgentDefinition)
+        if new:
+            every = {**self._modules, **new}
+            self._apply(every, self._registered)
+            self._modules = every
+
+    def _declared(self, agent_id: str) -> AgentDefinition | None:
+        for exports in self._modules.values():
+            for agent in exports.agents:
+                if agent.id == agent_id:
+                    return agent
+        return None
+
+    def _apply(self, modules: dict[str, ModuleExports], registered: dict[str, AgentDefinition]) -> None:
+        """Resolve, set the tool overrides, check every new or patched agent; on a refusal nothing changes."""
+        exports = [*modules.values()]
+        if registered:
+            exports.append(ModuleExports(REGISTERED, tuple(registered.values())))
+        resolution = resolve(exports, declared_tools())
+        before = tool_overrides()
+        after = {**before, **resolution.tool_overrides}
+        if after.keys() != before.keys() or any(after[k] is not v for k, v in before.items()):
+            self._checked.clear()  # an agent's tools changed under it: check every agent again
+        set_tool_overrides(after)
+        try:
+            for agent in resolution.agents.values():
+                if id(agent) not in self._checked:
+                    check_agent(agent)
+        except Exception:
+            set_tool_overrides(before)
+            raise
+        self._checked = {id(agent): agent for agent in resolution.agents.values()}
+        for message in resolution.warnings:
+            if message not in self._warned:
+                self._warned.add(message)
+                log.warning(message)
+        self._resolution = resolution
 
     def get(self, agent_id: str) -> AgentDefinition | None:
-        return self._agents.get(agent_id)
+        """The effective agent (None when unknown or disabled by an override)."""
+        return self._resolution.agents.get(agent_id)
 
     def ids(self) -> list[str]:
-        return sorted(self._agents)
+        return sorted(self._resolution.agents)
+
+    def disabled(self) -> dict[str, str]:
+        """Agents an override disabled: id -> the module that did."""
+        return dict(self._resolution.disabled)
+
+    def explain(self, agent_id: str) -> Explanation | None:
+        """The effective definition and where each of its parts came from (None when no module declares it)."""
+        return self._resolution.explanations.get(agent_id)
+
+    def tool_origin(self, name: str) -> Origin | None:
+        """Which module replaced or disabled this tool (None: it is as declared)."""
+        return self._resolution.tool_origins.get(name)
+
+    def warnings(self) -> list[str]:
+        """What loading skipped: overrides and extensions whose targets are missing."""
+        return list(self._resolution.warnings)
 
 
 _REGISTRY = AgentRegistry()

@@ -235,6 +235,8 @@ def new_turn_state(
 ) -> tuple[AgentDefinition, TurnState]:
     """Validate a submit and build the turn it asks for, storing nothing (a thread stores its turns itself)."""
     agent = rt.agents.get(agent_id) if isinstance(agent_id, str) else None
+    if agent is None and isinstance(agent_id, str) and agent_id in rt.agents.disabled():
+        raise UnknownAgentError(f"agent {agent_id!r} is disabled by {rt.agents.disabled()[agent_id]} (agent_overrides)")
     if agent is None:
         known = ", ".join(rt.agents.ids()) or "none loaded (set STEPQ_AGENT_MODULES)"
         raise UnknownAgentError(f"unknown agent {agent_id!r}; known agents: {known}")

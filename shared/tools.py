@@ -235,6 +235,9 @@ def client_tool(
 
 
 _TOOLS: dict[str, ToolDefinition] = {}
+# Tools replaced (or disabled: None) by a module's `tool_overrides`, set by the agent registry when it loads
+# modules (see stepq.extensions). Process-wide, like the tools themselves.
+_OVERRIDES: dict[str, ToolDefinition | None] = {}
 
 
 def register_tool(definition: ToolDefinition) -> None:
@@ -249,8 +252,33 @@ def register_tool(definition: ToolDefinition) -> None:
 
 
 def get_tool(name: str) -> ToolDefinition | None:
+    """The tool agents get under this name: a module's override if one replaced it, None if one disabled it."""
+    if name in _OVERRIDES:
+        return _OVERRIDES[name]
     return _TOOLS.get(name)
 
 
 def all_tools() -> dict[str, ToolDefinition]:
+    """Every tool by name, overrides applied (a disabled tool is not there)."""
+    tools = dict(_TOOLS)
+    for name, definition in _OVERRIDES.items():
+        if definition is None:
+            tools.pop(name, None)
+        else:
+            tools[name] = definition
+    return tools
+
+
+def declared_tools() -> dict[str, ToolDefinition]:
+    """Every tool as its module declared it, before any override."""
     return dict(_TOOLS)
+
+
+def tool_overrides() -> dict[str, ToolDefinition | None]:
+    return dict(_OVERRIDES)
+
+
+def set_tool_overrides(overrides: Mapping[str, ToolDefinition | None]) -> None:
+    """Replace the overrides in force (the agent registry's job: stepq.extensions resolves them)."""
+    _OVERRIDES.clear()
+    _OVERRIDES.update(overrides)

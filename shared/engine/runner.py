@@ -364,7 +364,7 @@ class StepRunner:
         scope, limit = self._rate_limit(state, agent)
         grant = None
         if limit.active:
-            chars = sum(len(m.model_dump_json()) for m in state.messages) + len(agent.system_prompt)
+            chars = sum(len(m.model_dump_json()) for m in state.messages) + len(agent.instructions or "")
             grant = rt.limiter.acquire(scope, limit, estimate_tokens(chars, agent.max_output_tokens))
             if not grant.allowed:
                 RATE_LIMIT_WAITS.labels(state.provider, state.model, grant.reason).inc()
