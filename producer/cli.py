@@ -28,7 +28,7 @@ from stepq.errors import ApprovalError
 from stepq.logging import configure_logging
 from stepq.metrics import prepare_multiprocess_dir
 from stepq.models import Event, EventType, TurnResult, TurnStatus
-from stepq.producer import cli_tool_results
+from stepq.producer import cli_agents, cli_tool_results
 from stepq.producer.client import Client
 from stepq.producer.failures import (
     EMBEDDED_STATE_HINT,
@@ -577,6 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_approve)
     cli_tool_results.add_parser(sub)
+
+    cli_agents.add_parser(sub)
 
     p = sub.add_parser("cancel", help="cancel a turn")
     p.add_argument("turn")

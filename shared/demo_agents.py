@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from stepq.agents import AgentDefinition, LoopConfig
+from stepq.extensions import Suggestion
 from stepq.providers.function import TestModel
 from stepq.providers.scripted import ScriptStep, ScriptToolCall
 from stepq.tools import ToolContext, tool
@@ -46,6 +47,10 @@ support = AgentDefinition(
     read_only=False,
     mutation_policy="confirm-required",
     loop=LoopConfig(max_steps=6),
+    suggestions=[
+        Suggestion(label="Refund a damaged order", prompt="My order A-1001 arrived damaged, can I get a refund?"),
+        Suggestion(label="Where is order A-1002?"),
+    ],
     script=[
         ScriptStep(
             text="Let me look that order up.",

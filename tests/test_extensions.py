@@ -1,5 +1,6 @@
 """Overrides and extensions: modules replace, disable and patch each other's agents and tools, with the same
-effective agent whatever order they load in; workers run the effective definition.
+effective agent whatever order they load in; `stepq agents --explain` says where each part came from; workers
+run the effective definition.
 
 The modules are tests/extmods: `catalog` declares ext.catalog and ext.retired, `alpha` overrides a tool,
 disables ext.retired and extends ext.catalog, `beta` extends ext.catalog where a module-by-module application
@@ -10,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import subprocess
 import textwrap
 import uuid
 
@@ -22,7 +24,7 @@ from stepq.submit import create_turn
 from stepq.tools import declared_tools, get_tool
 from tests.conftest import WorkerProcess, make_settings, settings_env
 from tests.extmods import catalog
-from tests.test_cli import stepq
+from tests.test_cli import stepq, stepq_cmd
 
 CATALOG, ALPHA, BETA = "tests.extmods.catalog", "tests.extmods.alpha", "tests.extmods.beta"
 MODULES = [CATALOG, ALPHA, BETA]
@@ -229,6 +231,74 @@ def test_a_disabled_tool_leaves_every_agent_that_listed_it():
     assert resolution.agents["ext.tools"].allowed_tools == ["ext_stats"]
     removed = [p for p in resolution.explanations["ext.tools"].parts if p.removed]
     assert [(p.name, str(p.origin)) for p in removed] == [("ext_old_stats", "disabled by m2 (tool_overrides)")]
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def _agents_cli(prefix: str, modules: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+    env = settings_env(make_settings(prefix, agent_modules=modules))
+    return stepq(env, "agents", *args, check=0)
+
+
+def test_cli_explain_shows_the_effective_definition_and_where_each_part_came_from(prefix):
+    proc = _agents_cli(prefix, MODULES, "--explain", "ext.catalog")
+    lines = [" ".join(line.split()) for line in proc.stdout.splitlines()]
+    for expected in [
+        "agent ext.catalog",
+        f"definition declared in {CATALOG}",
+        f"task plan on, set by {BETA} (extension)",
+        f"system_prompt declared in {CATALOG}",
+        "| You answer catalog questions.",
+        f"[tone] replaced by {BETA} (extension)",
+        "| Be brief and cite the product id.",
+        f"[stats] appended by {ALPHA} (extension)",
+        f"- [legacy] deleted by {ALPHA} (extension)",
+        f"ext_lookup replaced by {BETA} (extension); definition replaced by {ALPHA} (tool_overrides): "
+        f"{ALPHA}.ext_fast_lookup",
+        f"ext_stats appended by {ALPHA} (extension); definition declared in {ALPHA}",
+        f"- ext_old_stats replaced by {BETA} (extension)",
+        f'"Find a product" declared in {CATALOG}',
+        f'"Show catalog stats" appended by {ALPHA} (extension)',
+        f'"Compare products" appended by {BETA} (extension)',
+        f'- "Old stats" deleted by {ALPHA} (extension)',
+    ]:
+        assert expected in lines, f"{expected!r} not in:\n{proc.stdout}"
+    assert "Use ext_old_stats" not in proc.stdout
+    # the skipped targets are warned about on stderr, one line each
+    assert f"extension in {BETA}: no agent 'ext.nowhere' to extend; skipped" in proc.stderr
+    assert f"extension in {BETA}: agent 'ext.retired' is disabled by {ALPHA}; skipped" in proc.stderr
+    # the other order prints the very same explanation
+    assert _agents_cli(prefix, MODULES[::-1], "--explain", "ext.catalog").stdout == proc.stdout
+
+
+def test_cli_explain_json_and_the_agent_list(prefix):
+    data = json.loads(_agents_cli(prefix, MODULES, "--explain", "ext.catalog", "--json").stdout)
+    assert data["definition"]["allowed_tools"] == ["ext_lookup", "ext_stats"]
+    assert data["definition"]["prompt_sections"] == {
+        "tone": "Be brief and cite the product id.",
+        "stats": "Use ext_stats for catalog metrics.",
+    }
+    lookup = next(p for p in data["parts"] if p["kind"] == "tool" and p["name"] == "ext_lookup")
+    assert lookup["tool_definition"] == {"action": "replaced", "module": ALPHA, "via": "tool_overrides"}
+
+    retired = _agents_cli(prefix, MODULES, "--explain", "ext.retired")
+    assert f"disabled by {ALPHA} (agent_overrides)" in retired.stdout
+
+    listing = _agents_cli(prefix, MODULES).stdout
+    assert "ext.catalog  (chat)  tools: ext_lookup, ext_stats, update_task_plan" in listing
+    assert 'suggestion: "Compare products"' in listing
+    assert f"ext.retired  disabled by {ALPHA} (agent_overrides)" in listing
+
+
+def test_cli_explain_of_an_unknown_agent_is_one_line(prefix):
+    env = settings_env(make_settings(prefix, agent_modules=MODULES))
+    proc = subprocess.run(
+        [*stepq_cmd(), "agents", "--explain", "ext.nope"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("stepq: error: unknown agent 'ext.nope'; known agents:")
+    assert "Traceback" not in proc.stderr
 
 
 # --------------------------------------------------------------------------- workers

@@ -239,6 +239,10 @@ def test_agents_health_ready_and_metrics(worker, gw, prefix):
         agents = {a["id"]: a for a in http.get("/v1/agents").json()["agents"]}
         assert agents["demo.support"]["tools"] == ["lookup_order", "issue_refund"]
         assert agents["demo.support"]["approvals_possible"] is True
+        assert agents["demo.support"]["suggestions"][1] == {
+            "label": "Where is order A-1002?",
+            "prompt": "Where is order A-1002?",
+        }
         assert agents["demo.extractor"]["execution_mode"] == "object"
         assert agents["rt.approver"]["approvals_possible"] is True
         assert http.get("/healthz").json() == {"status": "ok"}

@@ -20,7 +20,8 @@ router = APIRouter(tags=["meta"])
 async def agents(
     gw: Annotated[Gateway, Depends(gateway)], _: Annotated[Principal, Depends(require("read"))]
 ) -> dict[str, Any]:
-    """Every agent this gateway can submit to: id, description, mode, tools, whether approvals may be needed."""
+    """Every agent this gateway can submit to: id, description, mode, tools, whether approvals may be needed, and
+    the starter prompts (`suggestions`) a chat launcher offers."""
     registry = gw.runtime.agents
     out = []
     for agent_id in registry.ids():
@@ -38,6 +39,7 @@ async def agents(
                 "execution_mode": agent.execution_mode,
                 "tools": [t.name for t in tools],
                 "approvals_possible": bool(may_need_approval),
+                "suggestions": [s.model_dump() for s in agent.suggestions],
             }
         )
     return {"agents": out}
