@@ -25,7 +25,7 @@ from stepq.attachments import Attachment
 from stepq.config import Settings, get_settings
 from stepq.errors import ApprovalError, NoWorkerError, StoreUnavailableError, TurnNotFoundError, WaitTimeoutError
 from stepq.logging import redact_url
-from stepq.models import Event, EventType, TurnResult, TurnState
+from stepq.models import Event, EventType, Policy, TurnResult, TurnState
 from stepq.protocol import APPROVE, RUN_STEP, celery_config, queue_for
 from stepq.runtime import Runtime, get_runtime
 from stepq.submit import LoopOverrides, create_turn
@@ -200,6 +200,7 @@ class Client:
         priority: str | None = None,
         attachments: list[Attachment] | None = None,
         provider_batch: bool = False,
+        policy: Policy | dict[str, Any] | None = None,
     ) -> TurnHandle:
         """Validate, store and enqueue a turn; returns its handle at once (the turn runs on a worker).
 
@@ -211,8 +212,11 @@ class Client:
             first submit died before sending it); `TurnHandle.created` tells which.
         metadata: JSON-able data carried with the turn; tools read it as `ToolContext.metadata`.
         features: the caller's features, checked against the agent's `required_features`.
-        provider, model: choose per turn; only for agents with `allow_runtime_override=True`.
-        loop: `LoopOverrides` (or a dict of it) that tighten the agent's loop; widening is refused.
+        provider, model: choose per turn, unless the agent or a policy sets `allow_runtime_override` false.
+        loop: `LoopOverrides` (or a dict of it) that tighten the agent's loop, under the same switch; asking
+            wider than the agent or a policy allows is refused, naming the layer that binds.
+        policy: the caller's `Policy` (limits, tool and model allowlists, mutation downgrade), applied on
+            every step below the request and above the tenant's policy; it only tightens (see stepq.policy).
         priority: `interactive` or `batch` (default: the agent's `priority`).
         provider_batch: with `priority="batch"`, send each step's model request through the provider's
             batch API (about half price, answered within hours; no worker waits). See docs/operations.md.
@@ -236,6 +240,7 @@ class Client:
             priority=priority,
             attachments=attachments,
             provider_batch=provider_batch,
+            policy=policy,
         )
         if created or (
             idempotency_key is not None

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from stepq.errors import DefinitionError
 from stepq.extensions import Explanation, ModuleExports, Origin, Resolution, Suggestion, check_section_names, resolve
 from stepq.mcp_tools import McpTool, check_mcp_names
-from stepq.models import Fallback, LoopLimits, ToolSpec
+from stepq.models import Fallback, LoopLimits, MutationPolicy, ToolSpec
 from stepq.providers.base import OUTPUT_TOOL
 from stepq.providers.function import FunctionModel
 from stepq.providers.registry import check_tool_schemas, known_providers, split_shorthand
@@ -32,7 +32,6 @@ from stepq.stops import get_stop_condition, unknown_message
 from stepq.task_plan import PLAN_GUIDANCE, PLAN_TOOL, plan_tool
 from stepq.tools import ToolDefinition, all_tools, declared_tools, set_tool_overrides, tool_overrides
 
-MutationPolicy = Literal["read-only", "confirm-required", "destructive-confirm-required"]
 ExecutionMode = Literal["chat", "object"]
 _AGENT_ID = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
 REGISTERED = "(registered)"  # the provenance of agents given to AgentRegistry.register rather than found in a module
@@ -168,8 +167,9 @@ class AgentDefinition(BaseModel):
     """Model when the caller chooses none (`provider/model` sets both); unset falls back to STEPQ_MODEL."""
     loop: LoopConfig = Field(default_factory=LoopConfig)
     """Step limit, stop conditions and budget."""
-    allow_runtime_override: bool = False
-    """Whether a caller may choose the provider and model per turn."""
+    allow_runtime_override: bool = True
+    """Whether a submit may choose the provider and model per turn and send loop overrides (`loop=`); False
+    refuses both (the caller's, tenant's and environment's policies still apply). A policy may turn it off."""
     fallbacks: list[Fallback] = Field(default_factory=list)
     """Where a step goes, in order, when its attempts are exhausted with retryable errors before any content
     streamed: `[{"provider": "bedrock", "model": "..."}, "anthropic-vertex/claude-..."]`. The turn stays on

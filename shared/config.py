@@ -21,7 +21,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, Settin
 
 from stepq import module_models
 from stepq.errors import ConfigurationError
-from stepq.models import Fallback
+from stepq.models import Fallback, Policy
 from stepq.module_models import ModuleModel
 from stepq.ratelimit import RateLimit
 
@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     # STEPQ_<MODULE>_PROVIDER / STEPQ_<MODULE>_MODEL, by module (the part of an agent id before the dot);
     # read from the environment unless given (see stepq.module_models)
     module_models: dict[str, ModuleModel] = Field(default=None, validate_default=True)
+
+    # the environment layer of the resolution chain (stepq.policy): JSON, one Policy for every agent
+    # ({"max_steps": 5, "models": ["anthropic/*"]}) or policies by scope ({"*": {...}, "support.refunds": {...}})
+    policy: dict[str, Policy] = Field(default_factory=dict)
 
     # Celery / durability
     redis_outage_s: float = Field(default=60.0, ge=0)  # how long Redis calls retry through an outage before failing
@@ -193,6 +197,20 @@ class Settings(BaseSettings):
             return module_models.from_environ(os.environ)
         if isinstance(value, dict):
             return module_models.check({k: ModuleModel.model_validate(v) for k, v in value.items()})
+        return value
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_scopes(cls, value: object) -> object:
+        """One policy's fields apply to every agent (scope `*`); otherwise the keys are scopes."""
+        from stepq.policy import SCOPE_ALL, check_scope  # lazy: stepq.policy imports the agent definitions
+
+        if not isinstance(value, dict):
+            return value
+        if value and set(value) <= set(Policy.model_fields):
+            return {SCOPE_ALL: value}
+        for scope in value:
+            check_scope(str(scope))
         return value
 
     @field_validator("key_prefix")

@@ -10,7 +10,8 @@ them all. The tree (a second base in brackets keeps older `except ValueError` co
     ├── SubmitError [ValueError]    a submit was refused; nothing was stored
     │   ├── UnknownAgentError
     │   ├── MissingFeaturesError
-    │   ├── OverrideError           a caller override tried to widen the agent's loop
+    │   ├── OverrideError           a caller override tried to widen the agent's loop (or a policy's limit)
+    │   ├── PolicyError             a policy refused the submit (kill switch, model, runtime overrides off)
     │   ├── AttachmentError         a file was refused (`.unsupported_type`: its media type was why)
     │   └── TranscriptError         `messages` hold a tool call without a result, or a result without a call
     ├── TurnNotFoundError [LookupError]
@@ -74,6 +75,11 @@ class MissingFeaturesError(SubmitError):
 
 class OverrideError(SubmitError):
     """A caller override tried to widen what the agent definition allows."""
+
+
+class PolicyError(SubmitError):
+    """A caller's, tenant's or the environment's policy refused the submit: the kill switch is on, the model is
+    not on an allowlist, or per-call overrides are off. The message names the layer."""
 
 
 class AttachmentError(SubmitError):

@@ -401,6 +401,44 @@ class ToolCallTrace(BaseModel):
     truncated: bool = False  # the result was cut to STEPQ_MAX_TOOL_RESULT_CHARS before the model read it
 
 
+MutationPolicy = Literal["read-only", "confirm-required", "destructive-confirm-required"]
+KillSwitch = Literal["off", "collapse", "refuse"]
+
+
+class Policy(BaseModel):
+    """What a caller, a tenant or the environment imposes on an agent. Every field only tightens what the
+    layers below it allow (see `stepq.policy`); unset fields leave them as they are."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    max_steps: int | None = Field(default=None, ge=1)
+    """Most model calls in one turn."""
+    max_tool_calls: int | None = Field(default=None, ge=0)
+    """Most tool calls over a turn."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Most input plus output tokens over a turn."""
+    max_wall_clock_s: float | None = Field(default=None, gt=0)
+    """Seconds since the turn's first step started."""
+    allowed_tools: list[str] | None = None
+    """The tools an agent may still show (those it allowlists and this list names); the task-plan tool stays."""
+    mutation_policy: MutationPolicy | None = None
+    """Downgrade only: confirm-required < destructive-confirm-required < read-only (a looser value does nothing)."""
+    models: list[str] | None = None
+    """Allowed `provider/model` patterns (`anthropic/*`, `bedrock`, `*`): a turn on another model is refused."""
+    allow_runtime_override: bool | None = None
+    """False refuses per-call provider/model choice and loop overrides (True cannot undo an agent's False)."""
+    kill_switch: KillSwitch | None = None
+    """`collapse`: one model call with no tools, then the turn ends; `refuse`: no new submits or steps."""
+
+
+class PolicySource(BaseModel):
+    """One effective value of a step and the layer that set it (`request`, `caller`, `tenant`, `environment`,
+    `agent` or `default`)."""
+
+    value: Any = None
+    layer: str
+
+
 class StepTrace(BaseModel):
     step: int
     provider: str
@@ -425,6 +463,7 @@ class StepTrace(BaseModel):
     invalid_output: bool = False  # object mode: this answer failed validation (a repair step or a failure follows)
     repair: bool = False  # object mode: this step answered a repair note
     batch: bool = False  # answered through the provider's batch API
+    policy: dict[str, PolicySource] = Field(default_factory=dict)  # each effective limit and who set it
 
 
 class LoopTrace(BaseModel):
@@ -455,6 +494,7 @@ class LoopTrace(BaseModel):
                     "stop_reason": s.stop_reason,
                     "stopped_by": s.stopped_by.value if s.stopped_by else None,
                     "stop_detail": s.stop_detail,
+                    "policy": {axis: source.layer for axis, source in s.policy.items()},
                 }
                 for s in steps
             ],
@@ -595,7 +635,10 @@ class TurnState(BaseModel):
     provider: str
     model: str
     messages: list[Message] = Field(default_factory=list)  # stored apart, append-only (see store/turns.py)
-    limits: LoopLimits
+    limits: LoopLimits  # this step's effective limits (base_limits under the current policies)
+    base_limits: LoopLimits | None = None  # the agent's limits tightened by the request, from submit
+    sources: dict[str, str] = Field(default_factory=dict)  # the layer of each base limit and of the model
+    caller_policy: Policy | None = None  # the caller layer, from submit (see stepq.policy)
     metadata: dict[str, Any] = Field(default_factory=dict)
     features: list[str] = Field(default_factory=list)  # the caller's, from submit: tools requiring others are hidden
     priority: str = "interactive"

@@ -22,6 +22,7 @@ from stepq.store.connection import get_redis
 from stepq.store.events import EventLog
 from stepq.store.keys import Keys
 from stepq.store.leases import LeaseManager
+from stepq.store.policies import PolicyStore
 from stepq.store.threads import ThreadStore
 from stepq.store.tool_results import ToolResultStore
 from stepq.store.turns import TurnStore
@@ -40,6 +41,7 @@ class Runtime:
     tool_results: ToolResultStore
     approvals: ApprovalStore
     threads: ThreadStore
+    policies: PolicyStore
     agents: AgentRegistry
     limiter: RateLimiter
     _signer: ApprovalSigner | None = field(default=None, repr=False)
@@ -61,6 +63,7 @@ class Runtime:
             tool_results=ToolResultStore(client, keys),
             approvals=ApprovalStore(client, keys, settings.event_ttl_s),
             threads=ThreadStore(client, keys, settings.thread_ttl_s),
+            policies=PolicyStore(client, keys),
             agents=agents,
             limiter=RateLimiter(client, keys, hold_ttl_s=max(settings.lease_ttl_s * 4, 300.0)),
         )

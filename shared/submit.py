@@ -12,10 +12,11 @@ from pydantic_core import PydanticSerializationError
 from stepq import attachments as files
 from stepq import module_models
 from stepq.agents import AgentDefinition, Budget, StopWhen
-from stepq.errors import MissingFeaturesError, OverrideError, SubmitError, UnknownAgentError
+from stepq.errors import MissingFeaturesError, OverrideError, PolicyError, SubmitError, UnknownAgentError
 from stepq.jsonsafe import non_finite_path
-from stepq.models import EventType, LoopLimits, Message, SystemMessage, TurnState, UserMessage, new_turn_id
-from stepq.providers.registry import resolve_model
+from stepq.models import EventType, LoopLimits, Message, Policy, SystemMessage, TurnState, UserMessage, new_turn_id
+from stepq.policy import Effective, Layer, base_sources, layers_for, resolve, tenant_of
+from stepq.providers.registry import model_layer, resolve_model
 from stepq.runtime import Runtime
 from stepq.step_control import at_most, check_choice
 from stepq.stops import get_stop_condition, unknown_message
@@ -36,34 +37,43 @@ class LoopOverrides(BaseModel):
     tool_choice: str | None = None  # as tight as the agent's or tighter: auto < required < a tool; auto < none
 
 
-def tighten(
-    agent: AgentDefinition, overrides: LoopOverrides | dict[str, Any] | None, features: list[str] | None = None
-) -> LoopLimits:
-    """The agent's loop limits with the caller's overrides applied; a widening attempt is refused."""
-    limits = agent.loop.limits()
-    if overrides is None:
-        return limits
-    if not isinstance(overrides, dict | LoopOverrides):
+def parse_overrides(overrides: LoopOverrides | dict[str, Any] | None) -> LoopOverrides | None:
+    """A caller's `loop=` as LoopOverrides; OverrideError naming what is wrong."""
+    if overrides is None or isinstance(overrides, LoopOverrides):
+        return overrides
+    if not isinstance(overrides, dict):
         hint = " (a JSON string? parse it with json.loads first)" if isinstance(overrides, str | bytes) else ""
         raise OverrideError(
             f"loop must be a mapping such as {{'max_steps': 3}} or a LoopOverrides, not {type(overrides).__name__}"
             + hint
         )
-    if isinstance(overrides, dict):
-        try:
-            overrides = LoopOverrides.model_validate(overrides)
-        except ValidationError as exc:
-            raise OverrideError(
-                f"invalid loop overrides: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}"
-            ) from None
+    try:
+        return LoopOverrides.model_validate(overrides)
+    except ValidationError as exc:
+        raise OverrideError(f"invalid loop overrides: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from None
+
+
+def tighten(
+    agent: AgentDefinition,
+    overrides: LoopOverrides | dict[str, Any] | None,
+    features: list[str] | None = None,
+    ceiling: Effective | None = None,
+) -> LoopLimits:
+    """The agent's loop limits with the caller's overrides applied; a widening attempt is refused. With a
+    `ceiling` (the policies' effective limits), an override is also refused above it, naming the layer."""
+    limits = agent.loop.limits()
+    overrides = parse_overrides(overrides)
+    if overrides is None:
+        return limits
 
     def narrower(name: str, asked: float | None, allowed: float | None) -> float | None:
         if asked is None:
             return allowed
-        if allowed is not None and asked > allowed:
-            raise OverrideError(
-                f"{name}={asked} exceeds agent {agent.id}'s limit of {allowed}; overrides may only tighten"
-            )
+        axis = name.rsplit(".", 1)[-1]
+        cap = getattr(ceiling.limits, axis) if ceiling is not None else allowed
+        who = ceiling.labels.get(axis, f"agent {agent.id}") if ceiling is not None else f"agent {agent.id}"
+        if cap is not None and asked > cap:
+            raise OverrideError(f"{name}={asked} exceeds the limit of {cap} set by {who}; overrides may only tighten")
         return asked
 
     for stop in overrides.stop_when:
@@ -217,6 +227,25 @@ def _unknown_field(raw: Any, parsed: Any, loc: str) -> str | None:
     return None
 
 
+def _caller_policy(policy: Policy | dict[str, Any] | None) -> Policy | None:
+    if policy is None or isinstance(policy, Policy):
+        return policy
+    if not isinstance(policy, dict):
+        raise SubmitError(f"policy must be a Policy or a mapping such as {{'max_steps': 3}}, not {type(policy).__name__}")
+    try:
+        return Policy.model_validate(policy)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise SubmitError(f"invalid policy: {first['msg']} at {'.'.join(map(str, first['loc']))}") from None
+
+
+def policy_layers(rt: Runtime, agent_id: str, caller: Policy | None, metadata: dict[str, Any]) -> list[Layer]:
+    """The caller's, the tenant's (read now) and the environment's policies for a turn of `agent_id`."""
+    tenant = tenant_of(metadata)
+    tenant_doc = rt.policies.get(tenant) if tenant else None
+    return layers_for(agent_id, caller=caller, tenant=tenant, tenant_doc=tenant_doc, environment=rt.settings.policy)
+
+
 def new_turn_state(
     rt: Runtime,
     agent_id: str,
@@ -232,6 +261,7 @@ def new_turn_state(
     priority: str | None = None,
     attachments: list[Any] | None = None,
     provider_batch: bool = False,
+    policy: Policy | dict[str, Any] | None = None,
 ) -> tuple[AgentDefinition, TurnState]:
     """Validate a submit and build the turn it asks for, storing nothing (a thread stores its turns itself)."""
     agent = rt.agents.get(agent_id) if isinstance(agent_id, str) else None
@@ -258,15 +288,29 @@ def new_turn_state(
     bad = non_finite_path(metadata)
     if bad:
         raise SubmitError(f"metadata{bad[1:]} is NaN or Infinity, which JSON cannot carry: send null or a string")
+    caller = _caller_policy(policy)
+    layers = policy_layers(rt, agent.id, caller, metadata or {})
+    ceiling = resolve(agent, agent.loop.limits(), base_sources(agent), layers)
+    if ceiling.kill_switch == "refuse":
+        raise PolicyError(ceiling.kill_message(agent.id))
+    overrides = parse_overrides(loop)
+    asked = [name for name, value in (("provider", provider), ("model", model)) if value]
+    asked += ["loop"] if overrides is not None and overrides.model_fields_set else []
+    if asked and not ceiling.runtime_override:
+        raise PolicyError(
+            f"agent {agent.id} does not allow per-call overrides ({', '.join(asked)}): turned off by "
+            f"{ceiling.runtime_override_label}"
+        )
+    module = module_models.for_agent(rt.settings.module_models, agent.id)
     chosen_provider, chosen_model = resolve_model(
-        agent,
-        provider,
-        model,
-        rt.settings.provider,
-        rt.settings.model,
-        module=module_models.for_agent(rt.settings.module_models, agent.id),
+        agent, provider, model, rt.settings.provider, rt.settings.model, module=module
     )
-    limits = tighten(agent, loop, features)
+    refusal = ceiling.model_refusal(chosen_provider, chosen_model)
+    if refusal:
+        raise PolicyError(f"{refusal}; choose an allowed model")
+    base = tighten(ceiling.agent, overrides, features, ceiling=ceiling)
+    sources = base_sources(agent, overrides)
+    sources["model"] = model_layer(agent, provider, model, rt.settings.provider, rt.settings.model, module)
     pending = files.Pending()
     state = TurnState(
         turn_id=new_turn_id(),
@@ -274,7 +318,10 @@ def new_turn_state(
         provider=chosen_provider,
         model=chosen_model,
         messages=build_messages(rt, agent, prompt, messages, attachments, chosen_provider, pending),
-        limits=limits,
+        limits=resolve(agent, base, sources, layers).limits,
+        base_limits=base,
+        sources=sources,
+        caller_policy=caller,
         metadata=metadata or {},
         features=sorted(set(features or [])),
         priority=priority or agent.priority,
@@ -307,6 +354,7 @@ def create_turn(
     priority: str | None = None,
     attachments: list[Any] | None = None,
     provider_batch: bool = False,
+    policy: Policy | dict[str, Any] | None = None,
 ) -> tuple[TurnState, bool]:
     """Validate and store a turn. Returns (state, created); created is False for a repeated key."""
     agent, state = new_turn_state(
@@ -323,6 +371,7 @@ def create_turn(
         priority=priority,
         attachments=attachments,
         provider_batch=provider_batch,
+        policy=policy,
     )
     batch_id = state.metadata.get("batch_id")
     counter = rt.keys.batch(batch_id) if isinstance(batch_id, str) else None

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 from celery.signals import task_prerun
 
-from stepq.errors import MissingFeaturesError, SubmitError, UnknownAgentError
+from stepq.errors import MissingFeaturesError, PolicyError, SubmitError, UnknownAgentError
 from stepq.models import EventType, TurnStatus
 from stepq.protocol import RUN_STEP
 from stepq.submit import create_turn
@@ -141,7 +141,22 @@ def test_too_many_messages_name_the_limit(rt, prefix):
 
 @pytest.mark.parametrize(("provider", "model"), [("scripted", None), (None, "other-model"), (None, "scripted/x")])
 def test_provider_override_needs_allow_runtime_override(rt, prefix, provider, model):
-    _refused(rt, prefix, SubmitError, "does not allow", prompt="hi", provider=provider, model=model)
+    err = _refused(
+        rt, prefix, PolicyError, "does not allow", agent="pol.locked", prompt="hi", provider=provider, model=model
+    )
+    assert "agent pol.locked (allow_runtime_override=False)" in str(err)
+
+
+def test_loop_overrides_need_allow_runtime_override_too(rt, prefix):
+    err = _refused(rt, prefix, PolicyError, r"per-call overrides \(loop\)", agent="pol.locked", prompt="hi",
+                   loop={"max_steps": 1})  # fmt: skip
+    assert "allow_runtime_override=False" in str(err)
+
+
+def test_runtime_overrides_are_allowed_by_default(rt, prefix):
+    state, _ = create_turn(rt, "eng.simple", prompt="hi", model="scripted/x", loop={"max_steps": 2})
+    assert (state.provider, state.model, state.limits.max_steps) == ("scripted", "x", 2)
+    assert state.sources["model"] == "request" and state.sources["max_steps"] == "request"
 
 
 @pytest.mark.parametrize(
@@ -171,7 +186,7 @@ def test_refusals_through_the_client_store_and_send_nothing(client, prefix):
     with pytest.raises(MissingFeaturesError):
         client.submit("eng.features", prompt="hi")
     with pytest.raises(SubmitError):
-        client.submit("eng.simple", prompt="hi", provider="scripted")
+        client.submit("pol.locked", prompt="hi", provider="scripted")
     assert stored_keys(prefix) == []  # no turn, no event, no broker message
 
 

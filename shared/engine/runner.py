@@ -52,9 +52,11 @@ from stepq.models import (
     ParkedStep,
     PendingApproval,
     PlanStep,
+    PolicySource,
     ReasoningPart,
     StepLoss,
     StepOutput,
+    StepPlan,
     StepTrace,
     TextPart,
     ToolCall,
@@ -67,6 +69,7 @@ from stepq.models import (
     Usage,
     UserMessage,
 )
+from stepq.policy import Effective, layers_for, resolve, tenant_of
 from stepq.pricing import add_costs, step_cost
 from stepq.providers.base import OUTPUT_TOOL, ProviderAdapter, ProviderError, StepRequest
 from stepq.providers.registry import create_adapter
@@ -116,6 +119,7 @@ class StepRunner:
         self._pending_checkpoint: PreparedWrite | None = None
         self._emitter: StepEmitter | None = None
         self._tools_refused: list[dict[str, str]] = []  # MCP tools not offered this step, and why
+        self._effective: Effective | None = None  # this step's policies resolved (see _apply_policy)
 
     # ------------------------------------------------------------------ delivery
 
@@ -185,6 +189,10 @@ class StepRunner:
         self._checkpoint = start.checkpoint
         if start.cancel_requested:
             return self._finish(state, emitter, TurnStatus.CANCELLED, FinishReason.CANCELLED)
+        effective = self._apply_policy(state, agent, start.policy_version)
+        if effective.kill_switch == "refuse":
+            return self._fail(state, emitter, effective.kill_message(agent.id))
+        agent = effective.agent  # tools and mutation policy as the policies leave them
         if state.status.parked:
             return self._resume(state, agent, emitter)
         if self._over_wall_clock(state) and not self._answers_anyway(state, agent, LoopStop.WALL_CLOCK_BUDGET):
@@ -206,12 +214,55 @@ class StepRunner:
         )
         return decision
 
+    # ------------------------------------------------------------------ the resolution chain (stepq.policy)
+
+    def _apply_policy(self, state: TurnState, agent: AgentDefinition, version: int) -> Effective:
+        """This step's limits and agent under the policies now: the turn's caller policy, its tenant's (read
+        again only when the policy version read with the lease moved) and this worker's STEPQ_POLICY."""
+        tenant = tenant_of(state.metadata)
+        doc = self.rt.policies.at_version(tenant, version) if tenant else None
+        layers = layers_for(
+            agent.id, caller=state.caller_policy, tenant=tenant, tenant_doc=doc, environment=self.rt.settings.policy
+        )
+        if state.base_limits is None:  # a turn stored before the resolution chain: its limits are its base
+            state.base_limits = state.limits
+        # a parked step resumes its tools first: under a collapse, the model call after them is the last
+        last = state.step + 1 if state.status.parked else state.step
+        effective = resolve(agent, state.base_limits, state.sources, layers, step=last)
+        state.limits = effective.limits
+        self._effective = effective
+        return effective
+
+    def _model_refusal(self, state: TurnState, plan: StepPlan) -> str | None:
+        """Why no policy lets this step run on its model; prepare_step's model gives way to the turn's own."""
+        effective = self._effective
+        if effective is None:
+            return None
+        refusal = effective.model_refusal(state.provider, state.model)
+        if refusal and plan.base is not None:
+            plan.warnings.append(f"prepare_step's model ignored: {refusal}")
+            state.provider, state.model = plan.base.provider, plan.base.model
+            plan.base = None
+            refusal = effective.model_refusal(state.provider, state.model)
+        return f"{refusal}: the turn stops here" if refusal else None
+
+    def _policy_trace(self, state: TurnState) -> dict[str, PolicySource]:
+        """Each effective value of this step and the layer that set it, the model's included."""
+        traced = dict(self._effective.sources) if self._effective is not None else {}
+        plan = state.step_plan
+        layer = "agent" if plan is not None and plan.base is not None else state.sources.get("model", "default")
+        traced["model"] = PolicySource(value=f"{state.provider}/{state.model}", layer=layer)
+        return traced
+
     # ------------------------------------------------------------------ the model call
 
     def _model_step(self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter, lease: StepLease) -> Decision:
         started = time.monotonic()
         try:  # this step's tools, tool choice and model (the agent's, its prepare_step's, the caller's)
             plan = step_plan.prepare(agent, state)
+            refusal = self._model_refusal(state, plan)
+            if refusal:
+                return self._fail(state, emitter, refusal)
             adapter = create_adapter(state.provider, agent, state.model)
         except Exception as exc:
             return self._fail(state, emitter, str(exc))
@@ -284,6 +335,7 @@ class StepRunner:
             warnings=plan.warnings,
             repair=repairing,
             batch=output.batched,
+            policy=self._policy_trace(state),
         )
         state.usage = state.usage + output.usage
         state.cost = add_costs(state.cost, cost)  # failed attempts were added when they failed
@@ -861,6 +913,7 @@ class StepRunner:
         )
         record_retry(state.provider, state.model, exc)
         state.provider, state.model = fallback.provider, fallback.model
+        state.sources["model"] = "fallback"
         state.attempt = 0
         state.not_before = None
         if state.status == TurnStatus.QUEUED:

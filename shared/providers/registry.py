@@ -165,11 +165,10 @@ def resolve_model(
     env_model: str | None,
     module: tuple[str | None, str | None] = (None, None),
 ) -> tuple[str, str]:
-    """Per-turn choice (only if the agent allows it) > the module's STEPQ_<MODULE>_PROVIDER/_MODEL > agent
-    default > STEPQ_PROVIDER/STEPQ_MODEL. A module provider comes with its module model (or is offline)."""
+    """Per-turn choice (the submit checks that the agent and the policies allow one) > the module's
+    STEPQ_<MODULE>_PROVIDER/_MODEL > agent default > STEPQ_PROVIDER/STEPQ_MODEL. A module provider comes with
+    its module model (or is offline)."""
     provider, model = split_shorthand(provider, model)
-    if (provider or model) and not agent.allow_runtime_override:
-        raise SubmitError(f"agent {agent.id} does not allow choosing the provider or model per turn")
     default_provider, default_model = split_shorthand(agent.default_provider, agent.default_model)
     env_p, env_m = split_shorthand(env_provider, env_model)
     module_p, module_m = module
@@ -194,3 +193,21 @@ def resolve_model(
     if chosen_model is None:
         raise SubmitError(f"no model for agent {agent.id} on {chosen_provider}: set default_model or STEPQ_MODEL")
     return chosen_provider, chosen_model
+
+
+def model_layer(
+    agent: AgentDefinition,
+    provider: str | None,
+    model: str | None,
+    env_provider: str | None,
+    env_model: str | None,
+    module: tuple[str | None, str | None] = (None, None),
+) -> str:
+    """Which layer of the resolution chain chose a turn's model (see `resolve_model`)."""
+    if provider or model:
+        return "request"
+    if module[0] or module[1]:
+        return "environment"
+    if agent.default_provider or agent.default_model:
+        return "agent"
+    return "environment" if env_provider or env_model else "default"

@@ -164,6 +164,22 @@ class Keys:
             f"{base}:req", f"{base}:tok", f"{base}:toksum", f"{base}:hold", f"{base}:penalty", f"{base}:paused"
         )
 
+    # ----------------------------------------------------------------- tenant policies
+
+    def policy(self, tenant: str) -> str:
+        """HASH of a tenant's policy: scope (`*`, a module, an agent id) -> Policy JSON."""
+        return f"{self.prefix}:policy:tenant:{tenant}"
+
+    @property
+    def policy_version(self) -> str:
+        """STRING counter bumped by every tenant policy change; each step reads it with its lease."""
+        return f"{self.prefix}:policy:version"
+
+    @property
+    def policy_tenants(self) -> str:
+        """SET of tenants that have a policy (what `stepq policy show` lists)."""
+        return f"{self.prefix}:policy:tenants"
+
     # ----------------------------------------------------------------- threads
 
     def thread(self, thread_id: str) -> str:

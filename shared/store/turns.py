@@ -77,14 +77,14 @@ return 1
 """
 
 
-# KEYS: lease, started, emitted, cancel, checkpoint, turn, messages, trace
+# KEYS: lease, started, emitted, cancel, checkpoint, turn, messages, trace, tenant policies' version
 # ARGV: token, lease ttl ms, step, messages already parsed here, trace steps already parsed here
 _BEGIN = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end
 redis.call('SET', KEYS[2], ARGV[3])
 return {1, redis.call('GET', KEYS[3]), redis.call('EXISTS', KEYS[4]), redis.call('GET', KEYS[5]),
         redis.call('GET', KEYS[6]), redis.call('LRANGE', KEYS[7], ARGV[4], -1),
-        redis.call('LRANGE', KEYS[8], ARGV[5], -1), redis.call('LLEN', KEYS[7])}
+        redis.call('LRANGE', KEYS[8], ARGV[5], -1), redis.call('LLEN', KEYS[7]), redis.call('GET', KEYS[9])}
 """
 
 _SAVE = "redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) return 1"
@@ -111,6 +111,7 @@ class StepStart:
     emitted_step: int | None  # content of this step went out before a crash: subscribers need a reset
     cancel_requested: bool
     checkpoint: StepOutput | None
+    policy_version: int = 0  # of the tenant policies (store/policies.py): a changed one is read again
 
 
 @dataclass(frozen=True)
@@ -272,12 +273,13 @@ class TurnStore:
                 k.turn(turn_id),
                 k.messages(turn_id),
                 k.trace(turn_id),
+                k.policy_version,
             ],
             args=[token, ttl_ms, step, len(messages), len(trace)],
         )
         if not reply[0]:
             return LeaseHeld(max(int(reply[1]), 0) / 1000)
-        _, emitted, cancel, checkpoint, raw, new_messages, new_trace, total = reply
+        _, emitted, cancel, checkpoint, raw, new_messages, new_trace, total, policy_version = reply
         state = None
         if raw:
             if total < len(messages):  # lists rewritten under a re-used id: read them whole
@@ -289,7 +291,8 @@ class TurnStore:
         if checkpoint:
             saved_step, _, body = str(checkpoint).partition("\x1f")
             saved = StepOutput.model_validate_json(body) if saved_step == str(step) else None
-        return StepStart(state, int(emitted) if emitted is not None else None, bool(cancel), saved)
+        version = int(policy_version) if policy_version else 0
+        return StepStart(state, int(emitted) if emitted is not None else None, bool(cancel), saved, version)
 
     def _assemble(
         self,
