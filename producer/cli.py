@@ -28,7 +28,7 @@ from stepq.errors import ApprovalError
 from stepq.logging import configure_logging
 from stepq.metrics import prepare_multiprocess_dir
 from stepq.models import Event, EventType, TurnResult, TurnStatus
-from stepq.producer import cli_agents, cli_tool_results
+from stepq.producer import cli_agents, cli_policy, cli_tool_results
 from stepq.producer.client import Client
 from stepq.producer.failures import (
     EMBEDDED_STATE_HINT,
@@ -577,6 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_approve)
     cli_tool_results.add_parser(sub)
+    cli_policy.add_parser(sub)
 
     cli_agents.add_parser(sub)
 
@@ -654,7 +655,7 @@ def _main(raw: list[str]) -> int:
 
 
 # commands that do one thing and exit (not `worker` and `serve`, which wait Redis outages out, nor `demo`)
-ONE_SHOT = frozenset({cmd_run, cmd_events, cmd_show, cmd_status, cmd_approve, cmd_cancel})
+ONE_SHOT = frozenset({cmd_run, cmd_events, cmd_show, cmd_status, cmd_approve, cmd_cancel, *cli_policy.COMMANDS})
 
 
 if __name__ == "__main__":

@@ -164,7 +164,9 @@ def _numbers(
         layer = sources.get(axis, "agent")
         words = {"request": "the request", "default": "the default"}.get(layer, f"agent {agent.id}")
         candidates = [(layer, own, words)] if own is not None else []
-        candidates += [(x.name, getattr(x.policy, axis), x.label) for x in layers if getattr(x.policy, axis) is not None]
+        candidates += [
+            (x.name, getattr(x.policy, axis), x.label) for x in layers if getattr(x.policy, axis) is not None
+        ]
         if not candidates:
             continue
         value = min(c[1] for c in candidates)

@@ -231,7 +231,9 @@ def _caller_policy(policy: Policy | dict[str, Any] | None) -> Policy | None:
     if policy is None or isinstance(policy, Policy):
         return policy
     if not isinstance(policy, dict):
-        raise SubmitError(f"policy must be a Policy or a mapping such as {{'max_steps': 3}}, not {type(policy).__name__}")
+        raise SubmitError(
+            f"policy must be a Policy or a mapping such as {{'max_steps': 3}}, not {type(policy).__name__}"
+        )
     try:
         return Policy.model_validate(policy)
     except ValidationError as exc:

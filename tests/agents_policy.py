@@ -7,6 +7,9 @@ the turn), so a test changes a policy while a turn provably runs, with no timing
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import redis
 
 from stepq.agents import AgentDefinition, Budget, LoopConfig
@@ -38,9 +41,14 @@ def pol_write(key: str) -> dict[str, str]:
 
 @tool
 def pol_wait(ctx: ToolContext) -> dict[str, bool]:
-    """Wait until the test releases this turn."""
-    released = _redis.blpop([gate_key(str(ctx.metadata.get("prefix")), ctx.turn_id)], timeout=GATE_TIMEOUT_S)
-    return {"released": released is not None}
+    """Wait until the test releases this turn (short polls: a worker's sockets may time out a long BLPOP)."""
+    deadline = time.monotonic() + GATE_TIMEOUT_S
+    key = gate_key(str(ctx.metadata.get("prefix")), ctx.turn_id)
+    while time.monotonic() < deadline and not ctx.cancelled.is_set():
+        with contextlib.suppress(redis.TimeoutError):
+            if _redis.blpop([key], timeout=1) is not None:
+                return {"released": True}
+    return {"released": False}
 
 
 def _answer(request: FunctionRequest) -> FunctionResponse | str:

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from stepq.config import Settings
 from stepq.errors import ConfigurationError
+from stepq.models import Policy
 from stepq.producer.gateway.errors import GatewayError
 
 SCOPES = frozenset({"submit", "read", "approve"})
@@ -34,6 +35,7 @@ class Principal:
     tenant: str
     subject: str
     scopes: frozenset[str] = field(default_factory=frozenset)
+    policy: Policy | None = field(default=None, compare=False, hash=False)  # the caller layer of its turns
 
     def may(self, scope: str) -> bool:
         return scope in self.scopes
@@ -48,6 +50,7 @@ class ApiKeyEntry(BaseModel):
     tenant: str = Field(min_length=1)
     subject: str = Field(min_length=1)
     scopes: list[str] = Field(default_factory=lambda: sorted(SCOPES))
+    policy: Policy | None = None  # what this key's turns may do, tightening only (stepq.policy's caller layer)
 
     @field_validator("scopes")
     @classmethod
@@ -95,7 +98,7 @@ class AuthConfig:
                     f"STEPQ_API_KEYS entry {index}: {first['msg']} at {where or 'entry'}; "
                     'expected {"sha256": "<64 hex>", "tenant": "...", "subject": "...", "scopes": [...]}'
                 ) from None
-            keys[entry.sha256] = Principal(entry.tenant, entry.subject, frozenset(entry.scopes))
+            keys[entry.sha256] = Principal(entry.tenant, entry.subject, frozenset(entry.scopes), entry.policy)
         jwks = None
         if settings.jwt_jwks_file:
             try:

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from stepq.errors import (
     ApprovalError,
     AttachmentError,
+    PolicyError,
     StepqError,
     SubmitError,
     ThreadBusyError,
@@ -79,6 +80,8 @@ def from_stepq(exc: StepqError) -> GatewayError:
         return GatewayError(_TOOL_RESULTS_STATUS.get(exc.code, 409), exc.code.value, str(exc))
     if isinstance(exc, AttachmentError) and exc.unsupported_type:
         return GatewayError(415, "unsupported-media-type", str(exc))
+    if isinstance(exc, PolicyError):  # the request is well-formed; a policy does not allow it
+        return GatewayError(403, "policy", str(exc))
     if isinstance(exc, SubmitError):
         return GatewayError(400, _code_of(exc), str(exc))
     if isinstance(exc, ApprovalError):

@@ -38,6 +38,8 @@ class SubmitBody(BaseModel):
     idempotency_key: str | None = None
     metadata: dict[str, Any] | None = None
     loop: dict[str, Any] | None = Field(default=None, description="overrides that may only tighten the agent's loop")
+    provider: str | None = Field(default=None, description="this turn's provider, if the agent and policies allow")
+    model: str | None = Field(default=None, description="this turn's model (`provider/model` allowed), likewise")
 
 
 class Submitted(BaseModel):
@@ -80,6 +82,9 @@ async def submit(
             idempotency_key=key,
             metadata=metadata,
             loop=body.loop,
+            provider=body.provider,
+            model=body.model,
+            policy=principal.policy,
         )
     )
     state = await gw.run_sync(handle.get)

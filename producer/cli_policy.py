@@ -1,0 +1,177 @@
+"""`stepq policy`: set, show and clear tenant policies (the tenant layer of the resolution chain, stepq.policy).
+
+A change is one atomic write in Redis; workers pick it up at the next step of every running turn of that
+tenant, with no restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from stepq.config import Settings
+from stepq.models import Policy
+from stepq.policy import SCOPE_ALL, check_scope
+from stepq.producer.failures import UsageError
+from stepq.runtime import get_runtime
+
+_FIELDS = list(Policy.model_fields)
+
+
+def _csv(raw: str) -> list[str]:
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def _bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("true", "yes", "on", "1"):
+        return True
+    if lowered in ("false", "no", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"{raw!r} is not true or false")
+
+
+def _needs_redis(settings: Settings) -> None:
+    if settings.embedded:
+        raise UsageError("`stepq policy` needs a shared Redis (set STEPQ_REDIS_URL): workers read policies from it")
+
+
+def _scope(raw: str) -> str:
+    try:
+        return check_scope(raw)
+    except ValueError as exc:
+        raise UsageError(f"--scope: {exc}") from None
+
+
+def _tenant(raw: str) -> str:
+    if not raw.strip() or len(raw) > 200:
+        raise UsageError("--tenant must be a tenant name of 1 to 200 characters")
+    return raw
+
+
+def _changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The fields the command line sets (None: not given)."""
+    given = {name: getattr(args, name) for name in _FIELDS}
+    for name in ("allowed_tools", "models"):
+        if given[name] is not None:
+            given[name] = _csv(given[name])
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def _unset(names: list[str]) -> list[str]:
+    fields = [n.replace("-", "_") for n in names]
+    unknown = [n for n in fields if n not in _FIELDS]
+    if unknown:
+        raise UsageError(f"--unset: unknown field {unknown[0]!r}; fields: {', '.join(_FIELDS)}")
+    return fields
+
+
+def cmd_policy_set(args: argparse.Namespace, settings: Settings) -> int:
+    _needs_redis(settings)
+    tenant, scope = _tenant(args.tenant), _scope(args.scope)
+    changes, unset = _changes(args), _unset(args.unset)
+    if not changes and not unset:
+        raise UsageError("nothing to set: give at least one field (e.g. --max-steps 3) or --unset FIELD")
+    try:
+        policy = get_runtime(settings).policies.update(tenant, scope, changes, unset)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        option = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "policy"
+        raise UsageError(f"{option}: {first['msg'][:1].lower() + first['msg'][1:]}") from None
+    shown = describe(policy) if policy is not None else "(nothing left: removed)"
+    print(f"tenant {tenant} ({scope}): {shown}")
+    print("applies to new submits now, and to running turns of the tenant from their next step")
+    return 0
+
+
+def cmd_policy_show(args: argparse.Namespace, settings: Settings) -> int:
+    _needs_redis(settings)
+    store = get_runtime(settings).policies
+    tenants = [_tenant(args.tenant)] if args.tenant else store.tenants()
+    docs = {tenant: store.get(tenant) for tenant in tenants}
+    if args.json:
+        dump = lambda doc: {scope: p.model_dump(exclude_none=True) for scope, p in doc.items()}  # noqa: E731
+        print(json.dumps({"environment": dump(settings.policy), "tenants": {t: dump(d) for t, d in docs.items()}}))
+        return 0
+    print("environment (STEPQ_POLICY of this process; each worker applies its own):")
+    _print_doc(settings.policy)
+    for tenant, doc in docs.items():
+        print(f"tenant {tenant}:")
+        _print_doc(doc)
+    if not docs:
+        print("no tenant policies (set one with `stepq policy set --tenant T --max-steps N`)")
+    return 0
+
+
+def cmd_policy_clear(args: argparse.Namespace, settings: Settings) -> int:
+    _needs_redis(settings)
+    tenant = _tenant(args.tenant)
+    scope = _scope(args.scope) if args.scope else None
+    get_runtime(settings).policies.clear(tenant, scope)
+    print(f"tenant {tenant}: {'policy removed' if scope is None else f'scope {scope} removed'}")
+    return 0
+
+
+def describe(policy: Policy) -> str:
+    fields = policy.model_dump(exclude_none=True)
+    return ", ".join(f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in fields.items()) or "(empty)"
+
+
+def _print_doc(doc: dict[str, Policy]) -> None:
+    if not doc:
+        print("  (none)")
+    for scope, policy in doc.items():
+        print(f"  {scope}: {describe(policy)}")
+
+
+def add_parser(sub: Any) -> None:
+    """`stepq policy set|show|clear`."""
+    p = sub.add_parser("policy", help="tenant policies: limits, allowlists, kill switch (see `stepq policy --help`)")
+    commands = p.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+
+    s = commands.add_parser("set", help="tighten what a tenant's turns may do (merged into its policy)")
+    s.add_argument("--tenant", required=True, help="the tenant (a turn's metadata.tenant; the gateway sets it)")
+    s.add_argument("--scope", default=SCOPE_ALL, help="an agent id, a module, or * for every agent (default)")
+    s.add_argument("--max-steps", dest="max_steps", type=int, help="most model calls in a turn")
+    s.add_argument("--max-tool-calls", dest="max_tool_calls", type=int, help="most tool calls in a turn")
+    s.add_argument("--max-tokens", dest="max_tokens", type=int, help="most input+output tokens in a turn")
+    s.add_argument("--max-wall-clock-s", dest="max_wall_clock_s", type=float, help="seconds since the first step")
+    s.add_argument("--allowed-tools", dest="allowed_tools", metavar="A,B", help="tools agents may still show")
+    s.add_argument(
+        "--mutation-policy",
+        dest="mutation_policy",
+        choices=["confirm-required", "destructive-confirm-required", "read-only"],
+        help="downgrade only (confirm-required < destructive-confirm-required < read-only)",
+    )
+    s.add_argument("--models", metavar="P/M,...", help="allowed provider/model patterns (anthropic/*, bedrock, *)")
+    s.add_argument(
+        "--allow-runtime-override",
+        dest="allow_runtime_override",
+        type=_bool,
+        metavar="BOOL",
+        help="false refuses per-call provider/model choice and loop overrides",
+    )
+    s.add_argument(
+        "--kill-switch",
+        dest="kill_switch",
+        choices=["off", "collapse", "refuse"],
+        help="collapse: one model call with no tools; refuse: no new submits or steps",
+    )
+    s.add_argument("--unset", action="append", default=[], metavar="FIELD", help="remove a field (repeatable)")
+    s.set_defaults(func=cmd_policy_set)
+
+    show = commands.add_parser("show", help="the environment's and every tenant's policies")
+    show.add_argument("--tenant", help="only this tenant")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=cmd_policy_show)
+
+    c = commands.add_parser("clear", help="remove a tenant's policy (or one scope of it)")
+    c.add_argument("--tenant", required=True)
+    c.add_argument("--scope", help="only this scope")
+    c.set_defaults(func=cmd_policy_clear)
+
+
+COMMANDS = (cmd_policy_set, cmd_policy_show, cmd_policy_clear)  # one-shot: they reach Redis first
