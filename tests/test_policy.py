@@ -5,10 +5,12 @@ allowlists, the kill switch (collapse and refuse), and the trace naming the laye
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from typing import Any
 
+import httpx
 import pytest
 
 from stepq.engine.runner import StepRunner
@@ -21,6 +23,7 @@ from stepq.submit import create_turn
 from tests.agents_engine import drive, stored_keys
 from tests.agents_policy import fleet, gate_key
 from tests.conftest import ROOT, WorkerProcess, make_settings, settings_env
+from tests.gateway_support import serve
 
 TENANT = "acme"
 
@@ -278,3 +281,35 @@ def test_the_kill_switch_reaches_running_turns_on_a_worker_process(settings, rt,
     lifted = client.submit("pol.fleet", prompt="go", metadata={"tenant": "beta", "prefix": prefix})
     _release(rt, prefix, lifted.turn_id)
     assert lifted.wait(timeout=120).text == "done on step 3"
+
+
+# --------------------------------------------------------------------------- through the gateway
+
+
+def test_the_gateway_applies_a_keys_policy_and_the_tenants(prefix):
+    key = {"sha256": hashlib.sha256(b"k-capped").hexdigest(), "tenant": TENANT, "subject": "bot",
+           "policy": {"max_steps": 2, "models": ["function/*"]}}  # fmt: skip
+    settings = make_settings(prefix, api_keys=[key], gateway_rate_limit_rpm=0)
+    rt = get_runtime(settings)
+    with serve(settings) as gw, gw.client("k-capped") as http:
+
+        def post(**body: Any) -> httpx.Response:
+            return http.post("/v1/turns", json={"agent": "pol.plain", "prompt": "hi", **body})
+
+        wide = post(loop={"max_steps": 3})
+        assert wide.status_code == 400 and wide.json()["error"]["code"] == "override"
+        assert "exceeds the limit of 2 set by the caller's policy" in wide.json()["error"]["message"]
+        elsewhere = post(model="scripted/scripted")
+        assert elsewhere.status_code == 403 and elsewhere.json()["error"]["code"] == "policy"
+        assert "not allowed by the caller's policy" in elsewhere.json()["error"]["message"]
+
+        rt.policies.update(TENANT, "pol", {"kill_switch": "refuse"})
+        killed = post()
+        assert killed.status_code == 403 and "tenant acme's policy (pol)" in killed.json()["error"]["message"]
+        rt.policies.clear(TENANT, "pol")
+
+        chosen = post(model="function/other", loop={"max_steps": 1})
+        assert chosen.status_code == 201, chosen.text
+    state = rt.turns.load(chosen.json()["turn_id"])
+    assert state is not None and (state.provider, state.model, state.limits.max_steps) == ("function", "other", 1)
+    assert state.caller_policy == Policy(max_steps=2, models=["function/*"])
