@@ -411,11 +411,12 @@ class Client:
         metadata: dict[str, Any] | None = None,
         features: list[str] | None = None,
         attachments: list[Attachment] | None = None,
+        policy: Policy | dict[str, Any] | None = None,
     ) -> TurnHandle:
         """The thread's next turn: the model sees the thread's transcript, then these messages. While a turn
         of the thread runs, `multitask` says what happens: `reject` (ThreadBusyError), `enqueue` (run after
         it) or `interrupt` (cancel it at its next step boundary, then run this one). `attachments` are kept
-        with the thread, so later turns still see them."""
+        with the thread, so later turns still see them. `policy` is the caller layer of the new turn (see submit)."""
         started = threads.settle(self.runtime, thread_id)  # a turn that ended before its finish hook ran
         if started is not None:
             self._send_step(started, 0, self.get(started).priority)
@@ -429,6 +430,7 @@ class Client:
             metadata=metadata,
             features=features,
             attachments=attachments,
+            caller_policy=policy,
         )
         for turn_id in continued.send:
             self._send_step(turn_id, 0, continued.state.priority)

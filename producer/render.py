@@ -208,6 +208,13 @@ def money(cost: float | None) -> str:
     return f"{cost:.8f}".rstrip("0").rstrip(".") or "0"
 
 
+_POLICY_LAYERS = ("caller", "tenant", "environment")
+
+
+def _shown(value: object) -> str:
+    return ",".join(map(str, value)) or "none" if isinstance(value, list) else str(value)
+
+
 def trace_table(trace: LoopTrace) -> list[str]:
     """Per-step trace as an aligned table; `in`/`out` are the answering attempt's tokens, `cost` the step's
     (failed attempts included). Each failed attempt the provider billed follows its step on its own line."""
@@ -230,6 +237,11 @@ def trace_table(trace: LoopTrace) -> list[str]:
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(header)).rstrip()]
     for s, row in zip(trace.steps, rows, strict=True):
         lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        operators = [
+            f"{axis}={_shown(p.value)} ({p.layer})" for axis, p in s.policy.items() if p.layer in _POLICY_LAYERS
+        ]
+        if operators:  # what a caller's, tenant's or the environment's policy tightened on this step
+            lines.append(f"  ↳ policy: {', '.join(operators)}")
         for a in s.failed_attempts:
             moved = a.provider is not None and (a.provider, a.model) != (s.provider, s.model)
             where = f" on {a.provider}/{a.model}" if moved else ""  # failed before a failover

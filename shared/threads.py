@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from stepq.attachments import upload
 from stepq.errors import SubmitError, ThreadBusyError, ThreadNotFoundError, UnknownAgentError
-from stepq.models import EventType, Message, TurnState, TurnStatus
+from stepq.models import EventType, Message, Policy, TurnState, TurnStatus
 from stepq.models import closed_transcript as well_formed  # a thread keeps every tool call answered
 from stepq.runtime import Runtime
 from stepq.submit import new_turn_state
@@ -134,6 +134,7 @@ def continue_thread(
     metadata: dict[str, Any] | None = None,
     features: list[str] | None = None,
     attachments: list[Any] | None = None,
+    caller_policy: Policy | dict[str, Any] | None = None,
 ) -> Continued:
     """Store the thread's next turn (its input: the thread's transcript, then these messages).
 
@@ -159,6 +160,7 @@ def continue_thread(
         metadata=turn_metadata,
         features=features,
         attachments=attachments,
+        policy=caller_policy,
     )
     ttl = rt.settings.thread_ttl_s
     upload(state._objects)

@@ -13,11 +13,13 @@ from typing import Any
 import httpx
 import pytest
 
+from stepq import threads
 from stepq.engine.runner import StepRunner
 from stepq.errors import OverrideError, PolicyError
 from stepq.models import EventType, FinishReason, Policy, PolicySource, TurnState, TurnStatus
 from stepq.policy import layers_for, resolve
 from stepq.producer.client import Client
+from stepq.producer.render import trace_table
 from stepq.runtime import get_runtime
 from stepq.submit import create_turn
 from tests.agents_engine import drive, stored_keys
@@ -141,6 +143,9 @@ def test_a_tenant_policy_change_reaches_a_running_turn_at_its_next_step(rt, pref
     assert step.policy["mutation_policy"] == PolicySource(value="read-only", layer="tenant")
     assert step.policy["model"] == PolicySource(value="function/function", layer="default")
     assert state.result().trace.summary()["per_step"][1]["policy"]["max_steps"] == "tenant"
+    shown = trace_table(state.trace)  # `stepq show --trace`
+    assert "↳ policy" not in shown[1]
+    assert shown[3] == "  ↳ policy: max_steps=2 (tenant), mutation_policy=read-only (tenant)"
 
 
 def test_kill_switch_collapse_gives_a_running_turn_one_model_call_with_no_tools(rt, prefix):
@@ -313,3 +318,13 @@ def test_the_gateway_applies_a_keys_policy_and_the_tenants(prefix):
     state = rt.turns.load(chosen.json()["turn_id"])
     assert state is not None and (state.provider, state.model, state.limits.max_steps) == ("function", "other", 1)
     assert state.caller_policy == Policy(max_steps=2, models=["function/*"])
+
+
+def test_thread_turns_carry_the_caller_policy_and_answer_to_the_threads_tenant(rt, prefix):
+    thread = threads.create_thread(rt, "pol.plain", tenant=TENANT, metadata={"prefix": prefix})
+    continued = threads.continue_thread(rt, thread.thread_id, prompt="hi", caller_policy={"max_tool_calls": 1})
+    assert continued.state.caller_policy == Policy(max_tool_calls=1)
+    assert continued.state.limits.max_tool_calls == 1
+    rt.policies.update(TENANT, "*", {"kill_switch": "refuse"})
+    with pytest.raises(PolicyError, match="tenant acme's policy"):
+        threads.continue_thread(rt, thread.thread_id, prompt="again", multitask="enqueue")

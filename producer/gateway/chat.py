@@ -220,7 +220,9 @@ async def _continue(
     content = [*files, *([{"type": "text", "text": text}] if text else [])]
     ask: dict[str, Any] = {"messages": [{"role": "user", "content": content}]} if files else {"prompt": text}
     try:
-        handle = await gw.run_sync(lambda: gw.client.continue_thread(thread.thread_id, tenant=principal.tenant, **ask))
+        handle = await gw.run_sync(
+            lambda: gw.client.continue_thread(thread.thread_id, tenant=principal.tenant, policy=principal.policy, **ask)
+        )
     except ThreadBusyError:
         raise GatewayError(
             409,

@@ -98,6 +98,7 @@ async def continue_(
             messages=body.messages,
             multitask=body.multitask,
             tenant=principal.tenant,
+            policy=principal.policy,
         )
     )
     stored = await gw.run_sync(gw.runtime.threads.load, thread_id)
