@@ -440,6 +440,16 @@ class AgentRegistry:
     def ids(self) -> list[str]:
         return sorted(self._resolution.agents)
 
+    def named_providers(self) -> list[str]:
+        """Every provider an effective agent names, as its default or a fallback."""
+        named: dict[str, None] = {}
+        for agent in self._resolution.agents.values():
+            provider, _ = split_shorthand(agent.default_provider, agent.default_model)
+            for name in (provider, *(f.provider for f in agent.fallbacks)):
+                if name:
+                    named[name] = None
+        return list(named)
+
     def disabled(self) -> dict[str, str]:
         """Agents an override disabled: id -> the module that did."""
         return dict(self._resolution.disabled)

@@ -36,7 +36,7 @@ from tests.test_provider_gemini import _clear_env
 PNG = b"\x89PNG\r\n\x1a\n" + os.urandom(64)
 PDF = b"%PDF-1.4\n" + os.urandom(256) + b"\n%%EOF"
 TEXT = "Invoice 42: 3 x widgets, total €12.\n".encode()
-WAIT = 60.0
+WAIT = 120.0  # generous: the machine is shared and busy
 
 
 def b64(data: bytes) -> str:

@@ -28,7 +28,7 @@ from tests.fakes.anthropic_server import (
     tool_use_block,
 )
 
-WAIT = 30
+WAIT = 120  # generous: a loaded machine; a passing run takes a second or two
 ATTEMPTS = 3
 
 

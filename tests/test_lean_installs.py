@@ -11,11 +11,13 @@ import os
 import subprocess
 import sys
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
+import redis
 
-from tests.conftest import ROOT
+from tests.conftest import REDIS_URL, ROOT
 
 TIMEOUT = 120
 
@@ -137,3 +139,36 @@ def test_loading_agents_checks_their_tools_without_importing_the_sdk(tmp_path: P
     proc = run(env, sys.executable, "-c", script)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_a_worker_imports_its_agents_sdks_at_start_not_in_its_first_step(tmp_path: Path):
+    """The other side of the test above: a worker pays the SDK imports once, when it starts, so its first
+    steps do not spend seconds importing inside their lease and their provider timeouts."""
+    env = blocked_env(tmp_path, [], "anthropic")
+    env["STEPQ_REDIS_URL"] = REDIS_URL
+    env["STEPQ_KEY_PREFIX"] = env["STEPQ_QUEUE"] = f"aqt-lean-{uuid.uuid4().hex[:8]}"
+    env["STEPQ_AGENT_MODULES"] = "lean_agents"
+    script = textwrap.dedent(
+        """
+        import sys
+        from celery.contrib.testing.worker import start_worker
+        from stepq.workers.app import create_app
+        from stepq.protocol import worker_queues
+        from stepq.config import get_settings
+
+        app = create_app()
+        before = "anthropic" in sys.modules
+        with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False,
+                          queues=worker_queues(get_settings())):
+            print(before, "anthropic" in sys.modules, "openai" in sys.modules)
+        """
+    )
+    try:
+        proc = run(env, sys.executable, "-c", script)
+    finally:
+        client = redis.Redis.from_url(REDIS_URL)
+        for key in client.scan_iter(match=f"*{env['STEPQ_KEY_PREFIX']}*"):  # its queues' kombu bindings too
+            client.delete(key)
+        client.close()
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "False True False"  # only what its agents name

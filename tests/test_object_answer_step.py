@@ -12,7 +12,7 @@ from stepq.models import EventType, FinishReason, LoopStop, TurnStatus
 from stepq.providers.base import OUTPUT_TOOL
 from tests.agents_answer import AnsCount
 
-WAIT = 60
+WAIT = 120  # generous: the machine is shared and busy
 
 
 def _run(client: Any, agent: str, **kwargs: Any) -> tuple[Any, list[Any]]:

@@ -33,7 +33,7 @@ from tests.fakes.openai_server import (
 )
 
 API_KEY = "sk-openai-test-0123456789abcdef"
-WAIT = 30
+WAIT = 120  # generous: the machine is shared and busy
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from tests.fakes.openai_server import FakeOpenAI, chat_text, response_text
 PNG = b"\x89PNG\r\n\x1a\n" + os.urandom(64)
 PDF = b"%PDF-1.4\n" + os.urandom(256) + b"\n%%EOF"
 TEXT = "Invoice 42: 3 x widgets, total €12.\n".encode()
-WAIT = 60.0
+WAIT = 120.0  # generous: the machine is shared and busy
 FILES = [
     Attachment.from_bytes(PNG, "image/png"),
     Attachment.from_bytes(PDF, "application/pdf", name="invoice.pdf"),

@@ -14,7 +14,7 @@ from stepq.providers.base import OUTPUT_TOOL
 from tests.fakes import anthropic_server as anth
 from tests.fakes import bedrock_server as bed
 
-WAIT = 30
+WAIT = 120  # generous: the machine is shared and busy
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from tests.conftest import make_settings
 from tests.fakes import anthropic_server as anth
 from tests.fakes import gemini_server as gem
 
-WAIT = 30
+WAIT = 120  # generous: the machine is shared and busy
 TENANT_KEY = "customer"
 # prices per million tokens, as an operator would write STEPQ_PRICES
 PRICES = {

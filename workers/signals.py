@@ -21,6 +21,8 @@ from stepq.heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat
 from stepq.logging import install_on_logger
 from stepq.metrics import PROCESS_POOLS
 from stepq.protocol import worker_queues
+from stepq.providers.registry import preload
+from stepq.runtime import get_runtime
 from stepq.store.connection import get_redis
 from stepq.workers.lifeline import die_with_parent
 from stepq.workers.metrics_server import MetricsServer, child_exited, remove_owned_dir
@@ -49,6 +51,20 @@ def _on_celeryd_init(sender: Any = None, instance: Any = None, conf: Any = None,
     settings = _settings_of(conf)
     if settings is not None:
         _program = _Program(settings)
+
+
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    """Any worker of our app (a program, or one started in-process): load the agents and import the
+    provider SDKs they name before the first task (a prefork pool's children inherit them)."""
+    settings = _settings_of(getattr(getattr(sender, "app", None), "conf", None))
+    if settings is None:
+        return
+    agents = get_runtime(settings).agents
+    named = [*agents.named_providers(), settings.provider or "", *(f.provider for f in settings.fallbacks)]
+    named += [m.provider or "" for m in settings.module_models.values()]
+    loaded = preload(named)
+    if loaded:
+        log.info("provider adapters loaded: %s", ", ".join(loaded))
 
 
 def _on_beat_embedded_init(**_: Any) -> None:
@@ -143,6 +159,7 @@ def install_signals() -> None:
         return
     _connected = True
     signals.celeryd_init.connect(_on_celeryd_init, weak=False)
+    signals.worker_init.connect(_on_worker_init, weak=False)
     signals.after_setup_logger.connect(_on_setup_logger, weak=False)
     signals.after_setup_task_logger.connect(_on_setup_logger, weak=False)
     signals.worker_ready.connect(_on_worker_ready, weak=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -126,6 +126,21 @@ def check_tool_schemas(provider: str, specs: list[ToolSpec]) -> None:
     if not all(_installed(m) for m in _SDK_PROBES.get(provider, sdk_modules)):
         raise MissingExtraError(f"provider {provider!r}", extra)
     importlib.import_module(_TOOL_CHECKS[provider]).check_tools(specs)
+
+
+def preload(providers: Iterable[str]) -> list[str]:
+    """Import these providers' adapters (and so their SDKs) now: a worker does it at start, so its first
+    steps do not pay seconds of imports inside their lease and timeouts. Returns the ones loaded; one
+    whose SDK is missing is skipped (agent load already named the extra for any agent that needs it)."""
+    loaded = []
+    for name in dict.fromkeys(providers):
+        if name in _LAZY:
+            try:
+                _load_lazy(name)
+            except MissingExtraError:
+                continue
+            loaded.append(name)
+    return loaded
 
 
 def check_configured(provider: str) -> None:
