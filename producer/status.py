@@ -15,11 +15,12 @@ from stepq.models import TurnState, TurnStatus
 from stepq.producer.render import Style
 from stepq.protocol import worker_queues
 from stepq.runtime import Runtime
+from stepq.store.indexes import ACTIVE, AWAITING
 
 
 def collect_status(rt: Runtime, limit: int = 20, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
-    settings, keys, client = rt.settings, rt.keys, rt.redis
+    settings, client = rt.settings, rt.redis
     queues: list[dict[str, Any]] = []
     depths = QueueDepths(settings)
     try:
@@ -30,12 +31,9 @@ def collect_status(rt: Runtime, limit: int = 20, now: float | None = None) -> di
     finally:
         depths.close()
 
-    pipe = client.pipeline(transaction=False)
-    pipe.zcard(keys.active)
-    pipe.zrevrange(keys.active, 0, limit - 1, withscores=True)
-    pipe.zcard(keys.awaiting)
-    pipe.zrange(keys.awaiting, 0, limit - 1, withscores=True)
-    active_count, active, awaiting_count, awaiting = pipe.execute()
+    indexes = rt.turns.indexes  # sharded: counted and merged over every shard
+    active_count, active = indexes.count(ACTIVE), indexes.first(ACTIVE, limit, newest=True)
+    awaiting_count, awaiting = indexes.count(AWAITING), indexes.first(AWAITING, limit, newest=False)
     states = _load(rt, [t for t, _ in active] + [t for t, _ in awaiting])
 
     running = []

@@ -243,7 +243,7 @@ def _keep(rt: Runtime, batch_id: str) -> None:
     keys, ttl = rt.keys, rt.settings.event_ttl_s
     pipe = rt.redis.pipeline(transaction=False)
     for key in (keys.batch(batch_id), keys.batch_input(batch_id), keys.batch_results(batch_id),
-                keys.batch_inflight(batch_id), keys.batch_done(batch_id)):  # fmt: skip
+                keys.batch_inflight(batch_id), keys.batch_done(batch_id), keys.batch_created(batch_id)):  # fmt: skip
         pipe.expire(key, ttl)
     pipe.execute()
 

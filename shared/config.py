@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     redis_url: str | None = None  # redis://, rediss:// or unix://; unset: embedded mode
     broker_url: str | None = None  # any Celery broker URL; unset: redis_url
     key_prefix: str = "stepq"
+    # the sweeper's worklists are split into this many keys, each in its own Redis Cluster slot (see keys.py)
+    redis_index_shards: int = Field(default=16, ge=1, le=1024)
     agent_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
     approval_secret: SecretStr | None = None
@@ -270,9 +272,9 @@ class Settings(BaseSettings):
 
     @property
     def state_prefix(self) -> str:
-        """The prefix of stepq's Redis keys. On a Redis Cluster it is a hash tag (`{stepq}`): the first tag in a
-        key picks its slot, so every key of a deployment lives in one slot and every script stays cluster-safe."""
-        return f"{{{self.key_prefix}}}" if self.redis_cluster else self.key_prefix
+        """The prefix of stepq's Redis keys: the same on a single Redis and a Redis Cluster (the keys carry their
+        own hash tags, see stepq.store.keys, so a cluster spreads them over its masters)."""
+        return self.key_prefix
 
     @property
     def effective_broker_url(self) -> str:

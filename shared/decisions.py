@@ -16,6 +16,7 @@ from stepq.metrics import untrack_pending
 from stepq.models import EventType, TurnState, TurnStatus
 from stepq.runtime import Runtime
 from stepq.store.approvals import ApprovalRecord
+from stepq.store.indexes import ACTIVE, AWAITING
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def _resume_target(rt: Runtime, turn_id: str, step: int) -> tuple[str, int, str]
         return None
     # owed a resume from now on: the sweeper watches it (a worker killed while the approved tool runs, or a
     # lost message) until the resumed step commits and moves it on
-    rt.redis.zadd(rt.keys.active, {turn_id: time.time()})
+    rt.turns.indexes.add(ACTIVE, turn_id, time.time())
     return (turn_id, step, state.priority)
 
 
@@ -166,11 +167,15 @@ def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int, str]]:
         return []
     now = time.time()
     found: list[tuple[str, int, str]] = []
-    for turn_id in rt.turns.stale_active(now - min(rt.settings.lease_ttl_s, queued_grace_s)):
+    indexes = rt.turns.indexes
+    for turn_id, score in indexes.due(ACTIVE, now - min(rt.settings.lease_ttl_s, queued_grace_s)):
         state = rt.turns.load(turn_id)
         parked = state is not None and state.status.parked
         if state is None or state.status.terminal or (parked and not _fully_decided(rt, state)):
-            rt.redis.zrem(rt.keys.active, turn_id)  # ended, or waiting for a person (the awaiting index's job)
+            indexes.remove_if(ACTIVE, turn_id, score)  # ended, or waiting for a person (the awaiting index's job)
+            continue
+        if _waits_in_thread(rt, state):
+            indexes.remove_if(ACTIVE, turn_id, score)  # its thread starts it (and lists it) when its turn comes
             continue
         if rt.redis.exists(rt.keys.lease(turn_id)):
             continue
@@ -181,16 +186,24 @@ def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int, str]]:
         # committed at this step, but the message for it never went out: the worker died in between
         unsent = not parked and sent is not None and sent < state.step
         # a decided parked turn was last touched when its decision enqueued the resume (its index score)
-        touched = (rt.redis.zscore(rt.keys.active, turn_id) or now) if parked else state.updated_at
+        touched = score if parked else state.updated_at
         if crashed or unsent or touched < now - queued_grace_s:
             found.append((turn_id, state.step, state.priority))
-            rt.redis.zadd(rt.keys.active, {turn_id: now}, xx=True)
-    for turn_id in rt.turns.expired_awaiting(now):
+            indexes.add(ACTIVE, turn_id, now, only_existing=True)
+    for turn_id, score in indexes.due(AWAITING, now):
         state = rt.turns.load(turn_id)
         # parked past an expiry, or past its provider batch's deadline (the step then runs online)
         if state is None or not (state.status.parked or state.status == TurnStatus.AWAITING_BATCH):
-            rt.redis.zrem(rt.keys.awaiting, turn_id)
+            indexes.remove_if(AWAITING, turn_id, score)
             continue
         found.append((turn_id, state.step, state.priority))
-        rt.redis.zadd(rt.keys.awaiting, {turn_id: now + rt.settings.lease_ttl_s}, xx=True)
+        indexes.add(AWAITING, turn_id, now + rt.settings.lease_ttl_s, only_existing=True)
     return found
+
+
+def _waits_in_thread(rt: Runtime, state: TurnState) -> bool:
+    """A thread's turn still queued behind the turn its thread runs (listed by a submitter that died before
+    taking it off again): not the sweeper's to start."""
+    if state.thread_id is None or state.status != TurnStatus.QUEUED or state.step != 0:
+        return False
+    return rt.threads.running(state.thread_id) != state.turn_id

@@ -622,6 +622,7 @@ class TurnState(BaseModel):
     # how many messages / trace steps are already in Redis: a commit appends only what is new
     _stored_messages: int = PrivateAttr(default=0)
     _stored_trace: int = PrivateAttr(default=0)
+    _stored_status: TurnStatus | None = PrivateAttr(default=None)  # as last read or written (sweeper lists)
     # a new turn's files (base64) by attachment id, from submit until they are stored (never in the state JSON)
     _files: dict[str, str] = PrivateAttr(default_factory=dict)
     _objects: dict[str, bytes] = PrivateAttr(default_factory=dict)  # files above the Redis threshold, by s3:// URI
@@ -691,6 +692,14 @@ class TurnState(BaseModel):
         )
 
 
-def new_turn_id() -> str:
-    """A fresh turn id: random, so ids never collide across producers and never reveal a count."""
-    return f"turn_{uuid.uuid4().hex}"
+def new_turn_id(home: str | None = None) -> str:
+    """A fresh turn id: random, so ids never collide across producers and never reveal a count. Its first 8 hex
+    are its home (its Redis Cluster hash tag, see stepq.store.keys): `home` puts it beside its thread's or its
+    idempotency key's keys; otherwise the home is random too."""
+    random_hex = uuid.uuid4().hex
+    return f"turn_{home}{random_hex[8:]}" if home else f"turn_{random_hex}"
+
+
+def new_approval_id(home: str) -> str:
+    """A fresh approval id in its turn's home, so its record lives in the turn's Redis Cluster slot."""
+    return f"apv_{home}{uuid.uuid4().hex[8:]}"

@@ -49,7 +49,7 @@ class Runtime:
     @classmethod
     def build(cls, settings: Settings) -> Runtime:
         client = get_redis(settings)
-        keys = Keys(settings.state_prefix)
+        keys = Keys(settings.state_prefix, settings.redis_index_shards)
         agents = registry()
         if not settings.embedded or settings.agent_modules:
             agents.load_modules(settings.agent_modules)

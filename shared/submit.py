@@ -20,6 +20,7 @@ from stepq.providers.registry import model_layer, resolve_model
 from stepq.runtime import Runtime
 from stepq.step_control import at_most, check_choice
 from stepq.stops import get_stop_condition, unknown_message
+from stepq.store.keys import idempotency_home
 from stepq.transcripts import check_pairing
 
 _MESSAGES = TypeAdapter(list[Message])
@@ -264,8 +265,10 @@ def new_turn_state(
     attachments: list[Any] | None = None,
     provider_batch: bool = False,
     policy: Policy | dict[str, Any] | None = None,
+    home: str | None = None,
 ) -> tuple[AgentDefinition, TurnState]:
-    """Validate a submit and build the turn it asks for, storing nothing (a thread stores its turns itself)."""
+    """Validate a submit and build the turn it asks for, storing nothing (a thread stores its turns itself).
+    `home` places the turn's keys (a thread's turns live beside their thread, see stepq.store.keys)."""
     agent = rt.agents.get(agent_id) if isinstance(agent_id, str) else None
     if agent is None and isinstance(agent_id, str) and agent_id in rt.agents.disabled():
         raise UnknownAgentError(f"agent {agent_id!r} is disabled by {rt.agents.disabled()[agent_id]} (agent_overrides)")
@@ -315,7 +318,7 @@ def new_turn_state(
     sources["model"] = model_layer(agent, provider, model, rt.settings.provider, rt.settings.model, module)
     pending = files.Pending()
     state = TurnState(
-        turn_id=new_turn_id(),
+        turn_id=new_turn_id(idempotency_home(agent.id, idempotency_key) if idempotency_key else home),
         agent=agent.id,
         provider=chosen_provider,
         model=chosen_model,
@@ -376,10 +379,9 @@ def create_turn(
         policy=policy,
     )
     batch_id = state.metadata.get("batch_id")
-    counter = rt.keys.batch(batch_id) if isinstance(batch_id, str) else None
     files.upload(state._objects)
     rt.turns.store_files(state)
-    existing = rt.turns.create(state, idempotency_key, counter)
+    existing = rt.turns.create(state, idempotency_key, batch_id if isinstance(batch_id, str) else None)
     rt.turns.files_stored(state, kept=not existing)
     if existing:
         found = rt.turns.load(existing)

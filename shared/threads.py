@@ -30,6 +30,7 @@ from stepq.errors import SubmitError, ThreadBusyError, ThreadNotFoundError, Unkn
 from stepq.models import EventType, Message, Policy, TurnState, TurnStatus
 from stepq.models import closed_transcript as well_formed  # a thread keeps every tool call answered
 from stepq.runtime import Runtime
+from stepq.store.keys import home
 from stepq.submit import new_turn_state
 
 _MESSAGE = TypeAdapter(Message)
@@ -161,6 +162,7 @@ def continue_thread(
         features=features,
         attachments=attachments,
         policy=caller_policy,
+        home=home(thread_id),
     )
     ttl = rt.settings.thread_ttl_s
     upload(state._objects)

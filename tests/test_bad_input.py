@@ -33,7 +33,7 @@ def _run_to_end(rt, turn_id: str) -> None:
 
 
 def _nothing_stored(rt) -> bool:
-    return not rt.redis.zcard(rt.keys.active) and not list(rt.redis.scan_iter(match=f"{rt.keys.prefix}:turn:*"))
+    return not rt.turns.indexes.count("active") and not list(rt.redis.scan_iter(match=f"{rt.keys.prefix}:turn:*"))
 
 
 def test_negative_events_cursor_is_a_clear_error(rt, prefix, settings, client):

@@ -139,7 +139,7 @@ def test_cancel_a_parked_turn(rt, prefix):
     assert state.status == TurnStatus.CANCELLED
     assert state.finish_reason == FinishReason.CANCELLED
     assert executions(prefix, turn_id, "eng_write") == 0
-    assert rt.redis.zscore(rt.keys.awaiting, turn_id) is None  # the sweeper no longer tracks it
+    assert rt.turns.indexes.score("awaiting", turn_id) is None  # the sweeper no longer tracks it
 
 
 def drive_from(rt, turn_id: str, step: int):

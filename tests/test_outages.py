@@ -132,7 +132,7 @@ def test_client_pause_mid_load_fails_nothing(
         def poll() -> None:  # client reads issued during the pause
             while not stop.is_set():
                 try:
-                    client.runtime.turns.stale_active(0)
+                    list(client.runtime.turns.indexes.due("active", 0))
                     client.get(handle_ids[0])
                 except BaseException as exc:
                     errors.append(exc)

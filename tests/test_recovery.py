@@ -87,10 +87,10 @@ def test_sweeper_leaves_a_parked_turn_alone_while_a_person_decides(prefix: str) 
         eventually(lambda: client.get(handle.turn_id).status == TurnStatus.AWAITING_APPROVAL, what="parked")
     finally:
         worker.stop()
-    rt.redis.zadd(rt.keys.active, {handle.turn_id: 0})  # as if watched long ago
+    rt.turns.indexes.add("active", handle.turn_id, 0)  # as if watched long ago
     rt.redis.delete(rt.keys.sweep_lock)
     assert sweep(rt, settings.queued_grace_s) == []
-    assert rt.redis.zscore(rt.keys.active, handle.turn_id) is None
+    assert rt.turns.indexes.score("active", handle.turn_id) is None
 
 
 def test_a_step_committed_but_never_sent_is_swept_at_once(rt, prefix: str) -> None:
@@ -104,11 +104,11 @@ def test_a_step_committed_but_never_sent_is_swept_at_once(rt, prefix: str) -> No
     state, _ = create_turn(rt, "rt.basic", prompt="go", metadata={"prefix": prefix})
     decision = StepRunner(rt).deliver(state.turn_id, 0)
     assert decision.action == "next" and decision.step == 1  # committed; the send never happens
-    rt.redis.zadd(rt.keys.active, {state.turn_id: 0})  # as if committed one lease TTL ago
+    rt.turns.indexes.add("active", state.turn_id, 0)  # as if committed one lease TTL ago
     rt.redis.delete(rt.keys.sweep_lock)
     assert sweep(rt, queued_grace_s=3600) == [(state.turn_id, 1, "interactive")]
     # once its message is known to be sent, the same turn is left to the broker
     rt.turns.mark_sent(state.turn_id, 1)
-    rt.redis.zadd(rt.keys.active, {state.turn_id: 0})
+    rt.turns.indexes.add("active", state.turn_id, 0)
     rt.redis.delete(rt.keys.sweep_lock)
     assert sweep(rt, queued_grace_s=3600) == []

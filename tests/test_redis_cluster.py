@@ -117,6 +117,32 @@ def cluster_settings(cluster_url: str, prefix: str) -> Iterator[Settings]:
                 channel.exchange_delete(name)
 
 
+def _slot(settings: Settings, key: str) -> int:
+    """The key's slot as the cluster itself computes it (CLUSTER KEYSLOT on a node)."""
+    client = get_runtime(settings).redis
+    return int(client.execute_command("CLUSTER KEYSLOT", key, target_nodes=RedisCluster.RANDOM))
+
+
+def _keys_of_turn(settings: Settings, turn_id: str) -> list[str]:
+    """Every stored key whose name holds the turn id, read from each master."""
+    client = get_runtime(settings).redis
+    assert isinstance(client, RedisCluster)
+    found: list[str] = []
+    for node in client.get_primaries():
+        found.extend(client.keys(f"{settings.key_prefix}:*{turn_id}*", target_nodes=node))
+    return found
+
+
+def _node_of(settings: Settings, key: str) -> str:
+    """The master that actually holds `key` (asked of every master, not computed)."""
+    client = get_runtime(settings).redis
+    assert isinstance(client, RedisCluster)
+    assert not set("*?[]\\") & set(key)  # the name is its own KEYS pattern
+    holders = [node.name for node in client.get_primaries() if client.keys(key, target_nodes=node)]
+    assert len(holders) == 1, (key, holders)
+    return holders[0]
+
+
 def _nodes_holding(settings: Settings, pattern: str) -> set[str]:
     """The cluster nodes that hold at least one key matching `pattern`."""
     client = get_runtime(settings).redis
@@ -170,30 +196,96 @@ def test_a_turn_with_tools_an_approval_and_streaming_runs_on_the_cluster(
         decisions = [e for e in replay if e.type == EventType.APPROVAL_DECISION]
         assert [d.data["decision"] for d in decisions] == ["approved"]
 
-        # every key of the deployment shares the `{prefix}` tag: one slot, so every script stays in it
-        assert len(_nodes_holding(settings, f"{{{prefix}}}:*")) == 1
+        # the turn's keys, its approval included, share one slot (every script on them stays in it)
+        slots = {_slot(settings, key) for key in _keys_of_turn(settings, handle.turn_id)}
+        slots.add(_slot(settings, client.runtime.keys.approval(request.data["approval_id"])))
+        assert len(slots) == 1 and len(_keys_of_turn(settings, handle.turn_id)) >= 5
     finally:
         worker.stop()
     text = log.read_text(errors="replace") if log.exists() else ""
     assert "CROSSSLOT" not in text and "Traceback" not in text, text[-4000:]
 
 
+def test_turns_spread_over_every_master_and_each_turn_keeps_one_slot(cluster_settings: Settings, prefix: str) -> None:
+    from stepq.engine.runner import StepRunner
+    from stepq.submit import create_turn
+    from stepq.threads import continue_thread, create_thread
+
+    rt = get_runtime(cluster_settings)
+    client = rt.redis
+    assert isinstance(client, RedisCluster)
+    masters = {node.name for node in client.get_primaries()}
+    assert len(masters) == 3
+    turn_ids = [create_turn(rt, "rt.basic", prompt="go", metadata={"prefix": prefix})[0].turn_id for _ in range(60)]
+    homes = {_node_of(cluster_settings, rt.keys.turn(t)) for t in turn_ids}
+    assert homes == masters  # the turns are spread: every master holds some
+    for turn_id in turn_ids[:10]:
+        keys = _keys_of_turn(cluster_settings, turn_id)
+        assert len(keys) >= 4 and len({_slot(cluster_settings, k) for k in keys}) == 1, keys
+    # a step commits through its scripts on whichever master holds the turn
+    assert StepRunner(rt).deliver(turn_ids[0], 0).action == "next"
+
+    # the sweeper's worklist is sharded: its 16 shards spread over more than one master
+    shard_nodes = {_node_of(cluster_settings, rt.keys.active(rt.keys.shard(t))) for t in turn_ids}
+    assert len(shard_nodes) >= 2
+    assert rt.turns.indexes.count("active") == 60
+
+    # an idempotency key lives in its turn's slot (checking it and storing the turn is one script)
+    keyed, created = create_turn(rt, "rt.basic", prompt="go", idempotency_key="k-1", metadata={"prefix": prefix})
+    again, created_again = create_turn(rt, "rt.basic", prompt="go", idempotency_key="k-1", metadata={"prefix": prefix})
+    assert created and not created_again and again.turn_id == keyed.turn_id
+    assert _slot(cluster_settings, rt.keys.idempotency("rt.basic", "k-1")) == _slot(
+        cluster_settings, rt.keys.turn(keyed.turn_id)
+    )
+    # a thread's turns live in its slot; threads spread like turns
+    threads = [create_thread(rt, "thr.chat").thread_id for _ in range(30)]
+    assert {_node_of(cluster_settings, rt.keys.thread(t)) for t in threads} == masters
+    continued = continue_thread(rt, threads[0], prompt="hi")
+    assert _slot(cluster_settings, rt.keys.turn(continued.state.turn_id)) == _slot(
+        cluster_settings, rt.keys.thread(threads[0])
+    )
+
+
 def test_the_sweeper_works_on_the_cluster_indexes(cluster_settings: Settings, prefix: str) -> None:
+    """Turns in every shard, committed but their messages never sent: one sweep finds them all, shard by shard."""
     from stepq.decisions import sweep
     from stepq.engine.runner import StepRunner
     from stepq.submit import create_turn
 
     rt = get_runtime(cluster_settings)
-    state, _ = create_turn(rt, "rt.basic", prompt="go", metadata={"prefix": prefix})
-    decision = StepRunner(rt).deliver(state.turn_id, 0)
-    assert decision.action == "next" and decision.step == 1  # committed; its message is never sent
-    rt.redis.zadd(rt.keys.active, {state.turn_id: 0})  # as if committed one lease TTL ago
+    turn_ids = []
+    for _ in range(24):
+        state, _ = create_turn(rt, "rt.basic", prompt="go", metadata={"prefix": prefix})
+        decision = StepRunner(rt).deliver(state.turn_id, 0)
+        assert decision.action == "next" and decision.step == 1  # committed; its message is never sent
+        rt.turns.indexes.add("active", state.turn_id, 0)  # as if committed one lease TTL ago
+        turn_ids.append(state.turn_id)
+    assert len({rt.keys.shard(t) for t in turn_ids}) > 1
     rt.redis.delete(rt.keys.sweep_lock)
-    assert sweep(rt, queued_grace_s=3600) == [(state.turn_id, 1, "interactive")]
-    rt.turns.mark_sent(state.turn_id, 1)
-    rt.redis.zadd(rt.keys.active, {state.turn_id: 0})
+    assert sorted(sweep(rt, queued_grace_s=3600)) == sorted((t, 1, "interactive") for t in turn_ids)
+    for turn_id in turn_ids:
+        rt.turns.mark_sent(turn_id, 1)
+        rt.turns.indexes.add("active", turn_id, 0)
     rt.redis.delete(rt.keys.sweep_lock)
     assert sweep(rt, queued_grace_s=3600) == []
+
+
+@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+def test_kill_9_during_an_approved_mutation_recovers_on_the_cluster(cluster_url: str, prefix: str) -> None:
+    """A worker killed (SIGKILL) while an approved tool runs: the other worker's sweeper finds the step through
+    the cluster's sharded worklist and the turn completes, the interrupted tool run again once."""
+    from tests.test_recovery import DEFAULTS, _kill_during_approved_mutation
+
+    settings = make_settings(prefix, redis_url=cluster_url, broker_url=AMQP_URL, **DEFAULTS)
+    try:
+        _kill_during_approved_mutation(settings, prefix)
+    finally:
+        with Connection(AMQP_URL) as conn:
+            channel = conn.channel()
+            for name in (settings.queue, f"{settings.queue}.batch"):
+                with contextlib.suppress(Exception):
+                    channel.queue_delete(name)
+                    channel.exchange_delete(name)
 
 
 def test_the_gateway_reads_events_through_the_async_cluster_client(cluster_settings: Settings, prefix: str) -> None:

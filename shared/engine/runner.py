@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -68,6 +67,7 @@ from stepq.models import (
     TurnStatus,
     Usage,
     UserMessage,
+    new_approval_id,
 )
 from stepq.policy import Effective, layers_for, resolve, tenant_of
 from stepq.pricing import add_costs, step_cost
@@ -77,6 +77,7 @@ from stepq.ratelimit import RateLimit, estimate_tokens
 from stepq.retry import next_fallback, retry_countdown
 from stepq.runtime import Runtime
 from stepq.store.approvals import ApprovalRecord
+from stepq.store.keys import home
 from stepq.store.leases import StepLease
 from stepq.store.tool_results import ToolResultStore
 from stepq.store.turns import LeaseHeld, PreparedWrite, StepStart
@@ -942,7 +943,7 @@ class StepRunner:
             if not p.needs_approval:
                 continue
             assert p.args is not None
-            approval_id = f"apv_{uuid.uuid4().hex}"
+            approval_id = new_approval_id(home(state.turn_id))
             claim = ApprovalClaim(approval_id, state.turn_id, p.call.id, p.call.name, p.args_hash, expires_at)
             rt.approvals.create(
                 ApprovalRecord(

@@ -11,8 +11,8 @@ outage window (`STEPQ_REDIS_OUTAGE_S`) has passed since its first failure. A Red
 failover (tens of seconds) then costs a pause, not a failed turn; only a longer outage raises.
 
 `STEPQ_REDIS_URL` may name a Redis Cluster instead: `redis+cluster://[:password@]host:port[,host:port...]`
-(any reachable nodes; the client learns the rest). stepq's keys then share one hash tag (see
-`Settings.state_prefix`), so every script and transaction stays in one slot.
+(any reachable nodes; the client learns the rest). stepq's keys carry hash tags that keep each script
+and transaction in one slot while spreading turns, threads and batches over every master (see keys.py).
 """
 
 from __future__ import annotations

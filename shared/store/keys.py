@@ -1,19 +1,48 @@
 """Every Redis key stepq reads or writes is named here, and nowhere else.
 
-Per-turn keys share a `{turn_id}` hash tag so a turn's keys live in one cluster slot;
-a rate-limit scope's keys share a `{scope}` tag so its one Lua script may touch them all.
-Celery's own broker keys are named by kombu; the ones stepq reads are spelled here too.
+Keys carry Redis Cluster hash tags (`{...}`: only the tag picks a key's slot), chosen so that every Lua
+script and transaction touches one slot while a deployment's keys spread over the whole cluster:
+
+- A turn's keys share the tag of its *home*: 8 hex characters that stepq puts in the ids it makes
+  (`turn_<home><24 random hex>`). A plain turn gets a random home; a thread's turns get their thread's
+  home and an idempotent submit gets a home hashed from its agent and key, so the scripts that store a
+  thread turn or check an idempotency key stay in one slot. An approval's id carries its turn's home.
+- The sweeper's worklists (`active`, `awaiting`) are split into `index_shards` shards; a turn belongs to
+  shard `crc32(turn_id) % index_shards`, and shard n of both lists shares one tag.
+- A batch's keys share a `{batch_id}` tag, a rate-limit scope's a `{scope}` tag.
+- The few fleet-wide keys (worker heartbeats, the sweep lock, the pending-approvals gauge, the set of
+  driven batches) are single keys that no script combines with others.
+
+On a single Redis the tags are just characters of the names. Celery's own broker keys are named by
+kombu; the ones stepq reads are spelled here too.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
+import zlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
 # kombu's Redis transport keeps a queue with priorities as lists `queue`, `queue\x06\x163`, `…6`, `…9`
 _KOMBU_PRIORITY_SEP = "\x06\x16"
 _KOMBU_PRIORITY_STEPS = (3, 6, 9)
+# ids stepq makes: a kind, '_', then 32 hex of which the first 8 name the home (the cluster hash tag)
+_MADE_ID = re.compile(r"^(?:turn|thr|apv)_([0-9a-f]{8})[0-9a-f]{24}$")
+DEFAULT_INDEX_SHARDS = 16
+
+
+def home(object_id: str) -> str:
+    """The hash tag of an id: its embedded home for ids stepq made, else a hash (any string gets one slot)."""
+    made = _MADE_ID.match(object_id)
+    return made.group(1) if made else hashlib.sha256(object_id.encode()).hexdigest()[:8]
+
+
+def idempotency_home(agent: str, key: str) -> str:
+    """The home of the turn an idempotency key names: fixed by the key, so checking the key and storing the
+    turn are one script in one slot."""
+    return hashlib.sha256(f"{agent}\x1f{key}".encode()).hexdigest()[:8]
 
 
 class RateLimitKeys(NamedTuple):
@@ -30,9 +59,10 @@ class RateLimitKeys(NamedTuple):
 @dataclass(frozen=True)
 class Keys:
     prefix: str
+    index_shards: int = DEFAULT_INDEX_SHARDS
 
     def turn(self, turn_id: str) -> str:
-        return f"{self.prefix}:turn:{{{turn_id}}}"
+        return f"{self.prefix}:turn:{{{home(turn_id)}}}:{turn_id}"
 
     def version(self, turn_id: str) -> str:
         return f"{self.turn(turn_id)}:ver"
@@ -108,30 +138,32 @@ class Keys:
             self.pbatch_outcome(turn_id),
         ]
 
+    def absent(self, turn_id: str) -> str:
+        """A name no command ever writes, in the turn's slot: what a script gets for an optional key the caller
+        has none of (a real name in the script's slot, where '' would hash to a slot of its own on a cluster)."""
+        return f"{self.turn(turn_id)}:absent"
+
     def idempotency(self, agent: str, key: str) -> str:
-        return f"{self.prefix}:idem:{agent}:{key}"
+        return f"{self.prefix}:idem:{{{idempotency_home(agent, key)}}}:{agent}:{key}"
 
     def approval(self, approval_id: str) -> str:
-        return f"{self.prefix}:approval:{approval_id}"
+        """HASH of one approval, in its turn's slot (the approval id carries the turn's home)."""
+        return f"{self.prefix}:approval:{{{home(approval_id)}}}:{approval_id}"
 
     def approval_reply(self, request_id: str) -> str:
         return f"{self.prefix}:approval-reply:{request_id}"
 
-    @property
-    def active(self) -> str:
-        """ZSET of queued/running turns scored by last commit time (the sweeper's worklist)."""
-        return f"{self.prefix}:active"
+    def shard(self, turn_id: str) -> int:
+        """The index shard a turn belongs to (stable across processes and versions: crc32, not hash())."""
+        return zlib.crc32(turn_id.encode()) % self.index_shards
 
-    @property
-    def awaiting(self) -> str:
-        """ZSET of parked turns scored by their earliest approval expiry."""
-        return f"{self.prefix}:awaiting"
+    def active(self, shard: int) -> str:
+        """ZSET of queued/running turns scored by last commit time: one shard of the sweeper's worklist."""
+        return f"{self.prefix}:active:{{{self.prefix}:ix:{shard}}}"
 
-    @property
-    def absent(self) -> str:
-        """A name no command ever writes: what a script gets for an optional key the caller has none of
-        (a real name in the prefix's hash slot, where '' would hash to a slot of its own on a cluster)."""
-        return f"{self.prefix}:absent"
+    def awaiting(self, shard: int) -> str:
+        """ZSET of parked turns scored by their earliest approval expiry (one shard, in the slot of `active`'s)."""
+        return f"{self.prefix}:awaiting:{{{self.prefix}:ix:{shard}}}"
 
     @property
     def sweep_lock(self) -> str:
@@ -183,8 +215,9 @@ class Keys:
     # ----------------------------------------------------------------- threads
 
     def thread(self, thread_id: str) -> str:
-        """HASH of a thread: agent, tenant, metadata, the turn it runs now and the one that ran before."""
-        return f"{self.prefix}:thread:{{{thread_id}}}"
+        """HASH of a thread: agent, tenant, metadata, the turn it runs now and the one that ran before
+        (in its turns' slot: they share its home)."""
+        return f"{self.prefix}:thread:{{{home(thread_id)}}}:{thread_id}"
 
     def thread_messages(self, thread_id: str) -> str:
         """The thread's transcript: a list of message JSON, replaced from each turn that finishes."""
@@ -216,7 +249,11 @@ class Keys:
 
     def batch(self, batch_id: str) -> str:
         """HASH of a batch's agent, total and finished/failed/token counters."""
-        return f"{self.prefix}:batch:{batch_id}"
+        return f"{self.prefix}:batch:{{{batch_id}}}"
+
+    def batch_created(self, batch_id: str) -> str:
+        """SET of the batch's turn ids already counted in its `created` counter (a repeat counts once)."""
+        return f"{self.batch(batch_id)}:created"
 
     def batch_done(self, batch_id: str) -> str:
         """STREAM of the batch's finished turns, which a runner anywhere follows."""

@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import redis
 
+from stepq.store.indexes import ACTIVE, SweepIndexes
 from stepq.store.keys import Keys
 
 # KEYS: thread, transcript, turns, queue
@@ -29,7 +30,7 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 return 1
 """
 
-# KEYS: thread, transcript, turns, queue, turn, turn version, turn messages, active, the turn's thread input
+# KEYS: thread, transcript, turns, queue, turn, turn version, turn messages, the turn's thread input
 # ARGV: policy, turn id, turn state json, now, ttl, new messages...
 _SUBMIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', ''} end
@@ -44,11 +45,10 @@ if running == '' then
   for i = 1, #transcript do redis.call('RPUSH', KEYS[7], transcript[i]) end
   for i = 6, #ARGV do redis.call('RPUSH', KEYS[7], ARGV[i]) end
   redis.call('HSET', KEYS[1], 'running', ARGV[2], 'base', #transcript)
-  redis.call('ZADD', KEYS[8], ARGV[4], ARGV[2])
   outcome = 'started'
 else
-  for i = 6, #ARGV do redis.call('RPUSH', KEYS[9], ARGV[i]) end
-  redis.call('EXPIRE', KEYS[9], ARGV[5])
+  for i = 6, #ARGV do redis.call('RPUSH', KEYS[8], ARGV[i]) end
+  redis.call('EXPIRE', KEYS[8], ARGV[5])
   if ARGV[1] == 'interrupt' then redis.call('LPUSH', KEYS[4], ARGV[2]) else redis.call('RPUSH', KEYS[4], ARGV[2]) end
   outcome = 'queued'
 end
@@ -57,7 +57,7 @@ for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
 return {outcome, running}
 """
 
-# KEYS: thread, transcript, turns, queue, next turn's messages, next turn's thread input (`Keys.absent` for none), active,
+# KEYS: thread, transcript, turns, queue, next turn's messages, next turn's thread input (`Keys.absent` for none),
 #       the finishing turn's thread input
 # ARGV: turn id, the queue head the caller expects ('' = none), ttl, now, the turn's whole transcript...
 _FINISH = """
@@ -66,7 +66,7 @@ local running = redis.call('HGET', KEYS[1], 'running') or ''
 if running ~= ARGV[1] then
   if running ~= '' and redis.call('HGET', KEYS[1], 'after') == ARGV[1] then return {'again', running} end
   if redis.call('LREM', KEYS[4], 0, ARGV[1]) > 0 then  -- a waiting turn that ended (cancelled) before it ran
-    redis.call('DEL', KEYS[8])
+    redis.call('DEL', KEYS[7])
   end
   return {'stale', ''}
 end
@@ -85,7 +85,6 @@ else
   for i = 1, #input do redis.call('RPUSH', KEYS[5], input[i]) end
   redis.call('DEL', KEYS[6])
   redis.call('HSET', KEYS[1], 'running', head, 'after', ARGV[1], 'base', #transcript)
-  redis.call('ZADD', KEYS[7], ARGV[4], head)
   outcome = 'start'
 end
 redis.call('HSET', KEYS[1], 'updated_at', ARGV[4])
@@ -115,6 +114,7 @@ class ThreadStore:
         self.client = client
         self.keys = keys
         self.ttl_s = ttl_s
+        self.indexes = SweepIndexes(client, keys)
         self._create = client.register_script(_CREATE)
         self._submit = client.register_script(_SUBMIT)
         self._finish = client.register_script(_FINISH)
@@ -169,10 +169,14 @@ class ThreadStore:
             k.turn(turn_id),
             k.version(turn_id),
             k.messages(turn_id),
-            k.active,
             k.thread_input(turn_id),
         ]
+        # on the sweeper's list before it may start (a submitter dying next leaves it findable); off again if it
+        # waits behind the running turn or was refused (the sweeper also drops a waiting turn it finds there)
+        added = self.indexes.add(ACTIVE, turn_id, now, only_new=True)
         outcome, running = self._submit(keys=keys, args=[policy, turn_id, state_json, now, self.ttl_s, *messages])
+        if outcome != "started" and added:
+            self.indexes.remove_if(ACTIVE, turn_id, now)
         return outcome, running or None
 
     def finish(self, thread_id: str, turn_id: str, messages: list[str], now: float) -> str | None:
@@ -183,12 +187,15 @@ class ThreadStore:
         for _ in range(100):  # another producer queued or a waiting turn left between the read and the script
             keys = [
                 *self._thread_keys(thread_id),
-                k.messages(head) if head else k.absent,
-                k.thread_input(head) if head else k.absent,
-                k.active,
+                k.messages(head) if head else k.absent(turn_id),
+                k.thread_input(head) if head else k.absent(turn_id),
                 k.thread_input(turn_id),
             ]
+            # the turn this may start goes on the sweeper's list first (see `submit`)
+            added = bool(head) and self.indexes.add(ACTIVE, head, now, only_new=True)
             outcome, found = self._finish(keys=keys, args=[turn_id, head, self.ttl_s, now, *messages])
+            if added and outcome != "start":
+                self.indexes.remove_if(ACTIVE, head, now)
             if outcome != "moved":
                 return str(found) if outcome in ("start", "again") else None
             head = str(found)

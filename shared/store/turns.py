@@ -1,9 +1,9 @@
 """Turn state: idempotent creation, compare-and-set commits, cancel flags, sweeper indexes.
 
-Every commit is a Lua call that checks the stored version, writes the new state
-and keeps the sweeper's indexes (`active`, `awaiting`) in step with the status,
-so an index can never disagree with the state it points at. A terminal commit
-puts a TTL on every key the turn owns.
+Every commit is a Lua call on the turn's keys (one cluster slot) that checks the stored version and
+writes the new state; a terminal commit puts a TTL on every key the turn owns. The sweeper's sharded
+indexes live in other slots and are kept in step around the script (see stepq.store.indexes): added to
+before a commit that enters them, removed from after one that leaves them.
 
 The transcript and the loop trace grow every step, so they are not part of the state
 value: each is an append-only Redis list that a commit extends with what is new, and
@@ -24,54 +24,51 @@ from pydantic import TypeAdapter
 from redis.commands.core import Script
 
 from stepq.models import Message, StepOutput, StepTrace, TurnState, TurnStatus
-from stepq.store.keys import Keys
+from stepq.store.indexes import ACTIVE, AWAITING, SweepIndexes
+from stepq.store.keys import Keys, home, idempotency_home
 
-# KEYS[8] names no key (`Keys.absent`): an optional key (idempotency, counter) equal to it is not used. A real
-# name in the prefix's slot, not '', so the script stays in one cluster slot.
+# KEYS: idempotency key (or KEYS[6]), turn, version, messages, sent-step, the turn's `absent` (names no key)
+# ARGV: state json, turn id, ttl, messages...  The idempotency key shares the turn's home, so one slot.
 _CREATE = """
-if KEYS[1] ~= KEYS[8] then
+if KEYS[1] ~= KEYS[6] then
   local existing = redis.call('GET', KEYS[1])
   if existing then return existing end
-  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[4])
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
 end
 redis.call('SET', KEYS[2], ARGV[1])
 redis.call('SET', KEYS[3], '0')
-redis.call('SET', KEYS[7], '0')  -- step 0's message is sent by the submitter
-redis.call('ZADD', KEYS[4], ARGV[3], ARGV[2])
-if KEYS[5] ~= KEYS[8] then
-  redis.call('HINCRBY', KEYS[5], 'created', 1)
-  redis.call('EXPIRE', KEYS[5], ARGV[4])
-end
-for i = 5, #ARGV do redis.call('RPUSH', KEYS[6], ARGV[i]) end
+redis.call('SET', KEYS[5], '0')  -- step 0's message is sent by the submitter
+for i = 4, #ARGV do redis.call('RPUSH', KEYS[4], ARGV[i]) end
 return ''
 """
 
-# KEYS: turn, version, active, awaiting, messages, trace, lease, then the turn's other keys (expired when terminal)
-# ARGV: expected version, new json, turn id, status, score, ttl, lease token ('' = none), release ('1'),
+# KEYS: the batch's counted turns, the batch record; ARGV: turn id, ttl. A turn counts once however often
+# its submit is repeated, so a submitter that died between storing a turn and counting it is counted later.
+_COUNT = """
+if redis.call('SADD', KEYS[1], ARGV[1]) == 1 then redis.call('HINCRBY', KEYS[2], 'created', 1) end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
+
+# KEYS: turn, version, messages, trace, lease, then the turn's other keys (expired when terminal)
+# ARGV: expected version, new json, turn id, status, index score (unused here), ttl, lease token ('' = none), release ('1'),
 #       #new messages, new messages..., new trace...
 _COMMIT = """
 local current = redis.call('GET', KEYS[2])
 if current ~= ARGV[1] then return 0 end
-if ARGV[7] ~= '' and redis.call('GET', KEYS[7]) ~= ARGV[7] then return 0 end
+if ARGV[7] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[7] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], tonumber(ARGV[1]) + 1)
 local new_messages = tonumber(ARGV[9])
-for i = 10, 9 + new_messages do redis.call('RPUSH', KEYS[5], ARGV[i]) end
-for i = 10 + new_messages, #ARGV do redis.call('RPUSH', KEYS[6], ARGV[i]) end
-if ARGV[8] == '1' then redis.call('DEL', KEYS[7], KEYS[11], KEYS[10]) end  -- lease, started, emitted
+for i = 10, 9 + new_messages do redis.call('RPUSH', KEYS[3], ARGV[i]) end
+for i = 10 + new_messages, #ARGV do redis.call('RPUSH', KEYS[4], ARGV[i]) end
+if ARGV[8] == '1' then redis.call('DEL', KEYS[5], KEYS[9], KEYS[8]) end  -- lease, started, emitted
 local status = ARGV[4]
 if status == 'completed' or status == 'failed' or status == 'cancelled' then
-  redis.call('ZREM', KEYS[3], ARGV[3])
-  redis.call('ZREM', KEYS[4], ARGV[3])
   for i = 1, #KEYS do
-    if i ~= 3 and i ~= 4 and i ~= 7 then redis.call('EXPIRE', KEYS[i], ARGV[6]) end
+    if i ~= 5 then redis.call('EXPIRE', KEYS[i], ARGV[6]) end
   end
-elseif status == 'awaiting_approval' or status == 'awaiting_tool_results' or status == 'awaiting_batch' then
-  redis.call('ZREM', KEYS[3], ARGV[3])
-  redis.call('ZADD', KEYS[4], ARGV[5], ARGV[3])
-else
-  redis.call('ZREM', KEYS[4], ARGV[3])
-  redis.call('ZADD', KEYS[3], ARGV[5], ARGV[3])
 end
 return 1
 """
@@ -90,6 +87,7 @@ return {1, redis.call('GET', KEYS[3]), redis.call('EXISTS', KEYS[4]), redis.call
 _SAVE = "redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) return 1"
 
 _MESSAGE = TypeAdapter(Message)
+_RUNNING = (TurnStatus.QUEUED, TurnStatus.RUNNING)
 
 
 @dataclass
@@ -157,40 +155,44 @@ class TurnStore:
         self.keys = keys
         self.ttl_s = ttl_s
         self._history = _HistoryCache()
+        self.indexes = SweepIndexes(client, keys)
         self._create = client.register_script(_CREATE)
+        self._count = client.register_script(_COUNT)
         self._begin = client.register_script(_BEGIN)
         self._save = client.register_script(_SAVE)
         self._commit = client.register_script(_COMMIT)
 
-    def create(self, state: TurnState, idempotency_key: str | None, counter_key: str | None = None) -> str | None:
+    def create(self, state: TurnState, idempotency_key: str | None, batch_id: str | None = None) -> str | None:
         """Store a new turn. Returns the existing turn id when the idempotency key was used before.
 
-        `counter_key` (a batch's record) gets its `created` count bumped in the same atomic step,
-        so the count is exact even when the submitter dies right after creating the turn."""
+        The turn goes on the sweeper's `active` list first (a submitter dying right after storing it leaves a
+        turn the sweeper finds). A batch turn (`batch_id`) is counted in its batch's `created` counter once,
+        also when a repeated submit finds it stored by a submitter that died before counting it."""
         k = self.keys
-        idem = k.idempotency(state.agent, idempotency_key) if idempotency_key else k.absent
+        if idempotency_key and home(state.turn_id) != idempotency_home(state.agent, idempotency_key):
+            raise ValueError(f"turn {state.turn_id} is not in the home of its idempotency key (see new_turn_state)")
+        idem = k.idempotency(state.agent, idempotency_key) if idempotency_key else k.absent(state.turn_id)
         messages = [_MESSAGE.dump_json(m).decode() for m in state.messages]
+        self.indexes.add(ACTIVE, state.turn_id, state.updated_at)
         existing = self._create(
             keys=[
                 idem,
                 k.turn(state.turn_id),
                 k.version(state.turn_id),
-                k.active,
-                counter_key or k.absent,
                 k.messages(state.turn_id),
                 k.sent_step(state.turn_id),
-                k.absent,
+                k.absent(state.turn_id),
             ],
-            args=[
-                state.model_dump_json(exclude=_HISTORY_FIELDS),
-                state.turn_id,
-                state.updated_at,
-                self.ttl_s,
-                *messages,
-            ],
+            args=[state.model_dump_json(exclude=_HISTORY_FIELDS), state.turn_id, self.ttl_s, *messages],
         )
-        if not existing:
+        if existing:
+            self.indexes.remove(ACTIVE, state.turn_id)  # the unused new id (the stored turn keeps its own entry)
+        else:
             self._stored(state)
+        if batch_id is not None:
+            self._count(
+                keys=[k.batch_created(batch_id), k.batch(batch_id)], args=[existing or state.turn_id, self.ttl_s]
+            )
         return existing or None
 
     def store_files(self, state: TurnState) -> None:
@@ -327,6 +329,7 @@ class TurnStore:
         """Record that `state`'s transcript and trace are what Redis holds now."""
         state._stored_messages = len(state.messages)
         state._stored_trace = len(state.trace.steps)
+        state._stored_status = state.status
         self._history.put(state.turn_id, state.messages, state.trace.steps)
 
     def commit(self, state: TurnState, lease_token: str | None = None, release: bool = False) -> bool:
@@ -337,7 +340,7 @@ class TurnStore:
 
     def prepare_commit(self, state: TurnState, lease_token: str | None = None, release: bool = False) -> PreparedWrite:
         """The commit as a script call, so a caller can send it in the same round trip as other writes;
-        pass its reply to `finish_commit`."""
+        pass its reply to `finish_commit`. A commit that moves the turn onto a sweeper list puts it there now."""
         k = self.keys
         expected = state.version
         state.version = expected + 1
@@ -352,8 +355,12 @@ class TurnStore:
             raise ValueError("a turn's transcript and trace are append-only; stored entries cannot be removed")
         new_messages = [_MESSAGE.dump_json(m).decode() for m in state.messages[state._stored_messages :]]
         new_trace = [t.model_dump_json() for t in state.trace.steps[state._stored_trace :]]
+        if state.status.parked:
+            self.indexes.add(AWAITING, state.turn_id, score)
+        elif state.status in _RUNNING and state._stored_status not in _RUNNING:
+            self.indexes.add(ACTIVE, state.turn_id, score)
         per_turn = k.per_turn(state.turn_id)
-        keys = [per_turn[0], per_turn[1], k.active, k.awaiting, per_turn[2], per_turn[3], k.lease(state.turn_id)]
+        keys = [*per_turn[:4], k.lease(state.turn_id), *per_turn[4:]]
         args: list[Any] = [
             expected,
             state.model_dump_json(exclude=_HISTORY_FIELDS),
@@ -367,7 +374,7 @@ class TurnStore:
             *new_messages,
             *new_trace,
         ]
-        return PreparedWrite(self._commit, [*keys, *per_turn[4:]], args, state, expected)
+        return PreparedWrite(self._commit, keys, args, state, expected)
 
     def finish_commit(self, prepared: PreparedWrite, reply: Any) -> bool:
         state = prepared.state
@@ -375,7 +382,9 @@ class TurnStore:
         if not reply:
             state.version = prepared.expected_version
             return False
+        was_parked = state._stored_status is not None and state._stored_status.parked
         self._stored(state)
+        self.indexes.after_commit(state.turn_id, state.status, was_parked, state.updated_at)
         return True
 
     def checkpoint_write(self, turn_id: str, step: int, output_json: str) -> PreparedWrite:
@@ -401,12 +410,6 @@ class TurnStore:
 
     def request_cancel(self, turn_id: str) -> None:
         self.client.set(self.keys.cancel(turn_id), "1", ex=self.ttl_s)
-
-    def stale_active(self, older_than: float, limit: int = 500) -> list[str]:
-        return cast(list[str], self.client.zrangebyscore(self.keys.active, "-inf", older_than, start=0, num=limit))
-
-    def expired_awaiting(self, now: float, limit: int = 500) -> list[str]:
-        return cast(list[str], self.client.zrangebyscore(self.keys.awaiting, "-inf", now, start=0, num=limit))
 
     def clear_emitted(self, turn_id: str) -> int | None:
         """Take the 'content emitted but not committed' marker; returns the step it named."""
