@@ -14,11 +14,12 @@ import redis
 from redis.commands.core import Script
 
 from stepq.models import ToolResult
+from stepq.store.indexes import ACTIVE, SweepIndexes
 from stepq.store.keys import Keys
 
 _PUT = "return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])"
 
-# KEYS: turn, tool results, active index. ARGV: now, turn id, then call id / result JSON pairs.
+# KEYS: turn, tool results (the sweeper's active list is updated around the script: another slot). ARGV: now, turn id, then call id / result JSON pairs.
 # Returns {'' } when stored, else {refusal code, call ids...}.
 _SUBMIT = """
 local raw = redis.call('GET', KEYS[1])
@@ -52,7 +53,6 @@ for _, call in ipairs(parked.client_calls) do
 end
 if #missing > 0 then return {'missing-results', unpack(missing)} end
 for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
-redis.call('ZADD', KEYS[3], ARGV[1], ARGV[2])  -- owed a resume from now on: the sweeper watches it
 return {''}
 """
 
@@ -63,6 +63,7 @@ class ToolResultStore:
         self.keys = keys
         self._put = client.register_script(_PUT)
         self._submit = client.register_script(_SUBMIT)
+        self.indexes = SweepIndexes(client, keys)
 
     def get_many(self, turn_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
         if not call_ids:
@@ -89,6 +90,9 @@ class ToolResultStore:
         for call_id, encoded in results.items():
             args += [call_id, encoded]
         k = self.keys
-        reply = self._submit(keys=[k.turn(turn_id), k.tool_results(turn_id), k.active], args=args)
+        # owed a resume once stored: on the sweeper's list first, so a crash next leaves it watched (if the
+        # results are refused, the sweeper drops the entry when it finds the turn still parked)
+        self.indexes.add(ACTIVE, turn_id, now)
+        reply = self._submit(keys=[k.turn(turn_id), k.tool_results(turn_id)], args=args)
         code, *ids = [str(x) for x in reply]
         return code, ids
