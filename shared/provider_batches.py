@@ -32,6 +32,7 @@ from stepq.models import StepOutput
 from stepq.providers.base import BatchAPI, ProviderError, StepRequest
 from stepq.providers.registry import create_adapter
 from stepq.runtime import Runtime
+from stepq.store.indexes import ACTIVE
 from stepq.store.pbatch import ProviderBatchStore, Queued, turn_of
 
 log = logging.getLogger("stepq.provider_batch")
@@ -206,4 +207,5 @@ def resumed(rt: Runtime, turn_ids: list[str]) -> None:
     """Steps sent again after an answer: the sweeper watches them (a lost message is sent once more)."""
     if turn_ids:
         now = time.time()
-        rt.redis.zadd(rt.keys.active, dict.fromkeys(turn_ids, now))
+        for turn_id in turn_ids:
+            rt.turns.indexes.add(ACTIVE, turn_id, now)

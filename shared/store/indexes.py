@@ -34,6 +34,12 @@ ACTIVE = "active"
 AWAITING = "awaiting"
 
 
+def on_awaiting_list(status: TurnStatus | None) -> bool:
+    """Statuses the `awaiting` list holds: parked for a person or a caller, or for a provider batch (its score
+    the first expiry or the batch deadline, when the sweeper looks again)."""
+    return status is not None and (status.parked or status == TurnStatus.AWAITING_BATCH)
+
+
 class SweepIndexes:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client = client
@@ -59,7 +65,7 @@ class SweepIndexes:
             pipe.zadd(active, {turn_id: score})
             if was_parked:
                 pipe.zrem(awaiting, turn_id)
-        elif status.parked:
+        elif on_awaiting_list(status):
             pipe.zrem(active, turn_id)
         else:
             pipe.zrem(active, turn_id)

@@ -24,7 +24,7 @@ from pydantic import TypeAdapter
 from redis.commands.core import Script
 
 from stepq.models import Message, StepOutput, StepTrace, TurnState, TurnStatus
-from stepq.store.indexes import ACTIVE, AWAITING, SweepIndexes
+from stepq.store.indexes import ACTIVE, AWAITING, SweepIndexes, on_awaiting_list
 from stepq.store.keys import Keys, home, idempotency_home
 
 # KEYS: idempotency key (or KEYS[6]), turn, version, messages, sent-step, the turn's `absent` (names no key)
@@ -355,7 +355,7 @@ class TurnStore:
             raise ValueError("a turn's transcript and trace are append-only; stored entries cannot be removed")
         new_messages = [_MESSAGE.dump_json(m).decode() for m in state.messages[state._stored_messages :]]
         new_trace = [t.model_dump_json() for t in state.trace.steps[state._stored_trace :]]
-        if state.status.parked:
+        if on_awaiting_list(state.status):
             self.indexes.add(AWAITING, state.turn_id, score)
         elif state.status in _RUNNING and state._stored_status not in _RUNNING:
             self.indexes.add(ACTIVE, state.turn_id, score)
@@ -382,7 +382,7 @@ class TurnStore:
         if not reply:
             state.version = prepared.expected_version
             return False
-        was_parked = state._stored_status is not None and state._stored_status.parked
+        was_parked = on_awaiting_list(state._stored_status)
         self._stored(state)
         self.indexes.after_commit(state.turn_id, state.status, was_parked, state.updated_at)
         return True
