@@ -623,6 +623,7 @@ class TurnState(BaseModel):
     _stored_messages: int = PrivateAttr(default=0)
     _stored_trace: int = PrivateAttr(default=0)
     _stored_status: TurnStatus | None = PrivateAttr(default=None)  # as last read or written (sweeper lists)
+    _stored_score: float = PrivateAttr(default=0.0)  # its sweeper-list entry's score then (store.turns.index_score)
     # a new turn's files (base64) by attachment id, from submit until they are stored (never in the state JSON)
     _files: dict[str, str] = PrivateAttr(default_factory=dict)
     _objects: dict[str, bytes] = PrivateAttr(default_factory=dict)  # files above the Redis threshold, by s3:// URI

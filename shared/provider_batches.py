@@ -206,6 +206,4 @@ def _expired() -> dict[str, Any]:
 def resumed(rt: Runtime, turn_ids: list[str]) -> None:
     """Steps sent again after an answer: the sweeper watches them (a lost message is sent once more)."""
     if turn_ids:
-        now = time.time()
-        for turn_id in turn_ids:
-            rt.turns.indexes.add(ACTIVE, turn_id, now)
+        rt.turns.indexes.add_many(ACTIVE, turn_ids, time.time())

@@ -53,16 +53,18 @@ class Runtime:
         agents = registry()
         if not settings.embedded or settings.agent_modules:
             agents.load_modules(settings.agent_modules)
+        # on a cluster the sweeper's lists are in other slots than the turns: updated around the scripts
+        turns = TurnStore(client, keys, settings.event_ttl_s, separate_indexes=settings.redis_cluster)
         return cls(
             settings=settings,
             redis=client,
             keys=keys,
-            turns=TurnStore(client, keys, settings.event_ttl_s),
+            turns=turns,
             events=EventLog(client, keys, settings.event_maxlen),
             leases=LeaseManager(client, keys, settings.lease_ttl_s, settings.cancel_poll_s),
-            tool_results=ToolResultStore(client, keys),
+            tool_results=ToolResultStore(client, keys, turns.indexes),
             approvals=ApprovalStore(client, keys, settings.event_ttl_s),
-            threads=ThreadStore(client, keys, settings.thread_ttl_s),
+            threads=ThreadStore(client, keys, settings.thread_ttl_s, turns.indexes),
             policies=PolicyStore(client, keys),
             agents=agents,
             limiter=RateLimiter(client, keys, hold_ttl_s=max(settings.lease_ttl_s * 4, 300.0)),

@@ -1,21 +1,27 @@
 """The sweeper's worklists, sharded: `active` (queued/running turns) and `awaiting` (parked turns).
 
 Each list is `index_shards` keys, each in its own Redis Cluster slot, so the lists spread over the
-cluster's masters like the turns do; a turn belongs to shard `crc32(turn_id) % index_shards`. A turn's
-keys and its shard live in different slots, so no script can update both: a commit keeps them in step in
-separate calls, ordered so that a crash in between leaves an entry too many (the sweeper drops it when it
+cluster's masters like the turns do; a turn belongs to shard `crc32(turn_id) % index_shards`.
+
+On a single Redis every script may touch any key, so the scripts that move a turn (create, commit, a thread
+starting a turn, client-side results) update its list entries in the same atomic call: a list never
+disagrees with the state it points at. On a Redis Cluster a turn's keys and its shard live in different
+slots and no script can update both (`separate`): the lists are then kept in step around the script, in
+separate calls ordered so that a crash in between leaves an entry too many (the sweeper drops it when it
 finds the turn elsewhere), never one too few:
 
 - before a commit that moves a turn into a list, the turn is added to it;
-- after the commit succeeds, it is removed from the list it left (and its `active` score refreshed).
+- after the commit succeeds, it is removed from the list it left, and its `active` score refreshed.
 
-Removals that act on what was read earlier (the sweeper, a thread turn that ended up waiting) are
-conditional on the entry's score, so they never undo an add that happened in between.
+Other processes add entries concurrently (a decision or client-side results make a parked turn owed a
+resume; a thread starts its next turn), so every removal that acts on what was read or written earlier is
+conditional on the entry's score: it never undoes an add that happened in between (a late removal after a
+commit that parked the turn keeps a decision's entry). A late refresh only moves an existing entry's score
+(ZADD XX): it never puts back a turn that has left the list since.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import cast
 
 import redis
@@ -32,6 +38,7 @@ return 0
 
 ACTIVE = "active"
 AWAITING = "awaiting"
+RUNNING = (TurnStatus.QUEUED, TurnStatus.RUNNING)  # the statuses the `active` list holds
 
 
 def on_awaiting_list(status: TurnStatus | None) -> bool:
@@ -41,9 +48,11 @@ def on_awaiting_list(status: TurnStatus | None) -> bool:
 
 
 class SweepIndexes:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, separate: bool) -> None:
         self.client = client
         self.keys = keys
+        # True on a Redis Cluster: the lists are updated around the scripts, not inside them
+        self.separate = separate
         self._remove_if = client.register_script(_REMOVE_IF)
 
     def key(self, index: str, turn_id: str) -> str:
@@ -56,21 +65,32 @@ class SweepIndexes:
         key = self.key(index, turn_id)
         return bool(self.client.zadd(key, {turn_id: score}, nx=only_new, xx=only_existing))
 
-    def after_commit(self, turn_id: str, status: TurnStatus, was_parked: bool, score: float) -> None:
-        """A commit to `status` succeeded: take the turn off the list it left; refresh an active turn's score
-        (the time of its last commit, which the sweeper's staleness check reads)."""
+    def add_many(self, index: str, turn_ids: list[str], score: float) -> None:
+        """Put several turns on a list in one pipelined round trip (per node on a cluster)."""
+        pipe = self.client.pipeline(transaction=False)
+        for turn_id in turn_ids:
+            pipe.zadd(self.key(index, turn_id), {turn_id: score})
+        pipe.execute()
+
+    def after_commit(
+        self, turn_id: str, status: TurnStatus, previous: TurnStatus | None, previous_score: float, score: float
+    ) -> None:
+        """A commit from `previous` (its list entry scored `previous_score`) to `status` (scored `score`) succeeded
+        (only with `separate`): take the turn off the list it left, unless someone re-added it meanwhile, and
+        refresh an active turn's score (its last commit, which the sweeper's staleness check reads)."""
         active, awaiting = self.key(ACTIVE, turn_id), self.key(AWAITING, turn_id)
-        pipe = self.client.pipeline(transaction=False)  # both shards share one slot: one node, one round trip
-        if status in (TurnStatus.QUEUED, TurnStatus.RUNNING):
-            pipe.zadd(active, {turn_id: score})
-            if was_parked:
-                pipe.zrem(awaiting, turn_id)
-        elif on_awaiting_list(status):
-            pipe.zrem(active, turn_id)
-        else:
+        if status.terminal:  # final: nothing re-adds a finished turn that counts
+            pipe = self.client.pipeline(transaction=False)  # both shards share one slot: one node, one round trip
             pipe.zrem(active, turn_id)
             pipe.zrem(awaiting, turn_id)
-        pipe.execute()
+            pipe.execute()
+        elif status in RUNNING:
+            self.client.zadd(active, {turn_id: score}, xx=True)
+            if on_awaiting_list(previous):
+                self.remove_if(AWAITING, turn_id, previous_score)
+        elif on_awaiting_list(status) and previous in RUNNING:
+            # a decision or client-side results may have listed it again since the commit: theirs stays
+            self.remove_if(ACTIVE, turn_id, previous_score)
 
     def remove_if(self, index: str, turn_id: str, score: float) -> bool:
         """Drop the turn from a list if its score is still `score` (nobody re-added it since it was read)."""
@@ -83,12 +103,14 @@ class SweepIndexes:
         found = self.client.zscore(self.key(index, turn_id), turn_id)
         return float(found) if found is not None else None
 
-    def due(self, index: str, before: float, limit: int = 500) -> Iterator[tuple[str, float]]:
-        """(turn id, score) of the entries scored at or before `before`, shard by shard (at most `limit` each)."""
+    def due(self, index: str, before: float, limit: int = 500) -> list[tuple[str, float]]:
+        """(turn id, score) of the entries scored at or before `before`, at most `limit` per shard, read from
+        every shard in one pipelined round trip (per node on a cluster)."""
+        pipe = self.client.pipeline(transaction=False)
         for shard in range(self.keys.index_shards):
             key = self.keys.active(shard) if index == ACTIVE else self.keys.awaiting(shard)
-            found = self.client.zrangebyscore(key, "-inf", before, start=0, num=limit, withscores=True)
-            yield from cast(list[tuple[str, float]], found)
+            pipe.zrangebyscore(key, "-inf", before, start=0, num=limit, withscores=True)
+        return [(str(m), float(sc)) for rows in pipe.execute() for m, sc in cast(list[tuple[str, float]], rows)]
 
     def count(self, index: str) -> int:
         """How many turns the list holds, over every shard (one pipelined round trip per node)."""

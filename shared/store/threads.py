@@ -30,7 +30,8 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 return 1
 """
 
-# KEYS: thread, transcript, turns, queue, turn, turn version, turn messages, the turn's thread input
+# KEYS: thread, transcript, turns, queue, turn, turn version, turn messages, the turn's thread input, the turn's
+#       `active` shard, the turn's `absent` key (KEYS[9] is it on a cluster: the shard is listed around the script)
 # ARGV: policy, turn id, turn state json, now, ttl, new messages...
 _SUBMIT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', ''} end
@@ -45,6 +46,7 @@ if running == '' then
   for i = 1, #transcript do redis.call('RPUSH', KEYS[7], transcript[i]) end
   for i = 6, #ARGV do redis.call('RPUSH', KEYS[7], ARGV[i]) end
   redis.call('HSET', KEYS[1], 'running', ARGV[2], 'base', #transcript)
+  if KEYS[9] ~= KEYS[10] then redis.call('ZADD', KEYS[9], ARGV[4], ARGV[2]) end
   outcome = 'started'
 else
   for i = 6, #ARGV do redis.call('RPUSH', KEYS[8], ARGV[i]) end
@@ -58,7 +60,8 @@ return {outcome, running}
 """
 
 # KEYS: thread, transcript, turns, queue, next turn's messages, next turn's thread input (`Keys.absent` for none),
-#       the finishing turn's thread input
+#       the finishing turn's thread input, the next turn's `active` shard (on a cluster, or with no next turn:
+#       KEYS[10]), the finishing turn's `absent` key
 # ARGV: turn id, the queue head the caller expects ('' = none), ttl, now, the turn's whole transcript...
 _FINISH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone', ''} end
@@ -85,6 +88,7 @@ else
   for i = 1, #input do redis.call('RPUSH', KEYS[5], input[i]) end
   redis.call('DEL', KEYS[6])
   redis.call('HSET', KEYS[1], 'running', head, 'after', ARGV[1], 'base', #transcript)
+  if KEYS[9] ~= KEYS[10] then redis.call('ZADD', KEYS[9], ARGV[4], head) end
   outcome = 'start'
 end
 redis.call('HSET', KEYS[1], 'updated_at', ARGV[4])
@@ -110,11 +114,11 @@ class StoredThread:
 
 
 class ThreadStore:
-    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int, indexes: SweepIndexes) -> None:
         self.client = client
         self.keys = keys
         self.ttl_s = ttl_s
-        self.indexes = SweepIndexes(client, keys)
+        self.indexes = indexes
         self._create = client.register_script(_CREATE)
         self._submit = client.register_script(_SUBMIT)
         self._finish = client.register_script(_FINISH)
@@ -164,16 +168,20 @@ class ThreadStore:
         """Store a turn of the thread under `policy`. Returns (outcome, the turn running before it):
         outcome is `started`, `queued`, `busy` (refused under `reject`) or `missing` (no such thread)."""
         k = self.keys
+        separate = self.indexes.separate
         keys = [
             *self._thread_keys(thread_id),
             k.turn(turn_id),
             k.version(turn_id),
             k.messages(turn_id),
             k.thread_input(turn_id),
+            k.absent(turn_id) if separate else self.indexes.key(ACTIVE, turn_id),
+            k.absent(turn_id),
         ]
-        # on the sweeper's list before it may start (a submitter dying next leaves it findable); off again if it
-        # waits behind the running turn or was refused (the sweeper also drops a waiting turn it finds there)
-        added = self.indexes.add(ACTIVE, turn_id, now, only_new=True)
+        # on a cluster: on the sweeper's list before it may start (a submitter dying next leaves it findable); off
+        # again if it waits behind the running turn or was refused, unless a finishing turn started it meanwhile
+        # (that moved the entry's score; the sweeper also drops a waiting turn it finds there)
+        added = separate and self.indexes.add(ACTIVE, turn_id, now, only_new=True)
         outcome, running = self._submit(keys=keys, args=[policy, turn_id, state_json, now, self.ttl_s, *messages])
         if outcome != "started" and added:
             self.indexes.remove_if(ACTIVE, turn_id, now)
@@ -184,15 +192,20 @@ class ThreadStore:
         turn to send (also on a repeated finish, until that turn moves on; a repeated send is fenced)."""
         k = self.keys
         head = str(self.client.lindex(k.thread_queue(thread_id), 0) or "")
+        separate = self.indexes.separate
         for _ in range(100):  # another producer queued or a waiting turn left between the read and the script
             keys = [
                 *self._thread_keys(thread_id),
                 k.messages(head) if head else k.absent(turn_id),
                 k.thread_input(head) if head else k.absent(turn_id),
                 k.thread_input(turn_id),
+                self.indexes.key(ACTIVE, head) if head and not separate else k.absent(turn_id),
+                k.absent(turn_id),
             ]
-            # the turn this may start goes on the sweeper's list first (see `submit`)
-            added = bool(head) and self.indexes.add(ACTIVE, head, now, only_new=True)
+            # on a cluster, the turn this may start goes on the sweeper's list first (see `submit`), with this
+            # call's own score even when its submitter listed it: a late take-back by the submitter (which saw
+            # it queued) then leaves it listed; off again only if this call added it and did not start it
+            added = bool(head) and separate and self.indexes.add(ACTIVE, head, now)
             outcome, found = self._finish(keys=keys, args=[turn_id, head, self.ttl_s, now, *messages])
             if added and outcome != "start":
                 self.indexes.remove_if(ACTIVE, head, now)

@@ -19,7 +19,8 @@ from stepq.store.keys import Keys
 
 _PUT = "return redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])"
 
-# KEYS: turn, tool results (the sweeper's active list is updated around the script: another slot). ARGV: now, turn id, then call id / result JSON pairs.
+# KEYS: turn, tool results, the turn's `active` shard, the turn's `absent` key (KEYS[3] is it on a cluster: the
+# shard is in another slot, listed around the script). ARGV: now, turn id, then call id / result JSON pairs.
 # Returns {'' } when stored, else {refusal code, call ids...}.
 _SUBMIT = """
 local raw = redis.call('GET', KEYS[1])
@@ -53,17 +54,19 @@ for _, call in ipairs(parked.client_calls) do
 end
 if #missing > 0 then return {'missing-results', unpack(missing)} end
 for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+-- owed a resume from now on: the sweeper watches it
+if KEYS[3] ~= KEYS[4] then redis.call('ZADD', KEYS[3], ARGV[1], ARGV[2]) end
 return {''}
 """
 
 
 class ToolResultStore:
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, indexes: SweepIndexes) -> None:
         self.client = client
         self.keys = keys
         self._put = client.register_script(_PUT)
         self._submit = client.register_script(_SUBMIT)
-        self.indexes = SweepIndexes(client, keys)
+        self.indexes = indexes
 
     def get_many(self, turn_id: str, call_ids: list[str]) -> dict[str, ToolResult]:
         if not call_ids:
@@ -90,9 +93,14 @@ class ToolResultStore:
         for call_id, encoded in results.items():
             args += [call_id, encoded]
         k = self.keys
-        # owed a resume once stored: on the sweeper's list first, so a crash next leaves it watched (if the
-        # results are refused, the sweeper drops the entry when it finds the turn still parked)
-        self.indexes.add(ACTIVE, turn_id, now)
-        reply = self._submit(keys=[k.turn(turn_id), k.tool_results(turn_id)], args=args)
+        absent = k.absent(turn_id)
+        if self.indexes.separate:
+            # owed a resume once stored: on the sweeper's list first, so a crash next leaves it watched (if the
+            # results are refused, the sweeper drops the entry when it finds the turn still parked)
+            self.indexes.add(ACTIVE, turn_id, now)
+            active = absent
+        else:
+            active = self.indexes.key(ACTIVE, turn_id)
+        reply = self._submit(keys=[k.turn(turn_id), k.tool_results(turn_id), active, absent], args=args)
         code, *ids = [str(x) for x in reply]
         return code, ids

@@ -1,9 +1,10 @@
 """Turn state: idempotent creation, compare-and-set commits, cancel flags, sweeper indexes.
 
 Every commit is a Lua call on the turn's keys (one cluster slot) that checks the stored version and
-writes the new state; a terminal commit puts a TTL on every key the turn owns. The sweeper's sharded
-indexes live in other slots and are kept in step around the script (see stepq.store.indexes): added to
-before a commit that enters them, removed from after one that leaves them.
+writes the new state; a terminal commit puts a TTL on every key the turn owns. On a single Redis the same
+call keeps the sweeper's sharded indexes in step with the status, so a list can never disagree with the
+state it points at; on a Redis Cluster they live in other slots and are kept in step around the script
+(see stepq.store.indexes): added to before a commit that enters them, removed from after one that leaves.
 
 The transcript and the loop trace grow every step, so they are not part of the state
 value: each is an append-only Redis list that a commit extends with what is new, and
@@ -24,26 +25,40 @@ from pydantic import TypeAdapter
 from redis.commands.core import Script
 
 from stepq.models import Message, StepOutput, StepTrace, TurnState, TurnStatus
-from stepq.store.indexes import ACTIVE, AWAITING, SweepIndexes, on_awaiting_list
+from stepq.store.indexes import ACTIVE, AWAITING, RUNNING, SweepIndexes, on_awaiting_list
 from stepq.store.keys import Keys, home, idempotency_home
 
-# KEYS: idempotency key (or KEYS[6]), turn, version, messages, sent-step, the turn's `absent` (names no key)
-# ARGV: state json, turn id, ttl, messages...  The idempotency key shares the turn's home, so one slot.
+# KEYS: idempotency key (or KEYS[6]), turn, version, messages, sent-step, the turn's `absent` (names no key),
+#       its `active` shard, the batch's counted turns, the batch record (each of the last three: or KEYS[6])
+# ARGV: state json, turn id, ttl, index score, sent step ('0', or '-1' when the caller records the send), messages...
+# The idempotency key shares the turn's home, so one slot; on a cluster the shard and the batch's keys are in
+# other slots, passed as KEYS[6] and updated around the script. A batch turn counts once in `created`, however
+# often its submit is repeated (a submitter that died between storing a turn and counting it is counted later).
 _CREATE = """
+local function count(turn_id)
+  if KEYS[8] == KEYS[6] then return end
+  if redis.call('SADD', KEYS[8], turn_id) == 1 then redis.call('HINCRBY', KEYS[9], 'created', 1) end
+  redis.call('EXPIRE', KEYS[8], ARGV[3])
+  redis.call('EXPIRE', KEYS[9], ARGV[3])
+end
 if KEYS[1] ~= KEYS[6] then
   local existing = redis.call('GET', KEYS[1])
-  if existing then return existing end
+  if existing then
+    count(existing)
+    return existing
+  end
   redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
 end
 redis.call('SET', KEYS[2], ARGV[1])
 redis.call('SET', KEYS[3], '0')
-redis.call('SET', KEYS[5], '0')  -- step 0's message is sent by the submitter
-for i = 4, #ARGV do redis.call('RPUSH', KEYS[4], ARGV[i]) end
+redis.call('SET', KEYS[5], ARGV[5])
+if KEYS[7] ~= KEYS[6] then redis.call('ZADD', KEYS[7], ARGV[4], ARGV[2]) end
+count(ARGV[2])
+for i = 6, #ARGV do redis.call('RPUSH', KEYS[4], ARGV[i]) end
 return ''
 """
 
-# KEYS: the batch's counted turns, the batch record; ARGV: turn id, ttl. A turn counts once however often
-# its submit is repeated, so a submitter that died between storing a turn and counting it is counted later.
+# KEYS: the batch's counted turns, the batch record; ARGV: turn id, ttl (a cluster's count, see _CREATE)
 _COUNT = """
 if redis.call('SADD', KEYS[1], ARGV[1]) == 1 then redis.call('HINCRBY', KEYS[2], 'created', 1) end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
@@ -51,24 +66,39 @@ redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 1
 """
 
-# KEYS: turn, version, messages, trace, lease, then the turn's other keys (expired when terminal)
-# ARGV: expected version, new json, turn id, status, index score (unused here), ttl, lease token ('' = none), release ('1'),
-#       #new messages, new messages..., new trace...
+# KEYS: turn, version, active shard, awaiting shard, messages, trace, lease, then the turn's other keys (expired
+#       when terminal). On a cluster KEYS[3] and KEYS[4] are the turn's `absent` key and ARGV[5] is '': the shards
+#       live in other slots and are updated around the script.
+# ARGV: expected version, new json, turn id, status, index score ('' = none), ttl, lease token ('' = none),
+#       release ('1'), #new messages, new messages..., new trace...
 _COMMIT = """
 local current = redis.call('GET', KEYS[2])
 if current ~= ARGV[1] then return 0 end
-if ARGV[7] ~= '' and redis.call('GET', KEYS[5]) ~= ARGV[7] then return 0 end
+if ARGV[7] ~= '' and redis.call('GET', KEYS[7]) ~= ARGV[7] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], tonumber(ARGV[1]) + 1)
 local new_messages = tonumber(ARGV[9])
-for i = 10, 9 + new_messages do redis.call('RPUSH', KEYS[3], ARGV[i]) end
-for i = 10 + new_messages, #ARGV do redis.call('RPUSH', KEYS[4], ARGV[i]) end
-if ARGV[8] == '1' then redis.call('DEL', KEYS[5], KEYS[9], KEYS[8]) end  -- lease, started, emitted
+for i = 10, 9 + new_messages do redis.call('RPUSH', KEYS[5], ARGV[i]) end
+for i = 10 + new_messages, #ARGV do redis.call('RPUSH', KEYS[6], ARGV[i]) end
+if ARGV[8] == '1' then redis.call('DEL', KEYS[7], KEYS[11], KEYS[10]) end  -- lease, started, emitted
 local status = ARGV[4]
+local listed = ARGV[5] ~= ''
 if status == 'completed' or status == 'failed' or status == 'cancelled' then
-  for i = 1, #KEYS do
-    if i ~= 5 then redis.call('EXPIRE', KEYS[i], ARGV[6]) end
+  if listed then
+    redis.call('ZREM', KEYS[3], ARGV[3])
+    redis.call('ZREM', KEYS[4], ARGV[3])
   end
+  for i = 1, #KEYS do
+    if i ~= 3 and i ~= 4 and i ~= 7 then redis.call('EXPIRE', KEYS[i], ARGV[6]) end
+  end
+elseif not listed then
+  return 1
+elseif status == 'awaiting_approval' or status == 'awaiting_tool_results' or status == 'awaiting_batch' then
+  redis.call('ZREM', KEYS[3], ARGV[3])
+  redis.call('ZADD', KEYS[4], ARGV[5], ARGV[3])
+else
+  redis.call('ZREM', KEYS[4], ARGV[3])
+  redis.call('ZADD', KEYS[3], ARGV[5], ARGV[3])
 end
 return 1
 """
@@ -87,7 +117,16 @@ return {1, redis.call('GET', KEYS[3]), redis.call('EXISTS', KEYS[4]), redis.call
 _SAVE = "redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) return 1"
 
 _MESSAGE = TypeAdapter(Message)
-_RUNNING = (TurnStatus.QUEUED, TurnStatus.RUNNING)
+
+
+def index_score(state: TurnState) -> float:
+    """The score of the turn's sweeper-list entry for its status: when the sweeper should look at it next
+    (an active turn: its last commit; a parked one: its first approval expiry or its provider batch's deadline)."""
+    if state.status.parked and state.parked:
+        return state.parked.expires_at
+    if state.status == TurnStatus.AWAITING_BATCH and state.batch_deadline_at:
+        return state.batch_deadline_at
+    return state.updated_at
 
 
 @dataclass
@@ -99,6 +138,8 @@ class PreparedWrite:
     args: list[Any]
     state: TurnState | None = None
     expected_version: int = 0
+    previous_status: TurnStatus | None = None  # as stored before the commit, with its list entry's score
+    previous_score: float = 0.0
 
 
 @dataclass
@@ -150,30 +191,38 @@ class _HistoryCache:
 
 
 class TurnStore:
-    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int, separate_indexes: bool = False) -> None:
+        """`separate_indexes` (on a Redis Cluster): the sweeper's lists are updated around the scripts."""
         self.client = client
         self.keys = keys
         self.ttl_s = ttl_s
         self._history = _HistoryCache()
-        self.indexes = SweepIndexes(client, keys)
+        self.indexes = SweepIndexes(client, keys, separate_indexes)
         self._create = client.register_script(_CREATE)
         self._count = client.register_script(_COUNT)
         self._begin = client.register_script(_BEGIN)
         self._save = client.register_script(_SAVE)
         self._commit = client.register_script(_COMMIT)
 
-    def create(self, state: TurnState, idempotency_key: str | None, batch_id: str | None = None) -> str | None:
+    def create(
+        self, state: TurnState, idempotency_key: str | None, batch_id: str | None = None, sent: bool = True
+    ) -> str | None:
         """Store a new turn. Returns the existing turn id when the idempotency key was used before.
 
-        The turn goes on the sweeper's `active` list first (a submitter dying right after storing it leaves a
-        turn the sweeper finds). A batch turn (`batch_id`) is counted in its batch's `created` counter once,
-        also when a repeated submit finds it stored by a submitter that died before counting it."""
+        The turn is on the sweeper's `active` list from then on (on a cluster, put there first: a submitter
+        dying right after storing it leaves a turn the sweeper finds). `sent=False`: step 0 counts as not sent
+        until the caller's `mark_sent`, so the sweeper sends it if the caller dies first. A batch turn
+        (`batch_id`) is counted in its batch's `created` counter once, however often its submit is repeated."""
         k = self.keys
         if idempotency_key and home(state.turn_id) != idempotency_home(state.agent, idempotency_key):
             raise ValueError(f"turn {state.turn_id} is not in the home of its idempotency key (see new_turn_state)")
-        idem = k.idempotency(state.agent, idempotency_key) if idempotency_key else k.absent(state.turn_id)
+        absent = k.absent(state.turn_id)
+        idem = k.idempotency(state.agent, idempotency_key) if idempotency_key else absent
         messages = [_MESSAGE.dump_json(m).decode() for m in state.messages]
-        self.indexes.add(ACTIVE, state.turn_id, state.updated_at)
+        separate = self.indexes.separate
+        if separate:
+            self.indexes.add(ACTIVE, state.turn_id, state.updated_at)
+        in_script_batch = batch_id is not None and not separate
         existing = self._create(
             keys=[
                 idem,
@@ -181,15 +230,25 @@ class TurnStore:
                 k.version(state.turn_id),
                 k.messages(state.turn_id),
                 k.sent_step(state.turn_id),
-                k.absent(state.turn_id),
+                absent,
+                absent if separate else self.indexes.key(ACTIVE, state.turn_id),
+                k.batch_created(batch_id) if in_script_batch and batch_id else absent,
+                k.batch(batch_id) if in_script_batch and batch_id else absent,
             ],
-            args=[state.model_dump_json(exclude=_HISTORY_FIELDS), state.turn_id, self.ttl_s, *messages],
+            args=[
+                state.model_dump_json(exclude=_HISTORY_FIELDS),
+                state.turn_id,
+                self.ttl_s,
+                state.updated_at,
+                "0" if sent else "-1",
+                *messages,
+            ],
         )
-        if existing:
+        if existing and separate:
             self.indexes.remove(ACTIVE, state.turn_id)  # the unused new id (the stored turn keeps its own entry)
-        else:
+        if not existing:
             self._stored(state)
-        if batch_id is not None:
+        if batch_id is not None and separate:
             self._count(
                 keys=[k.batch_created(batch_id), k.batch(batch_id)], args=[existing or state.turn_id, self.ttl_s]
             )
@@ -330,6 +389,7 @@ class TurnStore:
         state._stored_messages = len(state.messages)
         state._stored_trace = len(state.trace.steps)
         state._stored_status = state.status
+        state._stored_score = index_score(state)
         self._history.put(state.turn_id, state.messages, state.trace.steps)
 
     def commit(self, state: TurnState, lease_token: str | None = None, release: bool = False) -> bool:
@@ -340,33 +400,35 @@ class TurnStore:
 
     def prepare_commit(self, state: TurnState, lease_token: str | None = None, release: bool = False) -> PreparedWrite:
         """The commit as a script call, so a caller can send it in the same round trip as other writes;
-        pass its reply to `finish_commit`. A commit that moves the turn onto a sweeper list puts it there now."""
+        pass its reply to `finish_commit`. On a cluster, a commit that moves the turn onto a sweeper list puts
+        it there now."""
         k = self.keys
         expected = state.version
         state.version = expected + 1
         state.updated_at = time.time()
-        score = state.updated_at
-        if state.status.parked and state.parked:  # the awaiting index wakes the sweeper at the first expiry
-            score = state.parked.expires_at
-        elif state.status == TurnStatus.AWAITING_BATCH and state.batch_deadline_at:
-            score = state.batch_deadline_at  # the sweeper looks again at the deadline (the step then runs online)
+        score = index_score(state)
         if len(state.messages) < state._stored_messages or len(state.trace.steps) < state._stored_trace:
             state.version = expected
             raise ValueError("a turn's transcript and trace are append-only; stored entries cannot be removed")
         new_messages = [_MESSAGE.dump_json(m).decode() for m in state.messages[state._stored_messages :]]
         new_trace = [t.model_dump_json() for t in state.trace.steps[state._stored_trace :]]
-        if on_awaiting_list(state.status):
-            self.indexes.add(AWAITING, state.turn_id, score)
-        elif state.status in _RUNNING and state._stored_status not in _RUNNING:
-            self.indexes.add(ACTIVE, state.turn_id, score)
         per_turn = k.per_turn(state.turn_id)
-        keys = [*per_turn[:4], k.lease(state.turn_id), *per_turn[4:]]
+        if self.indexes.separate:
+            if on_awaiting_list(state.status):
+                self.indexes.add(AWAITING, state.turn_id, score)
+            elif state.status in RUNNING and state._stored_status not in RUNNING:
+                self.indexes.add(ACTIVE, state.turn_id, score)
+            absent = k.absent(state.turn_id)
+            lists = [absent, absent]
+        else:
+            lists = [self.indexes.key(ACTIVE, state.turn_id), self.indexes.key(AWAITING, state.turn_id)]
+        keys = [per_turn[0], per_turn[1], *lists, per_turn[2], per_turn[3], k.lease(state.turn_id), *per_turn[4:]]
         args: list[Any] = [
             expected,
             state.model_dump_json(exclude=_HISTORY_FIELDS),
             state.turn_id,
             state.status.value,
-            score,
+            "" if self.indexes.separate else score,
             self.ttl_s,
             lease_token or "",
             "1" if release and lease_token else "0",
@@ -374,7 +436,7 @@ class TurnStore:
             *new_messages,
             *new_trace,
         ]
-        return PreparedWrite(self._commit, keys, args, state, expected)
+        return PreparedWrite(self._commit, keys, args, state, expected, state._stored_status, state._stored_score)
 
     def finish_commit(self, prepared: PreparedWrite, reply: Any) -> bool:
         state = prepared.state
@@ -382,9 +444,11 @@ class TurnStore:
         if not reply:
             state.version = prepared.expected_version
             return False
-        was_parked = on_awaiting_list(state._stored_status)
         self._stored(state)
-        self.indexes.after_commit(state.turn_id, state.status, was_parked, state.updated_at)
+        if self.indexes.separate:
+            self.indexes.after_commit(
+                state.turn_id, state.status, prepared.previous_status, prepared.previous_score, state._stored_score
+            )
         return True
 
     def checkpoint_write(self, turn_id: str, step: int, output_json: str) -> PreparedWrite:
