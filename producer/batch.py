@@ -36,6 +36,7 @@ from stepq.pricing import add_costs
 from stepq.producer.client import Client
 from stepq.producer.render import money
 from stepq.protocol import BATCH_DRIVE, queue_for
+from stepq.store.connection import get_many
 
 
 @dataclass
@@ -248,7 +249,7 @@ class BatchRunner:
         ids = list(self.in_flight)
         if not ids:
             return
-        raws = self.rt.redis.mget([self.rt.keys.turn(t) for t in ids])
+        raws = get_many(self.rt.redis, [self.rt.keys.turn(t) for t in ids])
         retrying = awaiting = 0
         for turn_id, raw in zip(ids, raws, strict=True):
             if raw is None:
@@ -474,7 +475,7 @@ def parked_approvals(client: Client, batch_id: str, filters: list[str]) -> list[
     turn_ids = cast(list[str], rt.redis.hkeys(rt.keys.batch_inflight(check_batch_id(batch_id))))
     found: list[tuple[str, str, str]] = []
     for start in range(0, len(turn_ids), 500):
-        for blob in cast(list[str | None], rt.redis.mget([rt.keys.turn(t) for t in turn_ids[start : start + 500]])):
+        for blob in get_many(rt.redis, [rt.keys.turn(t) for t in turn_ids[start : start + 500]]):
             if blob is None:
                 continue
             state = TurnState.model_validate_json(blob)

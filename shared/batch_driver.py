@@ -16,8 +16,11 @@ Passes are triggered by a batch turn's end (the worker that ran it drives right 
 workers/tasks.py), by `stepq batch submit` (one task) and by the periodic tick. A trigger that finds
 the lock taken leaves the wake flag set; the holder runs again while the flag is set, so no news is lost.
 
-The pass returns a `DrivePlan` (which first steps to send); the Celery task shell sends them, so this
-module never imports Celery.
+Each turn's first step is sent as soon as its item is placed, through the `send` function the Celery task
+shell passes (so this module never imports Celery; without one, the pass returns them in `DrivePlan.send`),
+not after the whole pass: a pass can place hundreds of items, and the turns start meanwhile. A driver's turn
+counts as unsent until that send is recorded (`mark_sent`), so a driver killed between placing an item and
+sending it leaves a turn the sweeper sends within a lease TTL (not after STEPQ_QUEUED_GRACE_S).
 
 Internal (not part of the `stepq` API).
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -34,6 +38,7 @@ from stepq.batch import BatchItem, item_idempotency_key, result_line
 from stepq.errors import SubmitError
 from stepq.models import TurnState, TurnStatus
 from stepq.runtime import Runtime
+from stepq.store.connection import get_many
 from stepq.submit import create_turn
 
 MAX_ITEM_BYTES = 1 << 20  # one item's JSON as stored; larger items are refused at submit
@@ -73,11 +78,19 @@ return 0
 
 @dataclass
 class DrivePlan:
-    """What the task shell does after a pass: send step 0 of these turns on the batch queue."""
+    """What a pass did, and what the task shell does after it: send step 0 of the turns in `send` (those
+    placed when `drive` was given no `send` function) on the batch queue."""
 
     send: list[tuple[str, str]] = field(default_factory=list)  # (turn id, priority)
     finished: bool = False
     busy: bool = False  # another driver holds the batch; it will see the wake flag
+    sender: Callable[[str, str], None] | None = None  # sends step 0 of (turn id, priority) now
+
+    def dispatch(self, turn_id: str, priority: str) -> None:
+        if self.sender is not None:
+            self.sender(turn_id, priority)
+        else:
+            self.send.append((turn_id, priority))
 
 
 def store_batch(
@@ -184,10 +197,13 @@ def wake(rt: Runtime, batch_id: str) -> bool:
     return state == "running"
 
 
-def drive(rt: Runtime, batch_id: str, *, full_check: bool = False) -> DrivePlan:
-    """Run passes while the wake flag is set and this driver holds the lock. Never raises for a bad item."""
+def drive(
+    rt: Runtime, batch_id: str, *, full_check: bool = False, send: Callable[[str, str], None] | None = None
+) -> DrivePlan:
+    """Run passes while the wake flag is set and this driver holds the lock. Never raises for a bad item.
+    `send(turn_id, priority)` sends a placed turn's first step and records it (`mark_sent`)."""
     keys, r = rt.keys, rt.redis
-    plan = DrivePlan()
+    plan = DrivePlan(sender=send)
     token = uuid.uuid4().hex
     while True:
         if not r.set(keys.batch_lock(batch_id), token, nx=True, px=LOCK_TTL_MS):
@@ -266,6 +282,7 @@ def _place(
             metadata={**item.metadata, "batch_id": batch_id, "item_key": item.key},
             priority="batch",
             provider_batch=record.get("provider_batch") == "1",
+            sent=False,  # until `send` records it: a driver dying before it leaves a turn the sweeper sends
         )
     except SubmitError as exc:
         row = {"key": item.key, "item_hash": item_hash, "reused": False, "status": "failed", "error": str(exc)}
@@ -279,7 +296,7 @@ def _place(
             if not created:
                 r.hincrby(keys.batch(batch_id), "reused_running", 1)
             if created or rt.turns.never_dispatched(state.turn_id):
-                plan.send.append((state.turn_id, state.priority))
+                plan.dispatch(state.turn_id, state.priority)
     entry = json.dumps([index, item.key, item_hash])
     moved = int(r.eval(_ADVANCE, 3, keys.batch_lock(batch_id), keys.batch(batch_id), keys.batch_inflight(batch_id),
                        token, index, turn_id, entry))  # fmt: skip
@@ -348,7 +365,7 @@ def status(rt: Runtime, batch_id: str) -> dict[str, Any]:
     turn_ids = cast(list[str], r.hkeys(keys.batch_inflight(batch_id)))
     for start in range(0, len(turn_ids), 500):
         chunk = turn_ids[start : start + 500]
-        for blob in cast(list[str | None], r.mget([keys.turn(t) for t in chunk])):
+        for blob in get_many(r, [keys.turn(t) for t in chunk]):
             if blob is None:
                 continue
             state = TurnState.model_validate_json(blob)

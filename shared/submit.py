@@ -360,8 +360,10 @@ def create_turn(
     attachments: list[Any] | None = None,
     provider_batch: bool = False,
     policy: Policy | dict[str, Any] | None = None,
+    sent: bool = True,
 ) -> tuple[TurnState, bool]:
-    """Validate and store a turn. Returns (state, created); created is False for a repeated key."""
+    """Validate and store a turn. Returns (state, created); created is False for a repeated key.
+    `sent=False`: the caller records its send of step 0 (`mark_sent`); until then the sweeper sends it."""
     agent, state = new_turn_state(
         rt,
         agent_id,
@@ -381,7 +383,7 @@ def create_turn(
     batch_id = state.metadata.get("batch_id")
     files.upload(state._objects)
     rt.turns.store_files(state)
-    existing = rt.turns.create(state, idempotency_key, batch_id if isinstance(batch_id, str) else None)
+    existing = rt.turns.create(state, idempotency_key, batch_id if isinstance(batch_id, str) else None, sent=sent)
     rt.turns.files_stored(state, kept=not existing)
     if existing:
         found = rt.turns.load(existing)

@@ -8,10 +8,12 @@ import subprocess
 import sys
 import time
 
+from stepq import batch_driver
 from stepq.batch import BatchItem, item_idempotency_key
 from stepq.models import EventType, TurnStatus
+from stepq.runtime import get_runtime
 from stepq.submit import create_turn
-from tests.conftest import ROOT, WorkerProcess, eventually, settings_env
+from tests.conftest import ROOT, WorkerProcess, eventually, make_settings, settings_env
 
 
 def _write_items(path, n, bad_lines=()):
@@ -256,5 +258,28 @@ def test_submitted_batch_survives_its_cli_and_wait_returns_each_result_once(sett
         assert int(record["created"]) == 119  # no item submitted twice
         again = _cli(settings, "batch", "results", "detached", "--output", str(tmp_path / "again.jsonl"))
         assert again.returncode == 0 and _lines(tmp_path / "again.jsonl") == rows
+    finally:
+        worker.stop()
+
+
+def test_items_a_killed_driver_placed_but_never_sent_are_sent_by_the_sweeper(prefix, tmp_path):
+    """A driver pass creates each item's turn, moves the cursor, then sends the turn's first step; a worker
+    killed in between leaves turns no message names. They count as unsent until sent, so the sweeper sends
+    them within a lease TTL, not after STEPQ_QUEUED_GRACE_S (an hour here: the batch would hang)."""
+    settings = make_settings(prefix, queued_grace_s=3600)
+    rt = get_runtime(settings)
+    items = [(f"item-{i}", BatchItem.model_validate(_contact(i)), None) for i in range(12)]
+    batch_driver.store_batch(rt, "orphans", "bt.extract", items, concurrency=12)
+    plan = batch_driver.drive(rt, "orphans")  # placed, never sent: as if its worker died right after the pass
+    assert len(plan.send) == 12 and batch_driver.status(rt, "orphans")["created"] == 12
+    worker = WorkerProcess(settings, "sweeps", concurrency=2)
+    try:
+        out = tmp_path / "out.jsonl"
+        done = _cli(settings, "batch", "wait", "orphans", "--output", str(out), "--timeout", "120")
+        assert done.returncode == 0, done.stderr
+        rows = _lines(out)
+        assert sorted(r["key"] for r in rows) == sorted(key for key, _, _ in items)
+        assert {r["status"] for r in rows} == {"completed"}
+        assert int(rt.redis.hget(rt.keys.batch("orphans"), "created")) == 12  # each sent, none created twice
     finally:
         worker.stop()

@@ -64,11 +64,11 @@ def run_step(self: Task, turn_id: str, step: int, attempt: int = 0) -> str:
 
 
 def _drive(task: Task, batch_id: str, full_check: bool = False) -> batch_driver.DrivePlan:
-    plan = batch_driver.drive(_runtime(task), batch_id, full_check=full_check)
-    for turn_id, priority in plan.send:
+    def send(turn_id: str, priority: str) -> None:  # as each item is placed (its send recorded by mark_sent)
         _enqueue_step(task, turn_id, 0, priority)
         _runtime(task).turns.mark_dispatched(turn_id)
-    return plan
+
+    return batch_driver.drive(_runtime(task), batch_id, full_check=full_check, send=send)
 
 
 def batch_drive(self: Task, batch_id: str) -> str:

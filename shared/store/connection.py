@@ -108,6 +108,14 @@ def get_redis(settings: Settings) -> redis.Redis:
         return client
 
 
+def get_many(client: redis.Redis, keys: list[str]) -> list[str | None]:
+    """MGET of keys in any slots: one MGET on a single Redis; on a cluster, one per slot (pipelined per node),
+    since a cluster refuses an MGET across slots (turns live in many)."""
+    if isinstance(client, RedisCluster):
+        return cast(list[str | None], client.mget_nonatomic(keys))
+    return cast(list[str | None], client.mget(keys))
+
+
 FIRST_CONTACT_S = 3.0  # how long a one-shot command tries a Redis it has never reached
 
 

@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import redis
 
+from stepq.store.connection import get_many
 from stepq.store.keys import Keys
 from stepq.store.pipelines import queue_script
 
@@ -142,7 +143,7 @@ class ProviderBatchStore:
         """The parked requests of these turns (a turn that ended or gave its request up is left out)."""
         if not turn_ids:
             return []
-        raws = cast(list[str | None], self.client.mget([self.keys.pbatch_request(t) for t in turn_ids]))
+        raws = get_many(self.client, [self.keys.pbatch_request(t) for t in turn_ids])
         found = []
         for turn_id, raw in zip(turn_ids, raws, strict=True):
             if raw is not None:
