@@ -127,10 +127,8 @@ def store_batch(
             f"the input is {size:,} bytes; a submitted batch holds at most {MAX_INPUT_BYTES:,}: split it into batches"
         )
     ttl = rt.settings.event_ttl_s
-    pipe = r.pipeline(transaction=False)
     derived = [keys.batch_input(batch_id), keys.batch_results(batch_id), keys.batch_inflight(batch_id)]
-    pipe.delete(record, keys.batch_done(batch_id), keys.batch_wake(batch_id), *derived)
-    pipe.execute()
+    r.delete(record, keys.batch_done(batch_id), keys.batch_wake(batch_id), *derived)  # one slot: {batch_id}
     for start in range(0, len(lines), CHUNK):
         r.rpush(keys.batch_input(batch_id), *lines[start : start + CHUNK])
     failed = 0

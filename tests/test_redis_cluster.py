@@ -414,3 +414,52 @@ def test_a_batch_runs_and_resubmits_idempotently_on_the_cluster(cluster_settings
         assert not any(h.created for h in again)
     finally:
         worker.stop()
+
+
+def test_late_list_updates_never_undo_another_processs_on_the_cluster(cluster_settings: Settings, prefix: str) -> None:
+    """The sweeper's lists are updated around the scripts here: the checks of tests/test_sweep_indexes.py."""
+    from tests.test_sweep_indexes import (
+        check_a_late_park_update_keeps_a_decisions_entry,
+        check_a_late_refresh_never_lists_a_finished_turn,
+    )
+
+    rt = get_runtime(cluster_settings)
+    check_a_late_park_update_keeps_a_decisions_entry(rt, prefix)
+    check_a_late_refresh_never_lists_a_finished_turn(rt, prefix)
+
+
+@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+def test_a_driven_batch_parks_is_approved_in_bulk_and_finishes_on_the_cluster(
+    cluster_settings: Settings, tmp_path: Path
+) -> None:
+    """`stepq batch submit` driven by a worker, its status and `stepq approve --batch` reading turns that live in
+    many slots, each approval resuming its turn through the sharded lists."""
+    import json
+
+    from tests.test_batch import _cli, _lines, _write
+
+    worker = WorkerProcess(cluster_settings, "cl5", concurrency=4)
+    try:
+        items = tmp_path / "items.jsonl"
+        _write(items, [{"key": f"g-{i}", "prompt": f"publish {i}"} for i in range(12)])
+        submit = _cli(cluster_settings, "batch", "submit", "--agent", "bt.gated", "--input", str(items),
+                      "--concurrency", "12", "--batch-id", "cluster-gated")  # fmt: skip
+        assert submit.returncode == 0, submit.stderr
+
+        def parked() -> bool:
+            status = _cli(cluster_settings, "batch", "status", "cluster-gated", "--json")
+            assert status.returncode == 0, status.stderr
+            return bool(json.loads(status.stdout)["awaiting_approval"] == 12)
+
+        eventually(parked, timeout=120, what="12 items awaiting approval")
+        decided = _cli(cluster_settings, "approve", "--batch", "cluster-gated", "--all", "--yes", "--timeout", "120")
+        assert decided.returncode == 0 and "approved 12, refused 0" in decided.stdout, decided.stderr
+        done = _cli(cluster_settings, "batch", "wait", "cluster-gated", "--output", str(tmp_path / "out.jsonl"))
+        assert done.returncode == 0, done.stderr
+        rows = _lines(tmp_path / "out.jsonl")
+        assert len(rows) == 12 and {r["status"] for r in rows} == {"completed"}
+        rt = get_runtime(cluster_settings)
+        assert int(rt.redis.hget(rt.keys.batch("cluster-gated"), "created")) == 12
+        assert rt.turns.indexes.count("active") == 0 and rt.turns.indexes.count("awaiting") == 0
+    finally:
+        worker.stop()
