@@ -58,7 +58,7 @@ def tick(rt: Runtime, *, force_flush: bool = False) -> TickReport:
         report.busy = True
         return report
     try:
-        store = ProviderBatchStore(rt.redis, rt.keys, rt.settings.event_ttl_s)
+        store = ProviderBatchStore(rt.redis, rt.keys, rt.settings.event_ttl_s, rt.settings.redis_cluster)
         now = time.time()
         _flush(rt, store, now, force_flush, report)
         _poll(rt, store, now, report)

@@ -463,3 +463,37 @@ def test_a_driven_batch_parks_is_approved_in_bulk_and_finishes_on_the_cluster(
         assert rt.turns.indexes.count("active") == 0 and rt.turns.indexes.count("awaiting") == 0
     finally:
         worker.stop()
+
+
+def test_provider_batch_steps_park_batch_and_resume_on_the_cluster(cluster_url: str, prefix: str) -> None:
+    """A turn whose steps go through a provider batch (the scripted model's, offline): its request in its turn's
+    slot, the group queue and the batches in the provider batches' slot, the awaiting/active shards in theirs."""
+    from tests.test_provider_batch import PRICES, run_to_end, submit
+
+    settings = make_settings(
+        prefix, redis_url=cluster_url, broker_url=AMQP_URL, provider_batch_window_s=0, retry_max_attempts=2,
+        prices=PRICES,
+    )  # fmt: skip
+    rt = get_runtime(settings)
+    turn_ids = [submit(rt, agent="agents_pbatch.scripted") for _ in range(3)]
+    run_to_end(rt, *turn_ids)
+    for turn_id in turn_ids:
+        state = rt.turns.load(turn_id)
+        assert state is not None and state.text == "enriched A-1"
+        assert [t.batch for t in state.trace.steps] == [True, True]
+    assert rt.turns.indexes.count("active") == 0 and rt.turns.indexes.count("awaiting") == 0
+
+
+def test_tenant_policies_are_written_and_read_by_steps_on_the_cluster(cluster_settings: Settings, prefix: str) -> None:
+    """A policy write updates three keys in one script (they share a tag); a step reads the policies' version
+    from their slot, next to its own begin script in the turn's slot."""
+    from stepq.engine.runner import StepRunner
+    from stepq.submit import create_turn
+
+    rt = get_runtime(cluster_settings)
+    assert rt.policies.update("acme", "*", {"max_steps": 5}) is not None
+    assert rt.policies.tenants() == ["acme"]
+    state, _ = create_turn(rt, "rt.basic", prompt="go", metadata={"prefix": prefix, "tenant": "acme"})
+    assert StepRunner(rt).deliver(state.turn_id, 0).action == "next"
+    rt.policies.clear("acme")
+    assert rt.policies.get("acme") == {}

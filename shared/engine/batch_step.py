@@ -48,7 +48,7 @@ Route = StepOutput | ProviderError | Park | Waiting | Online
 
 
 def store_for(rt: Runtime) -> ProviderBatchStore:
-    return ProviderBatchStore(rt.redis, rt.keys, rt.settings.event_ttl_s)
+    return ProviderBatchStore(rt.redis, rt.keys, rt.settings.event_ttl_s, rt.settings.redis_cluster)
 
 
 def applies(state: TurnState, adapter: ProviderAdapter) -> bool:

@@ -9,7 +9,8 @@ script and transaction touches one slot while a deployment's keys spread over th
   thread turn or check an idempotency key stay in one slot. An approval's id carries its turn's home.
 - The sweeper's worklists (`active`, `awaiting`) are split into `index_shards` shards; a turn belongs to
   shard `crc32(turn_id) % index_shards`, and shard n of both lists shares one tag.
-- A batch's keys share a `{batch_id}` tag, a rate-limit scope's a `{scope}` tag.
+- A batch's keys share a `{batch_id}` tag, a rate-limit scope's a `{scope}` tag, the tenant policies'
+  one `{<prefix>:policy}` tag, the provider-batch queues and batches one `{<prefix>:pbatch}` tag.
 - The few fleet-wide keys (worker heartbeats, the sweep lock, the pending-approvals gauge, the set of
   driven batches) are single keys that no script combines with others.
 
@@ -199,18 +200,19 @@ class Keys:
     # ----------------------------------------------------------------- tenant policies
 
     def policy(self, tenant: str) -> str:
-        """HASH of a tenant's policy: scope (`*`, a module, an agent id) -> Policy JSON."""
-        return f"{self.prefix}:policy:tenant:{tenant}"
+        """HASH of a tenant's policy: scope (`*`, a module, an agent id) -> Policy JSON. The policy keys share
+        one hash tag: a policy write updates the hash, the version and the tenants set in one script."""
+        return f"{self.prefix}:policy:{{{self.prefix}:policy}}:tenant:{tenant}"
 
     @property
     def policy_version(self) -> str:
         """STRING counter bumped by every tenant policy change; each step reads it with its lease."""
-        return f"{self.prefix}:policy:version"
+        return f"{self.prefix}:policy:{{{self.prefix}:policy}}:version"
 
     @property
     def policy_tenants(self) -> str:
         """SET of tenants that have a policy (what `stepq policy show` lists)."""
-        return f"{self.prefix}:policy:tenants"
+        return f"{self.prefix}:policy:{{{self.prefix}:policy}}:tenants"
 
     # ----------------------------------------------------------------- threads
 
@@ -293,28 +295,33 @@ class Keys:
         """STRING: the provider batch's answer for the turn's request (custom id, result or error), as JSON."""
         return f"{self.turn(turn_id)}:pbatch-outcome"
 
+    @property
+    def pbatch_tag(self) -> str:
+        """The provider-batch keys below share one hash tag: the tick takes requests into a batch in one script."""
+        return f"{self.prefix}:pbatch:{{{self.prefix}:pbatch}}"
+
     def pbatch_pending(self, group: str) -> str:
         """ZSET of turn ids whose request waits for the next provider batch of `group` (provider/model)."""
-        return f"{self.prefix}:pbatch:pending:{group}"
+        return f"{self.pbatch_tag}:pending:{group}"
 
     @property
     def pbatch_groups(self) -> str:
         """SET of groups (provider/model) with requests waiting to be sent."""
-        return f"{self.prefix}:pbatch:groups"
+        return f"{self.pbatch_tag}:groups"
 
     def pbatch_batch(self, local_id: str) -> str:
         """HASH of one provider batch: group, provider id, state, members (JSON), created and deadline times."""
-        return f"{self.prefix}:pbatch:batch:{local_id}"
+        return f"{self.pbatch_tag}:batch:{local_id}"
 
     @property
     def pbatch_open(self) -> str:
         """SET of provider batches sent (or being sent) whose results are not collected yet."""
-        return f"{self.prefix}:pbatch:open"
+        return f"{self.pbatch_tag}:open"
 
     @property
     def pbatch_lock(self) -> str:
         """STRING: the flush-and-poll tick's lock (one tick at a time across the fleet)."""
-        return f"{self.prefix}:pbatch:lock"
+        return f"{self.pbatch_tag}:lock"
 
     # ----------------------------------------------------------------- the broker (Celery on Redis)
 

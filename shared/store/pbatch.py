@@ -34,6 +34,21 @@ redis.call('SADD', KEYS[3], ARGV[4])
 return 1
 """
 
+# A cluster's _QUEUE in two calls (the request is in its turn's slot, the queue in the provider batches' one):
+# KEYS: request. ARGV: custom id, request JSON, ttl. Then _ENQUEUE (KEYS: pending, groups. ARGV: score, group,
+# turn id) on the queue's slot.
+_HOLD = """
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, 1, string.len(ARGV[1]) + 1) == ARGV[1] .. '\\31' then return 0 end
+redis.call('SET', KEYS[1], ARGV[1] .. '\\31' .. ARGV[2], 'EX', ARGV[3])
+return 1
+"""
+_ENQUEUE = """
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[3])
+redis.call('SADD', KEYS[2], ARGV[2])
+return 1
+"""
+
 # KEYS: pending, groups, batch, open. ARGV: count, group, local id, created, deadline, ttl
 _TAKE = """
 local members = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
@@ -86,11 +101,14 @@ class Queued:
 
 
 class ProviderBatchStore:
-    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int) -> None:
+    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int, cluster: bool = False) -> None:
         self.client = client
         self.keys = keys
         self.ttl_s = ttl_s
+        self.cluster = cluster  # a request and the queue are in different slots: queued in two calls
         self._queue = client.register_script(_QUEUE)
+        self._hold = client.register_script(_HOLD)
+        self._enqueue = client.register_script(_ENQUEUE)
         self._take = client.register_script(_TAKE)
         self._record = client.register_script(_RECORD)
         self._abandon = client.register_script(_ABANDON)
@@ -100,7 +118,13 @@ class ProviderBatchStore:
     def queue(self, turn_id: str, group: str, custom: str, payload: dict[str, Any], now: float) -> bool:
         """Park the request for the group's next batch; False when this custom id is already parked or sent."""
         k = self.keys
-        args: list[Any] = [custom, json.dumps(payload, separators=(",", ":")), now, group, self.ttl_s, turn_id]
+        request = json.dumps(payload, separators=(",", ":"))
+        if self.cluster:  # the request first: a crash next leaves it to the batch deadline (the step runs online)
+            if not self._hold(keys=[k.pbatch_request(turn_id)], args=[custom, request, self.ttl_s]):
+                return False
+            self._enqueue(keys=[k.pbatch_pending(group), k.pbatch_groups], args=[now, group, turn_id])
+            return True
+        args: list[Any] = [custom, request, now, group, self.ttl_s, turn_id]
         keys = [k.pbatch_request(turn_id), k.pbatch_pending(group), k.pbatch_groups]
         return bool(self._queue(keys=keys, args=args))
 

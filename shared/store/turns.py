@@ -104,7 +104,8 @@ return 1
 """
 
 
-# KEYS: lease, started, emitted, cancel, checkpoint, turn, messages, trace, tenant policies' version
+# KEYS: lease, started, emitted, cancel, checkpoint, turn, messages, trace, tenant policies' version (on a cluster,
+#       in another slot: the turn's `absent` key, and the version is read next to the script)
 # ARGV: token, lease ttl ms, step, messages already parsed here, trace steps already parsed here
 _BEGIN = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end
@@ -334,13 +335,15 @@ class TurnStore:
                 k.turn(turn_id),
                 k.messages(turn_id),
                 k.trace(turn_id),
-                k.policy_version,
+                k.absent(turn_id) if self.indexes.separate else k.policy_version,
             ],
             args=[token, ttl_ms, step, len(messages), len(trace)],
         )
         if not reply[0]:
             return LeaseHeld(max(int(reply[1]), 0) / 1000)
         _, emitted, cancel, checkpoint, raw, new_messages, new_trace, total, policy_version = reply
+        if self.indexes.separate:  # a cluster: the version lives in the policies' slot
+            policy_version = self.client.get(k.policy_version)
         state = None
         if raw:
             if total < len(messages):  # lists rewritten under a re-used id: read them whole
