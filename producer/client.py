@@ -397,8 +397,16 @@ class Client:
 
     def get_thread(self, thread_id: str, *, tenant: str | None = None) -> threads.Thread:
         """The thread's transcript and turns (ThreadNotFoundError when unknown, expired or, given `tenant`,
-        another tenant's)."""
+        another tenant's). It reflects a turn that ended even if its worker has not folded it in yet."""
+        self._settle_thread(thread_id)
         return threads.get_thread(self.runtime, thread_id, tenant=tenant)
+
+    def _settle_thread(self, thread_id: str) -> None:
+        """Run the finish hook of the thread's turn that ended before its worker ran it (idempotent), and send
+        the waiting turn that this starts: a caller that saw a turn end sees the thread past it."""
+        started = threads.settle(self.runtime, thread_id)
+        if started is not None:
+            self._send_step(started, 0, self.get(started).priority)
 
     def continue_thread(
         self,
@@ -417,9 +425,7 @@ class Client:
         of the thread runs, `multitask` says what happens: `reject` (ThreadBusyError), `enqueue` (run after
         it) or `interrupt` (cancel it at its next step boundary, then run this one). `attachments` are kept
         with the thread, so later turns still see them. `policy` is the caller layer of the new turn (see submit)."""
-        started = threads.settle(self.runtime, thread_id)  # a turn that ended before its finish hook ran
-        if started is not None:
-            self._send_step(started, 0, self.get(started).priority)
+        self._settle_thread(thread_id)
         continued = threads.continue_thread(
             self.runtime,
             thread_id,

@@ -170,3 +170,21 @@ def _kill_leftover_workers() -> None:
     """A test run that is interrupted must not leave worker processes behind."""
     for worker in list(WorkerProcess.running):
         worker._signal_group(signal.SIGKILL)
+
+
+def pytest_exception_interact(node: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
+    """A turn that did not finish in time: add every thread's stack to the report (an in-process worker's
+    threads live here), so a hang seen once on a loaded CI machine can be read, not guessed."""
+    from stepq.errors import WaitTimeoutError
+
+    if call.excinfo is None or not call.excinfo.errisinstance(WaitTimeoutError):
+        return
+    import threading
+    import traceback
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    stacks = [
+        f"--- thread {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
+        for ident, frame in sys._current_frames().items()
+    ]
+    report.sections.append(("threads when the wait timed out", "\n".join(stacks)))

@@ -307,12 +307,26 @@ def test_a_finish_whose_hook_never_ran_is_completed_by_the_redelivery(
     state = client.get(first.turn_id)
     state.status, state.text = TurnStatus.COMPLETED, "done"
     assert rt.turns.commit(state)  # the commit a worker makes, without the hook after it
-    assert client.get_thread(thread.thread_id).running_turn_id == first.turn_id
+    assert rt.threads.running(thread.thread_id) == first.turn_id  # (get_thread would settle it)
 
     decision = StepRunner(rt).deliver(first.turn_id, 0)
     assert decision.start == (second.turn_id,)
     assert client.get_thread(thread.thread_id).running_turn_id == second.turn_id
     assert [m.role for m in client.get(second.turn_id).messages] == ["user", "user"]  # thread transcript, then its own
+
+
+def test_reading_a_thread_after_its_turn_ended_shows_it_ended_before_the_hook_ran(client: Client, rt: Runtime) -> None:
+    """A caller that saw the turn end (wait() returned) reads the thread at once: it is not running that turn
+    any more and holds its transcript, even if the worker's hook has not run yet."""
+    thread = client.create_thread("thr.chat")
+    first = client.continue_thread(thread.thread_id, prompt="one")
+    state = client.get(first.turn_id)
+    state.status, state.text = TurnStatus.COMPLETED, "done"
+    assert rt.turns.commit(state)  # ended; the hook has not run
+    assert rt.threads.running(thread.thread_id) == first.turn_id
+    stored = client.get_thread(thread.thread_id)
+    assert stored.running_turn_id is None
+    assert [m.role for m in stored.messages] == ["user"]
 
 
 def test_continuing_after_the_running_turn_ended_never_finds_the_thread_busy(client: Client, rt: Runtime) -> None:
