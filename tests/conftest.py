@@ -39,7 +39,9 @@ def make_settings(prefix: str, **overrides: object) -> Settings:
         "queue": f"{prefix}.steps",
         "agent_modules": TEST_AGENT_MODULES,
         "approval_secret": "test-secret-" + prefix,
-        "lease_ttl_s": 2.0,
+        # long enough that a heartbeat starved on a loaded machine does not lose it (a lost lease re-runs
+        # the step, and a scripted fake has no reply for the re-run); short enough that kill tests recover fast
+        "lease_ttl_s": 10.0,
         "sweep_interval_s": 0.5,
         "retry_base_s": 0.05,
         "retry_cap_s": 0.2,
@@ -172,13 +174,16 @@ def _kill_leftover_workers() -> None:
         worker._signal_group(signal.SIGKILL)
 
 
-def pytest_exception_interact(node: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """A turn that did not finish in time: add every thread's stack to the report (an in-process worker's
     threads live here), so a hang seen once on a loaded CI machine can be read, not guessed."""
+    outcome = yield
     from stepq.errors import WaitTimeoutError
 
     if call.excinfo is None or not call.excinfo.errisinstance(WaitTimeoutError):
         return
+    report = outcome.get_result()
     import threading
     import traceback
 
