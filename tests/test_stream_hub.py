@@ -59,13 +59,15 @@ async def _run_bursts(rt: Runtime, turns: list[str], streams_per_turn: int) -> t
 
 def test_bursts_reach_every_stream_once_in_order_through_the_fast_path(rt: Runtime, prefix: str) -> None:
     """Three turns, two streams each, 400 events a turn published back to back: every stream gets seqs
-    1..401 exactly once, in order; and most messages were dispatched from the parser's buffer (the fast
-    path is live with the installed redis-py and hiredis: a redis-py upgrade that disables it fails here)."""
+    1..401 exactly once, in order; and messages were dispatched from the parser's buffer (the fast path is
+    live with the installed redis-py and hiredis: a redis-py upgrade that disables it fails here). How many
+    depends on how far the reader falls behind the burst (about half on an idle machine, fewer when the
+    reader gets the CPU more often), so the check is that the path is taken, not how often."""
     turns = [f"{prefix}-hub-{i}" for i in range(3)]
     seen, drained = asyncio.run(_run_bursts(rt, turns, streams_per_turn=2))
     for seqs in seen:
         assert seqs == list(range(1, BURST + 2))
-    assert drained > len(turns) * BURST // 2
+    assert drained > 0
 
 
 async def _subscribe_during_a_burst(rt: Runtime, prefix: str) -> list[int]:
