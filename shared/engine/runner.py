@@ -987,16 +987,13 @@ class StepRunner:
         state.messages.pop()  # the assistant message is re-added with the results on resume
         state.trace.steps.pop()  # so is the step's trace (kept in `parked`), complete with the results
         state.status = TurnStatus.AWAITING_APPROVAL if pending else TurnStatus.AWAITING_TOOL_RESULTS
-        # The requests go out ahead of the commit, in its round trip: whoever sees the turn parked finds
-        # them in the log (a reader that saw the status first would close the message without them). A
-        # lost commit leaves them in a step the next delivery resets, like any other event of that step.
-        for req in requests:
-            emitter.defer(EventType.APPROVAL_REQUEST, req)
-        if state.parked.client_calls:
-            emitter.defer(EventType.TOOL_RESULTS_REQUEST, client_tools.request_event(state.parked.client_calls))
         if not self._commit(state):
             return _none(StepLoss.COMMIT_LOST)
         track_pending(rt, pending)  # stepq_pending_approvals counts this index
+        for req in requests:
+            emitter.publish(EventType.APPROVAL_REQUEST, req)
+        if state.parked.client_calls:
+            emitter.publish(EventType.TOOL_RESULTS_REQUEST, client_tools.request_event(state.parked.client_calls))
         return _none(f"parked ({state.status.value})")
 
     def _resume(self, state: TurnState, agent: AgentDefinition, emitter: StepEmitter) -> Decision:
