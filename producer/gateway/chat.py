@@ -314,19 +314,62 @@ def _stream_response(gw: Gateway, turn_id: str, cursor: int, metadata: dict[str,
     )
 
 
-async def _waits_on_people(gw: Gateway, turn_id: str) -> str | None:
-    """The turn's parked status when at least one of its approvals is still undecided and unexpired, or a
-    client-side tool result is still to come from the browser; None otherwise."""
+@dataclass(frozen=True)
+class _Waiting:
+    """A parked turn that waits on people: its status, and the parked step's requests to show them."""
+
+    status: str
+    step: int
+    approvals: dict[str, str]  # approval id -> tool call id
+    client_calls: list[str]  # tool call ids
+
+
+async def _waits_on_people(gw: Gateway, turn_id: str) -> _Waiting | None:
+    """The parked step when at least one of its approvals is still undecided and unexpired, or a client-side
+    tool result is still to come from the browser; None otherwise."""
     state = await gw.run_sync(gw.runtime.turns.load, turn_id)
     if state is None or not state.status.parked or state.parked is None:
         return None
+    parked = state.parked
+    waiting = _Waiting(
+        status=state.status.value,
+        step=state.step,
+        approvals={a.approval_id: a.tool_call_id for a in parked.approvals},
+        client_calls=[c.tool_call_id for c in parked.client_calls],
+    )
     if not await gw.run_sync(client_results_in, gw.runtime, state, time.time()):
-        return state.status.value
-    ids = [a.approval_id for a in state.parked.approvals]
-    records = await gw.run_sync(gw.runtime.approvals.get_many, ids)
+        return waiting
+    records = await gw.run_sync(gw.runtime.approvals.get_many, list(waiting.approvals))
     now = time.time()
     pending = any(r is not None and r.status == "pending" and now < r.expires_at for r in records.values())
-    return state.status.value if pending else None
+    return waiting if pending else None
+
+
+async def _close_parked(
+    gw: Gateway, turn_id: str, translator: UIMessageTranslator, after: int, waiting: _Waiting
+) -> list[dict[str, Any]]:
+    """The chunks that close a parked turn's message: the logged events after `after`, then the step's
+    requests. A worker publishes those just after its parking commit, so the turn can be seen parked a moment
+    before they are in the log (or, if the worker died in between, never); any still missing are built from
+    the stored parked step, so the client always gets something to answer."""
+    chunks: list[dict[str, Any]] = []
+    approvals, calls = dict(waiting.approvals), set(waiting.client_calls)
+    for raw in await gw.reader.read(turn_id, 0):
+        if raw.type == EventType.APPROVAL_REQUEST.value:
+            approvals.pop(str(_event(raw).data.get("approval_id")), None)
+        elif raw.type == EventType.TOOL_RESULTS_REQUEST.value:
+            calls.difference_update(str(c.get("tool_call_id")) for c in _event(raw).data.get("calls", ()))
+        if raw.seq > after and not translator.finished:
+            chunks += translator.feed(_event(raw))
+    missing: list[tuple[EventType, dict[str, Any]]] = [
+        (EventType.APPROVAL_REQUEST, {"approval_id": a, "tool_call_id": c}) for a, c in approvals.items()
+    ]
+    if calls:
+        missing.append((EventType.TOOL_RESULTS_REQUEST, {"calls": [{"tool_call_id": c} for c in sorted(calls)]}))
+    for type_, data in missing:
+        event = Event(turn_id=turn_id, seq=0, type=type_, step=waiting.step, data=data, ts=time.time())
+        chunks += translator.feed(event)
+    return chunks + translator.end_parked(waiting.status)
 
 
 async def _ui_stream(gw: Gateway, turn_id: str, cursor: int, metadata: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -339,31 +382,33 @@ async def _ui_stream(gw: Gateway, turn_id: str, cursor: int, metadata: dict[str,
         yield _frames(translator.begin())
         waiting = await _waits_on_people(gw, turn_id)
         if waiting:  # parked: what there is, then the message closes
-            chunks = [c for e in await gw.reader.read(turn_id, cursor) for c in translator.feed(_event(e))]
-            yield _frames(chunks + translator.end_parked(waiting)) + DONE
+            yield _frames(await _close_parked(gw, turn_id, translator, cursor, waiting)) + DONE
             return
-        parked: str | None = None
+        seen = cursor
         async for batch in follow_batches(gw.hub, gw.reader, turn_id, cursor, gw.settings.gateway_keepalive_s):
             if not batch:  # a quiet stream: it closes if the turn now waits on people (a partial decision)
-                parked = await _waits_on_people(gw, turn_id)
-                if parked:
-                    break
+                waiting = await _waits_on_people(gw, turn_id)
+                if waiting:
+                    yield _frames(await _close_parked(gw, turn_id, translator, seen, waiting)) + DONE
+                    return
                 yield sse.KEEPALIVE
                 continue
             chunks = []
             for raw in batch:
+                seen = raw.seq
                 chunks += translator.feed(_event(raw))
                 if translator.finished:
                     break
                 if raw.type in _PARKING and translator.parked:
-                    parked = await _waits_on_people(gw, turn_id)
-                    if parked:
-                        break
+                    waiting = await _waits_on_people(gw, turn_id)
+                    if waiting:
+                        chunks += translator.end_parked(waiting.status)
+                        yield _frames(chunks) + DONE
+                        return
             yield _frames(chunks)
-            if translator.finished or parked:
+            if translator.finished:
                 break
-        closing = translator.end_parked(parked) if parked else translator.end_unfinished()
-        yield _frames(closing) + DONE
+        yield _frames(translator.end_unfinished()) + DONE
     finally:
         metrics.open_streams.dec()
 
