@@ -17,8 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from stepq.models import TurnState, TurnStatus
-from stepq.store.keys import Keys
+from stepq.models import TurnState
 
 _BATCH_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 
@@ -86,23 +85,6 @@ def item_idempotency_key(batch_id: str, item: BatchItem) -> str:
     """The item's identity: its batch, its key and its content. An edited item gets a new turn."""
     key_hash = hashlib.sha256(item.key.encode()).hexdigest()[:32]
     return f"batch:{batch_id}:{key_hash}:{item.content_hash()}"
-
-
-def record_finish(pipe: Any, keys: Keys, state: TurnState, ttl_s: int) -> None:
-    """Queue the batch bookkeeping for a finished batch turn onto a pipeline (no-op for other turns)."""
-    batch_id = state.metadata.get("batch_id")
-    if not isinstance(batch_id, str):
-        return
-    key = keys.batch(batch_id)
-    pipe.hincrby(key, "failed" if state.status != TurnStatus.COMPLETED else "done", 1)
-    pipe.hincrby(key, "input_tokens", state.usage.input_tokens)
-    pipe.hincrby(key, "output_tokens", state.usage.output_tokens)
-    pipe.expire(key, ttl_s)
-    stream = keys.batch_done(batch_id)
-    pipe.xadd(
-        stream, {"turn_id": state.turn_id, "key": str(state.metadata.get("item_key", "")), "status": state.status}
-    )
-    pipe.expire(stream, ttl_s)
 
 
 def result_line(item_key: str, state: TurnState, *, item_hash: str = "", reused: bool = False) -> dict[str, Any]:

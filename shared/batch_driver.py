@@ -1,11 +1,12 @@
 """The batch driver: a submitted batch runs on the workers, not in the CLI process that submitted it.
 
 `store_batch` puts the items into Redis at submit (one LIST element per item, written in chunks).
-A driver pass (`drive`) then, holding the batch's lock:
+A batch turn's end writes the item's result, in the same script as the turn's batch counters (right after
+the turn's final commit, see `stepq.store.batch_runs`): once (HSETNX), counted once, and off the in-flight
+list; it then flags the driver. A driver pass (`drive`) then, holding the batch's lock:
 
-1. records every turn the batch's done stream reports finished (and, on the periodic tick, every
-   in-flight turn found terminal: a worker that died between its commit and the stream entry) as the
-   item's result, in one script that writes each item's result once (HSETNX) and counts it once;
+1. on the periodic tick only, records every in-flight turn found terminal (a worker that died between its
+   commit and that script; a turn found running from an earlier run that ended before it was listed);
 2. submits the next items while fewer than `concurrency` are in flight. The turn is created with the
    item's idempotency key (batch, key, content hash), and the cursor moves past it only afterwards, by
    compare-and-set, fenced by the lock's token: a pass that dies mid-way, a redelivered task or two
@@ -14,9 +15,11 @@ A driver pass (`drive`) then, holding the batch's lock:
 
 Passes are triggered by a batch turn's end (the worker that ran it drives right after, see
 workers/tasks.py), by `stepq batch submit` (one task) and by the periodic tick. A trigger that finds
-the lock taken leaves the wake flag set; the holder runs again while the flag is set, so no news is lost.
+the lock taken leaves the wake flag set; the holder runs again while the flag is set (checked and the lock
+released in one script), so no news is lost. Starting a pass, placing an item and ending a pass are one
+round trip each, and each reads the next item when there is room for it.
 
-Each turn's first step is sent as soon as its item is placed, through the `send` function the Celery task
+Each turn's first step is sent as soon as its item is placed (and listed in flight), through the `send` function the Celery task
 shell passes (so this module never imports Celery; without one, the pass returns them in `DrivePlan.send`),
 not after the whole pass: a pass can place hundreds of items, and the turns start meanwhile. A driver's turn
 counts as unsent until that send is recorded (`mark_sent`), so a driver killed between placing an item and
@@ -38,42 +41,14 @@ from stepq.batch import BatchItem, item_idempotency_key, result_line
 from stepq.errors import SubmitError
 from stepq.models import TurnState, TurnStatus
 from stepq.runtime import Runtime
+from stepq.store.batch_runs import PassStart
 from stepq.store.connection import get_many
 from stepq.submit import create_turn
 
 MAX_ITEM_BYTES = 1 << 20  # one item's JSON as stored; larger items are refused at submit
 MAX_INPUT_BYTES = 256 << 20  # a whole batch's stored input; split bigger inputs into several batches
 CHUNK = 500  # items per Redis round trip when storing the input
-LOCK_TTL_MS = 30_000  # a driver that dies frees the batch after this long
-STREAM_READ = 1000  # done-stream entries read per pass
-
-# KEYS: results, record, inflight. ARGV: item key, result JSON, counter field, reused (0/1), turn id
-# Writes the item's result once; the counters move only for the write that happened.
-_RECORD = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then
-  if ARGV[5] ~= '' then redis.call('HDEL', KEYS[3], ARGV[5]) end
-  return 0
-end
-redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
-if ARGV[4] == '1' then redis.call('HINCRBY', KEYS[2], 'reused', 1) end
-if ARGV[5] ~= '' then redis.call('HDEL', KEYS[3], ARGV[5]) end
-return 1
-"""
-
-# KEYS: lock, record, inflight. ARGV: token, index, turn id ('' when the item needs no in-flight entry), entry
-# Moves the cursor past item `index` (only from `index`, only for the lock's holder) and lists its turn.
-_ADVANCE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-if tonumber(redis.call('HGET', KEYS[2], 'cursor') or '0') ~= tonumber(ARGV[2]) then return 0 end
-if ARGV[3] ~= '' then redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) end
-redis.call('HSET', KEYS[2], 'cursor', tonumber(ARGV[2]) + 1)
-return 1
-"""
-
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
+MAX_PASSES = 3  # passes one `drive` makes while news keeps coming
 
 
 @dataclass
@@ -148,7 +123,6 @@ def store_batch(
             "driver": 1,
             "state": "running",
             "cursor": 0,
-            "stream_cursor": "0-0",
             "submitted_at": time.time(),
         },
     )
@@ -162,23 +136,7 @@ def store_batch(
 def _record(
     rt: Runtime, batch_id: str, key: str, row: dict[str, Any], *, index: int, turn_id: str, reused: bool
 ) -> int:
-    keys = rt.keys
-    row = {**row, "_index": index}  # input order for `stepq batch results`; dropped from the file
-    counter = "r_done" if row.get("status") == TurnStatus.COMPLETED.value else "r_failed"
-    return int(
-        rt.redis.eval(
-            _RECORD,
-            3,
-            keys.batch_results(batch_id),
-            keys.batch(batch_id),
-            keys.batch_inflight(batch_id),
-            key,
-            json.dumps(row, ensure_ascii=False),
-            counter,
-            "1" if reused else "0",
-            turn_id,
-        )
-    )
+    return rt.batches.record(batch_id, key, row, index=index, turn_id=turn_id, reused=reused)
 
 
 def active(rt: Runtime) -> list[str]:
@@ -198,52 +156,54 @@ def wake(rt: Runtime, batch_id: str) -> bool:
 def drive(
     rt: Runtime, batch_id: str, *, full_check: bool = False, send: Callable[[str, str], None] | None = None
 ) -> DrivePlan:
-    """Run passes while the wake flag is set and this driver holds the lock. Never raises for a bad item.
-    `send(turn_id, priority)` sends a placed turn's first step and records it (`mark_sent`)."""
-    keys, r = rt.keys, rt.redis
+    """Run passes while the wake flag is set and this driver holds the lock, at most MAX_PASSES: on a busy
+    batch news never stops, and a driver that kept going would send every item itself (the workers that
+    end turns then find the lock taken and run nothing inline); news left is the next trigger's (a turn's
+    end, the tick). Never raises for a bad item. `send(turn_id, priority)` sends a placed turn's first step
+    and records it (`mark_sent`)."""
     plan = DrivePlan(sender=send)
     token = uuid.uuid4().hex
-    while True:
-        if not r.set(keys.batch_lock(batch_id), token, nx=True, px=LOCK_TTL_MS):
-            plan.busy = True
-            return plan
-        try:
-            r.delete(keys.batch_wake(batch_id))
-            _pass(rt, batch_id, token, plan, full_check)
-            while r.getdel(keys.batch_wake(batch_id)):
-                _pass(rt, batch_id, token, plan, False)
-        finally:
-            r.eval(_RELEASE, 1, keys.batch_lock(batch_id), token)
-        if plan.finished or not r.exists(keys.batch_wake(batch_id)):
-            return plan
-        full_check = False  # news arrived between our last look and the release: go again
+    start = rt.batches.take(batch_id, token, first=True)
+    if start is None:
+        plan.busy = True  # the holder sees the wake flag and goes again
+        return plan
+    passes = 0
+    while start is not None:
+        _pass(rt, batch_id, token, plan, full_check, start)
+        full_check = False
+        passes += 1
+        last = passes >= MAX_PASSES and not plan.finished
+        start = rt.batches.take(batch_id, token, first=False, last=last)  # news meanwhile: again, else let go
+    return plan
 
 
-def _pass(rt: Runtime, batch_id: str, token: str, plan: DrivePlan, full_check: bool) -> None:
+def _pass(rt: Runtime, batch_id: str, token: str, plan: DrivePlan, full_check: bool, start: PassStart) -> None:
     keys, r = rt.keys, rt.redis
-    pipe = r.pipeline(transaction=False)
-    pipe.hgetall(keys.batch(batch_id))
-    pipe.hlen(keys.batch_inflight(batch_id))
-    record, listed = cast(tuple[dict[str, str], int], tuple(pipe.execute()))
+    record = start.record
     if not record:  # expired (nobody followed it for the event TTL): nothing left to drive
         r.srem(keys.batch_active(), batch_id)
     if record.get("state") != "running":
         plan.finished = record.get("state") == "finished"
         return
-    in_flight = int(listed) - _collect(rt, batch_id, record, full_check)
+    in_flight, raw = start.in_flight, start.next_raw
     cursor, stored = int(record.get("cursor", 0)), int(record.get("stored", 0))
-    limit = max(1, int(record.get("concurrency", 1)))
-    while cursor < stored and in_flight < limit:
-        raw = cast(str | None, r.lindex(keys.batch_input(batch_id), cursor))
-        if raw is None:  # the input expired under a batch left unfollowed for the event TTL
-            break
+    if full_check:
+        in_flight -= _collect(rt, batch_id)
+        if raw is None and cursor < stored and in_flight < max(1, int(record.get("concurrency", 1))):
+            raw = cast(str | None, r.lindex(keys.batch_input(batch_id), cursor))
+    # the room seen at the start, not what turns ending meanwhile free: their workers place those (and run
+    # them inline); a pass that kept taking them would place every item of a busy batch itself
+    room = max(1, int(record.get("concurrency", 1))) - in_flight
+    placed = False
+    while raw is not None and room > 0:  # the item at the cursor, read while there was room for it
         item = BatchItem.model_validate_json(raw)
-        turn_id = _place(rt, batch_id, record, token, cursor, item, plan)
-        if turn_id is None:
+        moved, listed, raw = _place(rt, batch_id, record, token, cursor, item, plan)
+        if not moved:
             return  # lost the lock or the cursor moved: another driver carries on
         cursor += 1
-        in_flight += bool(turn_id)
-    if cursor >= stored and in_flight == 0:
+        room -= listed
+        placed = True
+    if cursor >= stored and in_flight == 0 and not placed:
         pipe = r.pipeline(transaction=False)
         pipe.hset(keys.batch(batch_id), mapping={"state": "finished", "finished_at": time.time()})
         pipe.srem(keys.batch_active(), batch_id)
@@ -264,12 +224,13 @@ def _keep(rt: Runtime, batch_id: str) -> None:
 
 def _place(
     rt: Runtime, batch_id: str, record: dict[str, str], token: str, index: int, item: BatchItem, plan: DrivePlan
-) -> str | None:
-    """Create item `index`'s turn (or find it), then move the cursor. Returns the turn id to count in flight,
-    '' for an item recorded at once (reused or refused), None when this driver must stop."""
+) -> tuple[bool, bool, str | None]:
+    """Create item `index`'s turn (or find it), move the cursor and list the turn in flight, then send it.
+    (moved, listed in flight, the next item when there is room for it); not moved: this driver must stop."""
     keys, r = rt.keys, rt.redis
     item_hash = item.content_hash()
     turn_id = ""
+    send = False
     try:
         state, created = create_turn(
             rt,
@@ -293,52 +254,38 @@ def _place(
             turn_id = state.turn_id
             if not created:
                 r.hincrby(keys.batch(batch_id), "reused_running", 1)
-            if created or rt.turns.never_dispatched(state.turn_id):
-                plan.dispatch(state.turn_id, state.priority)
-    entry = json.dumps([index, item.key, item_hash])
-    moved = int(r.eval(_ADVANCE, 3, keys.batch_lock(batch_id), keys.batch(batch_id), keys.batch_inflight(batch_id),
-                       token, index, turn_id, entry))  # fmt: skip
-    return turn_id if moved == 1 else None
+            send = created or rt.turns.never_dispatched(state.turn_id)
+    # listed in flight before it is sent: its end (on any worker, at once) finds the entry and writes the result
+    moved, next_raw = rt.batches.advance(batch_id, token, index, turn_id, json.dumps([index, item.key, item_hash]))
+    if moved and send:
+        plan.dispatch(state.turn_id, state.priority)
+    return moved, bool(turn_id), next_raw
 
 
-def _collect(rt: Runtime, batch_id: str, record: dict[str, str], full_check: bool) -> int:
-    """Record the results of in-flight turns that finished; returns how many left the in-flight list."""
-    keys, r = rt.keys, rt.redis
-    start = cursor = record.get("stream_cursor", "0-0")
+def _collect(rt: Runtime, batch_id: str) -> int:
+    """The tick's check: record the results of in-flight turns found ended whose end did not (a worker died
+    between its final commit and the batch script, or the turn, found running from an earlier run, ended
+    before it was listed). Returns how many left the in-flight list; keeps the batch's keys alive."""
     removed = 0
-    finished: list[str] = []
-    while True:
-        entries = cast(
-            list[tuple[str, dict[str, str]]],
-            r.xrange(keys.batch_done(batch_id), min=f"({cursor}", max="+", count=STREAM_READ),
-        )
-        if not entries:
-            break
-        finished.extend(fields["turn_id"] for _, fields in entries)
-        cursor = entries[-1][0]
-    if full_check:
-        finished.extend(cast(list[str], r.hkeys(keys.batch_inflight(batch_id))))
-    finished = list(dict.fromkeys(finished))  # the tick's full check may list a turn the stream named too
-    if finished:
-        entries_raw = cast(list[str | None], r.hmget(keys.batch_inflight(batch_id), finished))
-        for turn_id, raw_entry in zip(finished, entries_raw, strict=True):
+    finished = cast(list[str], rt.redis.hkeys(rt.keys.batch_inflight(batch_id)))
+    for start in range(0, len(finished), 500):
+        chunk = finished[start : start + 500]
+        entries = cast(list[str | None], rt.redis.hmget(rt.keys.batch_inflight(batch_id), chunk))
+        blobs = get_many(rt.redis, [rt.keys.turn(t) for t in chunk])
+        for turn_id, raw_entry, blob in zip(chunk, entries, blobs, strict=True):
             if raw_entry is None:
-                continue  # not ours (any more)
-            state = rt.turns.load(turn_id)
+                continue  # recorded meanwhile
             index, key, item_hash = json.loads(raw_entry)
-            if state is None:  # expired: the item cannot be answered any more
+            if blob is None:  # expired: the item cannot be answered any more
                 row = {"key": key, "item_hash": item_hash, "reused": False, "status": "failed",
                        "error": f"turn {turn_id} expired before its result was collected"}  # fmt: skip
-                _record(rt, batch_id, key, row, index=index, turn_id=turn_id, reused=False)
-                removed += 1
-            elif state.status.terminal:
+                removed += _record(rt, batch_id, key, row, index=index, turn_id=turn_id, reused=False)
+                continue
+            state = TurnState.model_validate_json(blob)
+            if state.status.terminal:
                 row = result_line(key, state, item_hash=item_hash)
-                _record(rt, batch_id, key, row, index=index, turn_id=turn_id, reused=False)
-                removed += 1
-    if cursor != start:
-        r.hset(keys.batch(batch_id), "stream_cursor", cursor)
-    if full_check:  # on the tick: a long batch's keys outlive the event TTL while it runs
-        _keep(rt, batch_id)
+                removed += _record(rt, batch_id, key, row, index=index, turn_id=turn_id, reused=False)
+    _keep(rt, batch_id)  # a long batch's keys outlive the event TTL while it runs
     return removed
 
 

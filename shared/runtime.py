@@ -18,6 +18,7 @@ from stepq.approvals import ApprovalSigner
 from stepq.config import Settings, get_settings
 from stepq.ratelimit import RateLimiter
 from stepq.store.approvals import ApprovalStore
+from stepq.store.batch_runs import BatchRunStore
 from stepq.store.connection import get_redis
 from stepq.store.events import EventLog
 from stepq.store.keys import Keys
@@ -42,6 +43,7 @@ class Runtime:
     approvals: ApprovalStore
     threads: ThreadStore
     policies: PolicyStore
+    batches: BatchRunStore
     agents: AgentRegistry
     limiter: RateLimiter
     _signer: ApprovalSigner | None = field(default=None, repr=False)
@@ -66,6 +68,7 @@ class Runtime:
             approvals=ApprovalStore(client, keys, settings.event_ttl_s),
             threads=ThreadStore(client, keys, settings.thread_ttl_s, turns.indexes),
             policies=PolicyStore(client, keys),
+            batches=BatchRunStore(client, keys, settings.event_ttl_s),
             agents=agents,
             limiter=RateLimiter(client, keys, hold_ttl_s=max(settings.lease_ttl_s * 4, 300.0)),
         )

@@ -283,3 +283,70 @@ def test_items_a_killed_driver_placed_but_never_sent_are_sent_by_the_sweeper(pre
         assert int(rt.redis.hget(rt.keys.batch("orphans"), "created")) == 12  # each sent, none created twice
     finally:
         worker.stop()
+
+
+def test_a_driven_batch_runs_its_next_items_inline_on_the_worker_that_ended_a_turn(prefix, tmp_path):
+    """The worker whose batch turn ended places the next item and runs it in the same task, not through the
+    broker: such a turn's step 0 was never sent (its sent marker stays at -1). Every item still ends once."""
+    settings = make_settings(prefix)
+    rt = get_runtime(settings)
+    items, out = tmp_path / "items.jsonl", tmp_path / "out.jsonl"
+    _write_items(items, 40)
+    worker = WorkerProcess(settings, "inline", concurrency=1)
+    try:
+        submit = _cli(settings, "batch", "submit", "--agent", "bt.extract", "--input", str(items),
+                      "--concurrency", "4", "--batch-id", "inline")  # fmt: skip
+        assert submit.returncode == 0, submit.stderr
+        done = _cli(settings, "batch", "wait", "inline", "--output", str(out), "--timeout", "120")
+        assert done.returncode == 0, done.stderr
+        rows = _lines(out)
+        assert len(rows) == 40 and len({r["key"] for r in rows}) == 40
+        assert {r["status"] for r in rows} == {"completed"}
+        assert int(rt.redis.hget(rt.keys.batch("inline"), "created")) == 40  # none created twice
+        inline = [r["turn_id"] for r in rows if rt.turns.sent_step(r["turn_id"]) == -1]
+        assert inline, "no item ran inline: every one went through the broker"
+    finally:
+        worker.stop()
+
+
+def test_a_turn_end_writes_its_result_and_the_tick_records_one_whose_worker_died_first(prefix, monkeypatch):
+    """A driven batch turn's end writes the item's result line in the script that counts the turn (no pass
+    collects it); a turn whose worker died between its final commit and that script is recorded by the tick.
+    Each line equals `result_line` of the turn, written once, in input order."""
+    from stepq.batch import result_line
+    from stepq.engine.runner import StepRunner
+    from stepq.store.batch_runs import BatchRunStore
+
+    rt = get_runtime(make_settings(prefix))
+    rows = [{"key": "clé-0", "input": {"text": "Zoë 0 <z0@example.com>"}}, _contact(1), _contact(2)]
+    items = [(r["key"], BatchItem.model_validate(r), None) for r in rows]
+    batch_driver.store_batch(rt, "ends", "bt.extract", items, concurrency=3)
+    plan = batch_driver.drive(rt, "ends", full_check=True)
+    turns = [turn_id for turn_id, _ in plan.send]
+    assert len(turns) == 3
+
+    def run(turn_id):
+        decision = StepRunner(rt).deliver(turn_id, 0)
+        assert decision.action == "none", decision
+        return decision
+
+    assert run(turns[0]).batch == "ends"  # written and flagged: the worker drives right after
+    [first] = batch_driver.results(rt, "ends")
+    state = rt.turns.load(turns[0])
+    assert first == result_line("clé-0", state, item_hash=items[0][1].content_hash())
+    assert first["object"]["name"] == "Zoë 0"
+    assert batch_driver.status(rt, "ends")["done"] == 1
+
+    with monkeypatch.context() as m:  # the worker dies right after the turn's final commit
+        m.setattr(BatchRunStore, "turn_ended", lambda self, batch_id, state, result: False)
+        assert run(turns[1]).batch == ""
+    assert len(batch_driver.results(rt, "ends")) == 1
+    run(turns[2])
+    assert batch_driver.drive(rt, "ends").finished is False  # the dead worker's turn is still listed
+    batch_driver.wake(rt, "ends")
+    assert batch_driver.drive(rt, "ends", full_check=True).finished  # the tick records it: nothing left
+    final = batch_driver.results(rt, "ends")
+    assert [r["key"] for r in final] == ["clé-0", "item-1", "item-2"]
+    assert {r["status"] for r in final} == {"completed"} and not any(r["reused"] for r in final)
+    status = batch_driver.status(rt, "ends")
+    assert (status["done"], status["failed"], status["state"]) == (3, 0, "finished")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from celery import Celery, Task
@@ -22,6 +23,9 @@ from stepq.protocol import APPROVE, BATCH_DRIVE, PROVIDER_BATCH_TICK, RUN_STEP, 
 from stepq.runtime import Runtime, get_runtime
 
 log = logging.getLogger("stepq.worker")
+
+INLINE_BUDGET_S = 0.5  # how long one task runs a driven batch's items inline before it hands them to the broker
+INLINE_CHECK_S = 0.02  # how often an inline run looks for interactive steps waiting (then it stops)
 
 
 def _settings(task: Task) -> Settings:
@@ -42,39 +46,113 @@ def _enqueue_step(task: Task, turn_id: str, step: int, priority: str, countdown:
 def run_step(self: Task, turn_id: str, step: int, attempt: int = 0) -> str:
     """Run one delivery of step `step`; `attempt` is informational (the turn state holds the truth)."""
     with log_context(turn_id=turn_id, step=step, attempt=attempt):  # on every log line of the delivery
-        decision = StepRunner(_runtime(self)).deliver(turn_id, step)
-        STEP_DELIVERIES.labels(decision.action).inc()
-        _log_decision(decision)
-        for other in decision.start:  # a thread's next turn, now that this one has ended
-            _enqueue_step(self, other, 0, decision.priority)
-        if decision.action == "next":
-            _enqueue_step(self, turn_id, decision.step, decision.priority)
-        elif decision.action == "retry":
+        decision = _deliver(self, turn_id, step)
+        if decision.action == "retry":
             raise self.retry(
                 args=[turn_id, step],
                 kwargs={"attempt": decision.attempt},
                 countdown=decision.countdown,
                 queue=queue_for(_settings(self), decision.priority),
             )
-        elif decision.action == "reschedule":
-            _enqueue_step(self, turn_id, step, decision.priority, countdown=decision.countdown)
-        if decision.batch and batch_driver.wake(_runtime(self), decision.batch):
-            _drive(self, decision.batch)  # a driven batch's turn ended: its next item goes out from here
+        _follow(self, turn_id, decision)
+        if decision.batch:
+            _drive_inline(self, decision.batch)  # a driven batch's turn ended: its next item goes from here
         return f"{decision.action}:{decision.reason}"
 
 
-def _drive(task: Task, batch_id: str, full_check: bool = False) -> batch_driver.DrivePlan:
+def _deliver(task: Task, turn_id: str, step: int) -> Decision:
+    decision = StepRunner(_runtime(task)).deliver(turn_id, step)
+    STEP_DELIVERIES.labels(decision.action).inc()
+    _log_decision(decision)
+    return decision
+
+
+def _follow(task: Task, turn_id: str, decision: Decision) -> None:
+    """Send what a delivery's decision asks for: a thread's next turn, the next step, a retry, a later try."""
+    for other in decision.start:  # a thread's next turn, now that this one has ended
+        _enqueue_step(task, other, 0, decision.priority)
+    if decision.action == "next":
+        _enqueue_step(task, turn_id, decision.step, decision.priority)
+    elif decision.action == "retry":  # run_step retries its own message; an inline step has none to retry
+        queue = queue_for(_settings(task), decision.priority)
+        kwargs = {"attempt": decision.attempt}
+        task.app.send_task(
+            RUN_STEP, args=[turn_id, decision.step], kwargs=kwargs, countdown=decision.countdown, queue=queue
+        )
+        _runtime(task).turns.mark_sent(turn_id, decision.step)
+    elif decision.action == "reschedule":
+        _enqueue_step(task, turn_id, decision.step, decision.priority, countdown=decision.countdown)
+
+
+def _drive(
+    task: Task, batch_id: str, full_check: bool = False, keep_one: bool = False
+) -> tuple[batch_driver.DrivePlan, tuple[str, str] | None]:
+    """A driver pass; with `keep_one`, the first turn placed is not sent but returned, to run in this task."""
+    kept: list[tuple[str, str]] = []
+
     def send(turn_id: str, priority: str) -> None:  # as each item is placed (its send recorded by mark_sent)
+        if keep_one and not kept:
+            kept.append((turn_id, priority))  # counts as unsent until it runs: the sweeper covers a crash
+            return
         _enqueue_step(task, turn_id, 0, priority)
         _runtime(task).turns.mark_dispatched(turn_id)
 
-    return batch_driver.drive(_runtime(task), batch_id, full_check=full_check, send=send)
+    plan = batch_driver.drive(_runtime(task), batch_id, full_check=full_check, send=send)
+    return plan, (kept[0] if kept else None)
+
+
+def _drive_inline(task: Task, batch_id: str) -> None:
+    """Place a driven batch's next items and run one of them here, in this task, instead of through the
+    broker (for a short item the hop is most of its cost); again while its steps and the next items keep
+    coming, for at most INLINE_BUDGET_S and never while interactive steps wait in the broker (looked at
+    every INLINE_CHECK_S). What is not run here is sent as usual: a crash here leaves a turn the sweeper
+    sends (placed but unsent) or re-runs (a step whose lease lapsed), as for any worker."""
+    started = checked = time.monotonic()
+    while True:
+        _, kept = _drive(task, batch_id, keep_one=True)
+        if kept is None:
+            return
+        turn_id, priority = kept
+        step = 0
+        while True:
+            now = time.monotonic()
+            if now - started > INLINE_BUDGET_S or (now - checked > INLINE_CHECK_S and _interactive_waiting(task)):
+                _enqueue_step(task, turn_id, step, priority)
+                if step == 0:
+                    _runtime(task).turns.mark_dispatched(turn_id)
+                return
+            checked = now if now - checked > INLINE_CHECK_S else checked
+            with log_context(turn_id=turn_id, step=step, attempt=0):
+                decision = _deliver(task, turn_id, step)
+            if decision.action != "next" or decision.start:
+                break
+            step = decision.step
+        _follow(task, turn_id, decision)
+        if not decision.batch:
+            return
+        batch_id = decision.batch
+
+
+def _interactive_waiting(task: Task) -> bool:
+    """Whether steps wait in the interactive queue, by the broker's count; an error counts as yes."""
+    queue = queue_for(_settings(task), "interactive")
+    try:
+        with task.app.producer_or_acquire() as producer:
+            channel = producer.channel
+            # kombu's Redis channel: LLEN over the queue's priority lists (its passive declare refuses an
+            # empty queue, whose lists do not exist); AMQP: the declared queue's message count
+            size = getattr(channel, "_size", None)
+            if size is not None:
+                return bool(size(queue))
+            return bool(channel.queue_declare(queue=queue, passive=True).message_count)
+    except Exception:  # any doubt sends the batch item through the broker, as before
+        return True
 
 
 def batch_drive(self: Task, batch_id: str) -> str:
     """A driver pass for a submitted batch (sent by `stepq batch submit`); see stepq.batch_driver."""
     batch_driver.wake(_runtime(self), batch_id)
-    plan = _drive(self, batch_id, full_check=True)
+    plan, _ = _drive(self, batch_id, full_check=True)
     return "finished" if plan.finished else "busy" if plan.busy else f"sent {len(plan.send)}"
 
 

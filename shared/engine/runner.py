@@ -20,7 +20,7 @@ import redis
 from stepq import attachments, edits, mcp_tools, task_plan, threads
 from stepq.agents import AgentDefinition
 from stepq.approvals import ApprovalClaim
-from stepq.batch import record_finish
+from stepq.batch import result_line
 from stepq.engine import batch_step, client_tools, step_plan, stopping, structured, tracing
 from stepq.engine.compaction import Compactor, view
 from stepq.engine.dispatch import PreparedCall, StepDispatcher
@@ -99,7 +99,7 @@ class Decision:
     reason: str = ""
     priority: str = "interactive"  # picks the queue the next message goes to
     start: tuple[str, ...] = ()  # other turns whose first step to send now (a thread's next turn)
-    batch: str = ""  # the batch of a batch turn that just ended (its driver may submit the next item)
+    batch: str = ""  # the driven batch of a batch turn that just ended: its driver makes a pass now
 
 
 def _none(reason: str) -> Decision:
@@ -795,10 +795,10 @@ class StepRunner:
         TURNS.labels(state.agent, status.value).inc()
         if parked is not None:  # cancelled while parked: its approvals no longer wait for anyone
             untrack_pending(self.rt, *[a.approval_id for a in parked.approvals])
-        if "batch_id" in state.metadata:
-            pipe = self.rt.redis.pipeline(transaction=False)
-            record_finish(pipe, self.rt.keys, state, self.rt.settings.event_ttl_s)
-            pipe.execute()
+        batch = state.metadata.get("batch_id")
+        if isinstance(batch, str):  # counted, and a driven batch's result written; its driver runs next
+            item_key = str(state.metadata.get("item_key", ""))
+            batch = batch if self.rt.batches.turn_ended(batch, state, result_line(item_key, state)) else ""
         emitter.publish(
             EventType.TURN_FINISH,
             {
@@ -814,7 +814,6 @@ class StepRunner:
                 "trace": state.trace.summary(),
             },
         )
-        batch = state.metadata.get("batch_id")
         return replace(
             _none(f"turn {status.value}"), start=_maybe(start_next), batch=batch if isinstance(batch, str) else ""
         )
