@@ -408,3 +408,31 @@ def test_serve_insecure_dev_says_so_and_loads_the_demo_agents(prefix):
     text = "".join(said)
     assert "INSECURE DEV MODE" in text and "demo agents" in text, text
     assert agents == ["demo.enricher", "demo.extractor", "demo.planner", "demo.support"]
+
+
+def test_a_command_on_a_connection_redis_dropped_is_retried_on_a_new_one(prefix, rt):
+    """Redis closes the gateway's pooled connection (CLIENT KILL, a restart, an idle timeout) and the next
+    command comes before the event loop has seen the close: it is retried on a fresh connection instead of
+    failing the request with a 503 (seen under load as a refused approval right after a drop)."""
+    import asyncio
+
+    from stepq.producer.gateway.service import Gateway, client_name
+
+    settings = make_settings(prefix, api_keys=api_keys_setting(), gateway_rate_limit_rpm=0)
+    gw = Gateway(settings)
+    rt.redis.set(f"{prefix}:probe", "here")
+
+    async def drop_then_read() -> str | None:
+        assert await gw.redis.ping()
+        # blocking the loop: it cannot see the close before the next command goes out on that connection
+        killed = sum(
+            rt.redis.client_kill_filter(_id=c["id"])
+            for c in rt.redis.client_list()
+            if c.get("name") == client_name(gw.settings)
+        )
+        assert killed == 1
+        value = await gw.redis.get(f"{prefix}:probe")
+        await gw.redis.aclose()
+        return value if isinstance(value, str) else None
+
+    assert asyncio.run(drop_then_read()) == "here"

@@ -17,6 +17,8 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialWithJitterBackoff
 
 from stepq.config import Settings
 from stepq.errors import ConfigurationError
@@ -27,10 +29,11 @@ from stepq.producer.gateway.errors import GatewayError
 from stepq.producer.gateway.metrics import GatewayMetrics
 from stepq.producer.gateway.streams import EventReader, StreamHub
 from stepq.runtime import Runtime
-from stepq.store.connection import CLUSTER_SCHEME, parse_cluster_url
+from stepq.store.connection import BACKOFF_BASE_S, BACKOFF_CAP_S, CLUSTER_SCHEME, parse_cluster_url
 
 CLIENT_NAME = "stepq-gateway"
 T = TypeVar("T")
+COMMAND_RETRIES = 3  # retries of a command that failed on a dropped connection (the pub/sub hub reconnects itself)
 
 
 def client_name(settings: Settings) -> str:
@@ -79,7 +82,13 @@ class Gateway:
             self.redis, self._pubsub_redis = _cluster_clients(url, self.settings.gateway_redis_pool)
         else:
             pool = aioredis.BlockingConnectionPool.from_url(
-                url, decode_responses=True, max_connections=self.settings.gateway_redis_pool, timeout=30
+                url,
+                decode_responses=True,
+                max_connections=self.settings.gateway_redis_pool,
+                timeout=30,
+                # a pooled connection Redis dropped (a restart, CLIENT KILL, an idle timeout) fails on its
+                # next use when the loop has not yet seen its close: retried on a new one, not a 503
+                retry=AsyncRetry(ExponentialWithJitterBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), COMMAND_RETRIES),
             )
             self.redis = aioredis.Redis(connection_pool=pool)
             # the one pub/sub connection: a pool of its own, so it never competes with the commands
