@@ -43,8 +43,9 @@ async def _run_bursts(rt: Runtime, turns: list[str], streams_per_turn: int) -> t
         tasks = [
             asyncio.create_task(_collect(hub, reader, turns[i // streams_per_turn], seen[i])) for i in range(len(seen))
         ]
-        async with asyncio.timeout(TIMEOUT):
-            while hub.subscribed_channels < len(turns):  # every stream subscribed before the burst
+        channels = [rt.keys.channel(t) for t in turns]
+        async with asyncio.timeout(TIMEOUT):  # every channel subscribed at the server before the burst (else
+            while any(n < 1 for _, n in await commands.pubsub_numsub(*channels)):  # the burst comes from the log)
                 await asyncio.sleep(0.01)
         for t in turns:  # on the loop's thread, blocking it: the hub reads only once the bursts are all sent,
             _publish_burst(rt, t, BURST)  # so its socket holds many messages, whatever the scheduler does
