@@ -87,3 +87,23 @@ def test_full_jitter_stays_within_capped_ceiling(attempt):
     ceiling = min(30.0, 2**attempt)
     assert all(0 <= v <= ceiling for v in values)
     assert max(values) > ceiling / 2  # it is jittered over the whole range, not a constant
+
+
+def test_a_batch_turns_retry_stays_on_the_batch_queue(settings):
+    """The retry of a batch-priority step goes back to the batch queue, not ahead of chats on the interactive
+    one: here only a batch-queue worker runs, so the turn ends only if its retry lands there."""
+    from celery.contrib.testing.worker import start_worker
+
+    from stepq.producer.client import Client
+    from stepq.protocol import queue_for
+    from stepq.workers.app import create_app
+
+    client = Client(settings)
+    app = create_app(settings)
+    batch_queue = [queue_for(settings, "batch")]
+    with start_worker(
+        app, pool="threads", concurrency=1, perform_ping_check=False, loglevel="WARNING", queues=batch_queue
+    ):
+        handle = client.submit("rt.rate_limited", prompt="go", priority="batch")
+        result = handle.wait(timeout=120)
+    assert result.status == TurnStatus.COMPLETED and result.trace.steps[0].retries == 1
