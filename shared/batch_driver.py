@@ -41,7 +41,7 @@ from stepq.batch import BatchItem, item_idempotency_key, result_line
 from stepq.errors import SubmitError
 from stepq.models import TurnState, TurnStatus
 from stepq.runtime import Runtime
-from stepq.store.batch_runs import PassStart
+from stepq.store.batch_runs import CLAIM, BatchClaim, PassStart
 from stepq.store.connection import get_many
 from stepq.submit import create_turn
 
@@ -188,7 +188,7 @@ def _pass(rt: Runtime, batch_id: str, token: str, plan: DrivePlan, full_check: b
     in_flight, raw = start.in_flight, start.next_raw
     cursor, stored = int(record.get("cursor", 0)), int(record.get("stored", 0))
     if full_check:
-        in_flight -= _collect(rt, batch_id)
+        in_flight -= _collect(rt, batch_id, record, plan)
         if raw is None and cursor < stored and in_flight < max(1, int(record.get("concurrency", 1))):
             raw = cast(str | None, r.lindex(keys.batch_input(batch_id), cursor))
     # the room seen at the start, not what turns ending meanwhile free: their workers place those (and run
@@ -227,47 +227,74 @@ def _place(
 ) -> tuple[bool, bool, str | None]:
     """Create item `index`'s turn (or find it), move the cursor and list the turn in flight, then send it.
     (moved, listed in flight, the next item when there is room for it); not moved: this driver must stop."""
-    keys, r = rt.keys, rt.redis
+    made = _make_turn(rt, batch_id, record["agent"], record.get("provider_batch") == "1", index, item, "")
+    # listed in flight before it is sent: its end (on any worker, at once) finds the entry and writes the result
+    moved, next_raw = rt.batches.advance(batch_id, token, index, made.turn_id, made.entry)
+    if moved and made.send:
+        plan.dispatch(made.turn_id, made.priority)
+    return moved, bool(made.turn_id), next_raw
+
+
+@dataclass
+class _Made:
+    turn_id: str  # '' when the item was recorded at once (reused or refused)
+    priority: str = "batch"
+    send: bool = False  # its first step still has to go out (not created before and sent by an earlier run)
+    entry: str = ""  # its in-flight entry
+
+
+def _make_turn(
+    rt: Runtime, batch_id: str, agent: str, provider_batch: bool, index: int, item: BatchItem, listed_as: str
+) -> _Made:
+    """Create item `index`'s turn (or find the one an earlier run or another driver created). An item answered
+    before, or refused, is recorded at once (taking `listed_as`, a claim, off the in-flight list)."""
     item_hash = item.content_hash()
-    turn_id = ""
-    send = False
     try:
         state, created = create_turn(
             rt,
-            record["agent"],
+            agent,
             prompt=item.prompt_text(),
             messages=item.messages,
             idempotency_key=item_idempotency_key(batch_id, item),
             metadata={**item.metadata, "batch_id": batch_id, "item_key": item.key},
             priority="batch",
-            provider_batch=record.get("provider_batch") == "1",
+            provider_batch=provider_batch,
             sent=False,  # until `send` records it: a driver dying before it leaves a turn the sweeper sends
         )
     except SubmitError as exc:
         row = {"key": item.key, "item_hash": item_hash, "reused": False, "status": "failed", "error": str(exc)}
-        _record(rt, batch_id, item.key, row, index=index, turn_id="", reused=False)
-    else:
-        if state.status.terminal:  # unchanged and answered in an earlier run: not paid for again
-            row = result_line(item.key, state, item_hash=item_hash, reused=True)
-            _record(rt, batch_id, item.key, row, index=index, turn_id="", reused=True)
-        else:
-            turn_id = state.turn_id
-            if not created:
-                r.hincrby(keys.batch(batch_id), "reused_running", 1)
-            send = created or rt.turns.never_dispatched(state.turn_id)
-    # listed in flight before it is sent: its end (on any worker, at once) finds the entry and writes the result
-    moved, next_raw = rt.batches.advance(batch_id, token, index, turn_id, json.dumps([index, item.key, item_hash]))
-    if moved and send:
-        plan.dispatch(state.turn_id, state.priority)
-    return moved, bool(turn_id), next_raw
+        _record(rt, batch_id, item.key, row, index=index, turn_id=listed_as, reused=False)
+        return _Made("")
+    if state.status.terminal:  # unchanged and answered in an earlier run: not paid for again
+        row = result_line(item.key, state, item_hash=item_hash, reused=True)
+        _record(rt, batch_id, item.key, row, index=index, turn_id=listed_as, reused=True)
+        return _Made("")
+    if not created:
+        rt.redis.hincrby(rt.keys.batch(batch_id), "reused_running", 1)
+    send = created or rt.turns.never_dispatched(state.turn_id)
+    return _Made(state.turn_id, state.priority, send, json.dumps([index, item.key, item_hash]))
 
 
-def _collect(rt: Runtime, batch_id: str) -> int:
+def run_claim(rt: Runtime, claim: BatchClaim) -> tuple[str, str] | None:
+    """Create the claimed item's turn and list it in the claim's place: (turn id, priority) for the caller to
+    run now, or None (the item was recorded at once, its turn was already sent by an earlier run, or the tick
+    took the claim over)."""
+    item = BatchItem.model_validate_json(claim.raw)
+    made = _make_turn(rt, claim.batch_id, claim.agent, claim.provider_batch, claim.index, item, claim.field)
+    if not made.turn_id or not rt.batches.settle(claim, made.turn_id, made.entry):
+        return None
+    return (made.turn_id, made.priority) if made.send else None
+
+
+def _collect(rt: Runtime, batch_id: str, record: dict[str, str], plan: DrivePlan) -> int:
     """The tick's check: record the results of in-flight turns found ended whose end did not (a worker died
     between its final commit and the batch script, or the turn, found running from an earlier run, ended
-    before it was listed). Returns how many left the in-flight list; keeps the batch's keys alive."""
+    before it was listed), and place the items of claims older than a lease TTL (their worker died before
+    listing the turn). Returns how many left the in-flight list; keeps the batch's keys alive."""
     removed = 0
-    finished = cast(list[str], rt.redis.hkeys(rt.keys.batch_inflight(batch_id)))
+    listed = cast(list[str], rt.redis.hkeys(rt.keys.batch_inflight(batch_id)))
+    claims = [f for f in listed if f.startswith(CLAIM)]
+    finished = [f for f in listed if not f.startswith(CLAIM)]
     for start in range(0, len(finished), 500):
         chunk = finished[start : start + 500]
         entries = cast(list[str | None], rt.redis.hmget(rt.keys.batch_inflight(batch_id), chunk))
@@ -285,6 +312,22 @@ def _collect(rt: Runtime, batch_id: str) -> int:
             if state.status.terminal:
                 row = result_line(key, state, item_hash=item_hash)
                 removed += _record(rt, batch_id, key, row, index=index, turn_id=turn_id, reused=False)
+    stale = time.time() - rt.settings.lease_ttl_s
+    for field_name in claims:
+        raw_entry = cast(str | None, rt.redis.hget(rt.keys.batch_inflight(batch_id), field_name))
+        if raw_entry is None or float(json.loads(raw_entry)[3]) > stale:
+            continue  # settled meanwhile, or its worker may still be placing it
+        index = int(field_name[len(CLAIM) :])
+        raw = cast(str | None, rt.redis.lindex(rt.keys.batch_input(batch_id), index))
+        if raw is None:  # the input expired under a batch left unfollowed
+            continue
+        item = BatchItem.model_validate_json(raw)
+        claim = BatchClaim(batch_id, index, raw, record["agent"], record.get("provider_batch") == "1", False)
+        made = _make_turn(rt, batch_id, claim.agent, claim.provider_batch, index, item, claim.field)
+        if not made.turn_id:
+            removed += 1  # recorded at once: the claim left the in-flight list with it
+        elif rt.batches.settle(claim, made.turn_id, made.entry) and made.send:
+            plan.dispatch(made.turn_id, made.priority)
     _keep(rt, batch_id)  # a long batch's keys outlive the event TTL while it runs
     return removed
 

@@ -315,7 +315,7 @@ def test_a_turn_end_writes_its_result_and_the_tick_records_one_whose_worker_died
     Each line equals `result_line` of the turn, written once, in input order."""
     from stepq.batch import result_line
     from stepq.engine.runner import StepRunner
-    from stepq.store.batch_runs import BatchRunStore
+    from stepq.store.batch_runs import BatchRunStore, TurnEnd
 
     rt = get_runtime(make_settings(prefix))
     rows = [{"key": "clé-0", "input": {"text": "Zoë 0 <z0@example.com>"}}, _contact(1), _contact(2)]
@@ -338,7 +338,7 @@ def test_a_turn_end_writes_its_result_and_the_tick_records_one_whose_worker_died
     assert batch_driver.status(rt, "ends")["done"] == 1
 
     with monkeypatch.context() as m:  # the worker dies right after the turn's final commit
-        m.setattr(BatchRunStore, "turn_ended", lambda self, batch_id, state, result: False)
+        m.setattr(BatchRunStore, "turn_ended", lambda self, batch_id, state, result: TurnEnd(False))
         assert run(turns[1]).batch == ""
     assert len(batch_driver.results(rt, "ends")) == 1
     run(turns[2])
@@ -350,3 +350,39 @@ def test_a_turn_end_writes_its_result_and_the_tick_records_one_whose_worker_died
     assert {r["status"] for r in final} == {"completed"} and not any(r["reused"] for r in final)
     status = batch_driver.status(rt, "ends")
     assert (status["done"], status["failed"], status["state"]) == (3, 0, "finished")
+
+
+def test_an_item_claimed_by_a_worker_that_died_is_placed_by_the_tick_after_a_lease_ttl(prefix):
+    """A batch turn's end claims the next item for its worker, which creates and runs it. A worker that dies
+    before listing the item's turn leaves only the claim: the tick leaves a fresh claim alone and places a
+    claim older than a lease TTL, once."""
+    from stepq.engine.runner import StepRunner
+
+    rt = get_runtime(make_settings(prefix, lease_ttl_s=1.0))
+    items = [(f"item-{i}", BatchItem.model_validate(_contact(i)), None) for i in range(3)]
+    batch_driver.store_batch(rt, "claims", "bt.extract", items, concurrency=1)
+    [(first, _)] = batch_driver.drive(rt, "claims", full_check=True).send
+
+    def tick():
+        batch_driver.wake(rt, "claims")
+        return batch_driver.drive(rt, "claims", full_check=True)
+
+    decision = StepRunner(rt).deliver(first, 0)
+    assert decision.claim is not None and decision.claim.index == 1  # claimed for this worker, which now dies
+    assert rt.redis.hexists(rt.keys.batch_inflight("claims"), "claim:1")
+    assert tick().send == []  # a fresh claim: its worker may still be placing it
+    placed: list[tuple[str, str]] = []
+    eventually(lambda: placed.extend(tick().send) or placed, timeout=60, what="the tick to place the stale claim")
+    [(second, _)] = placed
+    assert not rt.redis.hexists(rt.keys.batch_inflight("claims"), "claim:1")
+
+    ended = StepRunner(rt).deliver(second, 0)
+    assert ended.claim is not None and ended.claim.index == 2
+    third = batch_driver.run_claim(rt, ended.claim)  # a live worker creates, lists and runs its claim
+    assert third is not None
+    last = StepRunner(rt).deliver(third[0], 0)
+    assert last.claim is None and last.batch == "claims"
+    assert batch_driver.drive(rt, "claims").finished
+    rows = batch_driver.results(rt, "claims")
+    assert [r["key"] for r in rows] == ["item-0", "item-1", "item-2"] and {r["status"] for r in rows} == {"completed"}
+    assert int(rt.redis.hget(rt.keys.batch("claims"), "created")) == 3

@@ -21,6 +21,7 @@ from stepq.logging import log_context
 from stepq.metrics import STEP_DELIVERIES
 from stepq.protocol import APPROVE, BATCH_DRIVE, PROVIDER_BATCH_TICK, RUN_STEP, SWEEP, queue_for
 from stepq.runtime import Runtime, get_runtime
+from stepq.store.batch_runs import BatchClaim
 
 log = logging.getLogger("stepq.worker")
 
@@ -56,7 +57,7 @@ def run_step(self: Task, turn_id: str, step: int, attempt: int = 0) -> str:
             )
         _follow(self, turn_id, decision)
         if decision.batch:
-            _drive_inline(self, decision.batch)  # a driven batch's turn ended: its next item goes from here
+            _drive_inline(self, decision.batch, decision.claim)  # a driven batch's turn ended: its next item
         return f"{decision.action}:{decision.reason}"
 
 
@@ -101,15 +102,24 @@ def _drive(
     return plan, (kept[0] if kept else None)
 
 
-def _drive_inline(task: Task, batch_id: str) -> None:
-    """Place a driven batch's next items and run one of them here, in this task, instead of through the
-    broker (for a short item the hop is most of its cost); again while its steps and the next items keep
-    coming, for at most INLINE_BUDGET_S and never while interactive steps wait in the broker (looked at
-    every INLINE_CHECK_S). What is not run here is sent as usual: a crash here leaves a turn the sweeper
-    sends (placed but unsent) or re-runs (a step whose lease lapsed), as for any worker."""
+def _drive_inline(task: Task, batch_id: str, claim: BatchClaim | None) -> None:
+    """Run a driven batch's next item here, in this task, instead of through the broker (for a short item the
+    hop is most of its cost): the item the ended turn's script claimed for this worker, else the first one a
+    driver pass places. Again while its steps and the next items keep coming, for at most INLINE_BUDGET_S and
+    never while interactive steps wait in the broker (looked at every INLINE_CHECK_S). What is not run here is
+    sent as usual: a crash here leaves a claim the tick places, or a turn the sweeper sends (placed but
+    unsent) or re-runs (a step whose lease lapsed), as for any worker."""
     started = checked = time.monotonic()
+    rt = _runtime(task)
     while True:
-        _, kept = _drive(task, batch_id, keep_one=True)
+        kept = None
+        if claim is not None and claim.news:
+            _drive(task, batch_id)  # other news for the driver (e.g. room a claim could not fill): sent
+        while claim is not None and kept is None:  # an item recorded at once (reused, refused): claim another
+            kept = batch_driver.run_claim(rt, claim)
+            claim = None if kept is not None else rt.batches.claim_next(batch_id)
+        if kept is None:
+            _, kept = _drive(task, batch_id, keep_one=True)
         if kept is None:
             return
         turn_id, priority = kept
@@ -119,7 +129,7 @@ def _drive_inline(task: Task, batch_id: str) -> None:
             if now - started > INLINE_BUDGET_S or (now - checked > INLINE_CHECK_S and _interactive_waiting(task)):
                 _enqueue_step(task, turn_id, step, priority)
                 if step == 0:
-                    _runtime(task).turns.mark_dispatched(turn_id)
+                    rt.turns.mark_dispatched(turn_id)
                 return
             checked = now if now - checked > INLINE_CHECK_S else checked
             with log_context(turn_id=turn_id, step=step, attempt=0):
@@ -130,7 +140,7 @@ def _drive_inline(task: Task, batch_id: str) -> None:
         _follow(task, turn_id, decision)
         if not decision.batch:
             return
-        batch_id = decision.batch
+        batch_id, claim = decision.batch, decision.claim
 
 
 def _interactive_waiting(task: Task) -> bool:

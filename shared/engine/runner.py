@@ -77,6 +77,7 @@ from stepq.ratelimit import RateLimit, estimate_tokens
 from stepq.retry import next_fallback, retry_countdown
 from stepq.runtime import Runtime
 from stepq.store.approvals import ApprovalRecord
+from stepq.store.batch_runs import BatchClaim
 from stepq.store.keys import home
 from stepq.store.leases import StepLease
 from stepq.store.tool_results import ToolResultStore
@@ -100,6 +101,7 @@ class Decision:
     priority: str = "interactive"  # picks the queue the next message goes to
     start: tuple[str, ...] = ()  # other turns whose first step to send now (a thread's next turn)
     batch: str = ""  # the driven batch of a batch turn that just ended: its driver makes a pass now
+    claim: BatchClaim | None = None  # ...or the batch's next item, claimed for this worker to run
 
 
 def _none(reason: str) -> Decision:
@@ -796,9 +798,11 @@ class StepRunner:
         if parked is not None:  # cancelled while parked: its approvals no longer wait for anyone
             untrack_pending(self.rt, *[a.approval_id for a in parked.approvals])
         batch = state.metadata.get("batch_id")
-        if isinstance(batch, str):  # counted, and a driven batch's result written; its driver runs next
+        claim = None
+        if isinstance(batch, str):  # counted, a driven batch's result written, its next item claimed for us
             item_key = str(state.metadata.get("item_key", ""))
-            batch = batch if self.rt.batches.turn_ended(batch, state, result_line(item_key, state)) else ""
+            ended = self.rt.batches.turn_ended(batch, state, result_line(item_key, state))
+            batch, claim = (batch if ended.drive else ""), ended.claim
         emitter.publish(
             EventType.TURN_FINISH,
             {
@@ -815,7 +819,10 @@ class StepRunner:
             },
         )
         return replace(
-            _none(f"turn {status.value}"), start=_maybe(start_next), batch=batch if isinstance(batch, str) else ""
+            _none(f"turn {status.value}"),
+            start=_maybe(start_next),
+            batch=batch if isinstance(batch, str) else "",
+            claim=claim,
         )
 
     # ------------------------------------------------------------------ usage of failed attempts
