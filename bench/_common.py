@@ -127,6 +127,20 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def process_tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its live descendants (a prefork worker's children), from /proc."""
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            total += process_cpu_seconds(current)
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(child) for child in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited meanwhile
+    return total
+
+
 def stop_process(proc: subprocess.Popen[Any]) -> None:
     """SIGTERM (a worker's warm shutdown), then SIGKILL if it is still running after 30 s."""
     proc.terminate()

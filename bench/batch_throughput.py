@@ -40,7 +40,7 @@ from bench._common import (
     cleanup,
     median,
     now,
-    process_cpu_seconds,
+    process_tree_cpu_seconds,
     settings_env,
     stop_process,
     table,
@@ -69,20 +69,22 @@ def batch_bench_settings(redis_url: str, prefix: str) -> Settings:
 
 
 @contextlib.contextmanager
-def worker_process(settings: Settings, concurrency: int) -> Iterator[Callable[[], float]]:
-    """One `celery -A stepq.workers.celery_app worker` subprocess (threads pool) serving the interactive then batch queue.
+def worker_process(settings: Settings, concurrency: int, pool: str = "threads") -> Iterator[Callable[[], float]]:
+    """One `celery -A stepq.workers.celery_app worker` subprocess (threads pool, or prefork: that many child
+    processes) serving the interactive then batch queue.
 
-    The argv is what `stepq worker --no-beat` runs. Yields a function returning the process's CPU seconds.
+    The argv is what `stepq worker --no-beat [--pool prefork]` runs. Yields a function returning the CPU
+    seconds of the process and its children.
     """
     cmd = [
         sys.executable, "-m", "celery", "-A", "stepq.workers.celery_app", "worker",
-        "--pool=threads", f"--concurrency={concurrency}", "--loglevel=WARNING",
+        f"--pool={pool}", f"--concurrency={concurrency}", "--loglevel=WARNING",
         "-Q", ",".join(worker_queues(settings)), f"--hostname={settings.key_prefix}-c{concurrency}@%h",
     ]  # fmt: skip
     with tempfile.NamedTemporaryFile(prefix=f"{settings.key_prefix}-worker-", suffix=".log", delete=False) as log:
         proc = subprocess.Popen(cmd, env=settings_env(settings), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            yield lambda: process_cpu_seconds(proc.pid)
+            yield lambda: process_tree_cpu_seconds(proc.pid)
         except BaseException:
             print(f"worker stderr is in {log.name}", file=sys.stderr)
             raise
@@ -208,13 +210,13 @@ def run_plain(rt: Runtime, items_path: Path, out_path: Path) -> tuple[float, flo
 
 
 def measure_stepq(
-    settings: Settings, concurrency: int, workdir: Path, n: int, inflight: int, timeout: float
+    settings: Settings, concurrency: int, workdir: Path, n: int, inflight: int, timeout: float, pool: str = "threads"
 ) -> list[Sample]:
     """The in-process BatchRunner, then the workers' batch driver, against the same worker process."""
     client = Client(settings)
     warm, items = workdir / "warm.jsonl", workdir / "items.jsonl"
     samples = []
-    with worker_process(settings, concurrency) as worker_cpu:
+    with worker_process(settings, concurrency, pool) as worker_cpu:
         with deadline(120, "warm-up batch (is the worker running?)"):
             run_stepq(client, warm, workdir / "warm-out.jsonl", inflight)  # also proves the worker consumes
             run_driver(client, warm, workdir / "warm-out.jsonl", inflight)
@@ -225,7 +227,8 @@ def measure_stepq(
                 wall, own_cpu = run(client, items, out, inflight)
             worker = worker_cpu() - before
             check_output(out, n)
-            samples.append(Sample(f"{side} C={concurrency}", n, wall, worker, own_cpu))
+            label = f"{side} C={concurrency}" + (f" {pool}" if pool != "threads" else "")
+            samples.append(Sample(label, n, wall, worker, own_cpu))
     return samples
 
 
@@ -249,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--inflight", type=int, default=64, help="BatchRunner turns in flight (stepq batch default 64)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds of plain loop + each concurrency (default 1)")
+    parser.add_argument(
+        "--pool", choices=["threads", "prefork"], default="threads",
+        help="the worker's pool (default threads, as `stepq worker`); prefork: C single-threaded child processes",
+    )  # fmt: skip
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--timeout", type=float, default=600.0, help="per measured batch, seconds")
     args = parser.parse_args(argv)
@@ -259,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = batch_bench_settings(args.redis_url, prefix)
     print(
         f"run {prefix}: {args.items} items of {AGENT} (object mode, zero-latency scripted model), "
-        f"worker concurrency {args.concurrency}, inflight {args.inflight}, repeat {args.repeat}",
+        f"worker {args.pool} pool, concurrency {args.concurrency}, inflight {args.inflight}, repeat {args.repeat}",
         flush=True,
     )
     samples: dict[str, list[Sample]] = {}
@@ -273,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                     if c is None:
                         got = [measure_plain(settings, workdir, args.items, args.timeout)]
                     else:
-                        got = measure_stepq(settings, c, workdir, args.items, args.inflight, args.timeout)
+                        got = measure_stepq(settings, c, workdir, args.items, args.inflight, args.timeout, args.pool)
                     for sample in got:
                         samples.setdefault(sample.side, []).append(sample)
                         print(
