@@ -110,7 +110,7 @@ def store_batch(
     for key, item, error in items:
         if item is None:
             row = {"key": key, "item_hash": "", "reused": False, "status": "failed", "error": error}
-            failed += _record(rt, batch_id, key, row, index=-1, turn_id="", reused=False)
+            failed += rt.batches.record(batch_id, key, row, index=-1, turn_id="", reused=False)
     pipe = r.pipeline(transaction=False)
     pipe.hset(
         record,
@@ -131,12 +131,6 @@ def store_batch(
         pipe.expire(key, ttl)
     pipe.execute()
     return {"total": len(items), "stored": len(lines), "failed": failed}
-
-
-def _record(
-    rt: Runtime, batch_id: str, key: str, row: dict[str, Any], *, index: int, turn_id: str, reused: bool
-) -> int:
-    return rt.batches.record(batch_id, key, row, index=index, turn_id=turn_id, reused=reused)
 
 
 def active(rt: Runtime) -> list[str]:
@@ -187,13 +181,14 @@ def _pass(rt: Runtime, batch_id: str, token: str, plan: DrivePlan, full_check: b
         return
     in_flight, raw = start.in_flight, start.next_raw
     cursor, stored = int(record.get("cursor", 0)), int(record.get("stored", 0))
+    limit = max(1, int(record.get("concurrency", 1)))
     if full_check:
         in_flight -= _collect(rt, batch_id, record, plan)
-        if raw is None and cursor < stored and in_flight < max(1, int(record.get("concurrency", 1))):
+        if raw is None and cursor < stored and in_flight < limit:
             raw = cast(str | None, r.lindex(keys.batch_input(batch_id), cursor))
     # the room seen at the start, not what turns ending meanwhile free: their workers place those (and run
     # them inline); a pass that kept taking them would place every item of a busy batch itself
-    room = max(1, int(record.get("concurrency", 1))) - in_flight
+    room = limit - in_flight
     placed = False
     while raw is not None and room > 0:  # the item at the cursor, read while there was room for it
         item = BatchItem.model_validate_json(raw)
@@ -263,11 +258,11 @@ def _make_turn(
         )
     except SubmitError as exc:
         row = {"key": item.key, "item_hash": item_hash, "reused": False, "status": "failed", "error": str(exc)}
-        _record(rt, batch_id, item.key, row, index=index, turn_id=listed_as, reused=False)
+        rt.batches.record(batch_id, item.key, row, index=index, turn_id=listed_as, reused=False)
         return _Made("")
     if state.status.terminal:  # unchanged and answered in an earlier run: not paid for again
         row = result_line(item.key, state, item_hash=item_hash, reused=True)
-        _record(rt, batch_id, item.key, row, index=index, turn_id=listed_as, reused=True)
+        rt.batches.record(batch_id, item.key, row, index=index, turn_id=listed_as, reused=True)
         return _Made("")
     if not created:
         rt.redis.hincrby(rt.keys.batch(batch_id), "reused_running", 1)
@@ -279,11 +274,18 @@ def run_claim(rt: Runtime, claim: BatchClaim) -> tuple[str, str] | None:
     """Create the claimed item's turn and list it in the claim's place: (turn id, priority) for the caller to
     run now, or None (the item was recorded at once, its turn was already sent by an earlier run, or the tick
     took the claim over)."""
+    made = _place_claim(rt, claim)
+    return (made.turn_id, made.priority) if made.send else None
+
+
+def _place_claim(rt: Runtime, claim: BatchClaim) -> _Made:
+    """The claimed item's turn, listed in the claim's place; `send` only when this call listed it and its
+    first step still has to go out. turn_id '' when the item was recorded at once (the claim left with it)."""
     item = BatchItem.model_validate_json(claim.raw)
     made = _make_turn(rt, claim.batch_id, claim.agent, claim.provider_batch, claim.index, item, claim.field)
-    if not made.turn_id or not rt.batches.settle(claim, made.turn_id, made.entry):
-        return None
-    return (made.turn_id, made.priority) if made.send else None
+    if made.turn_id and not rt.batches.settle(claim, made.turn_id, made.entry):
+        made.send = False  # the claim is gone: whoever took it over lists and sends the turn
+    return made
 
 
 def _collect(rt: Runtime, batch_id: str, record: dict[str, str], plan: DrivePlan) -> int:
@@ -306,12 +308,12 @@ def _collect(rt: Runtime, batch_id: str, record: dict[str, str], plan: DrivePlan
             if blob is None:  # expired: the item cannot be answered any more
                 row = {"key": key, "item_hash": item_hash, "reused": False, "status": "failed",
                        "error": f"turn {turn_id} expired before its result was collected"}  # fmt: skip
-                removed += _record(rt, batch_id, key, row, index=index, turn_id=turn_id, reused=False)
+                removed += rt.batches.record(batch_id, key, row, index=index, turn_id=turn_id, reused=False)
                 continue
             state = TurnState.model_validate_json(blob)
             if state.status.terminal:
                 row = result_line(key, state, item_hash=item_hash)
-                removed += _record(rt, batch_id, key, row, index=index, turn_id=turn_id, reused=False)
+                removed += rt.batches.record(batch_id, key, row, index=index, turn_id=turn_id, reused=False)
     stale = time.time() - rt.settings.lease_ttl_s
     for field_name in claims:
         raw_entry = cast(str | None, rt.redis.hget(rt.keys.batch_inflight(batch_id), field_name))
@@ -321,12 +323,10 @@ def _collect(rt: Runtime, batch_id: str, record: dict[str, str], plan: DrivePlan
         raw = cast(str | None, rt.redis.lindex(rt.keys.batch_input(batch_id), index))
         if raw is None:  # the input expired under a batch left unfollowed
             continue
-        item = BatchItem.model_validate_json(raw)
         claim = BatchClaim(batch_id, index, raw, record["agent"], record.get("provider_batch") == "1", False)
-        made = _make_turn(rt, batch_id, claim.agent, claim.provider_batch, index, item, claim.field)
-        if not made.turn_id:
-            removed += 1  # recorded at once: the claim left the in-flight list with it
-        elif rt.batches.settle(claim, made.turn_id, made.entry) and made.send:
+        made = _place_claim(rt, claim)
+        removed += not made.turn_id  # recorded at once: the claim left the in-flight list with it
+        if made.send:
             plan.dispatch(made.turn_id, made.priority)
     _keep(rt, batch_id)  # a long batch's keys outlive the event TTL while it runs
     return removed
