@@ -38,9 +38,12 @@ def _runtime(task: Task) -> Runtime:
     return get_runtime(_settings(task))
 
 
-def _enqueue_step(task: Task, turn_id: str, step: int, priority: str, countdown: float | None = None) -> None:
+def _enqueue_step(
+    task: Task, turn_id: str, step: int, priority: str, countdown: float | None = None, attempt: int | None = None
+) -> None:
     queue = queue_for(_settings(task), priority)
-    task.app.send_task(RUN_STEP, args=[turn_id, step], countdown=countdown, queue=queue)
+    kwargs = {"attempt": attempt} if attempt is not None else None
+    task.app.send_task(RUN_STEP, args=[turn_id, step], kwargs=kwargs, countdown=countdown, queue=queue)
     _runtime(task).turns.mark_sent(turn_id, step)  # a crash before this line is found by the sweeper
 
 
@@ -75,12 +78,7 @@ def _follow(task: Task, turn_id: str, decision: Decision) -> None:
     if decision.action == "next":
         _enqueue_step(task, turn_id, decision.step, decision.priority)
     elif decision.action == "retry":  # run_step retries its own message; an inline step has none to retry
-        queue = queue_for(_settings(task), decision.priority)
-        kwargs = {"attempt": decision.attempt}
-        task.app.send_task(
-            RUN_STEP, args=[turn_id, decision.step], kwargs=kwargs, countdown=decision.countdown, queue=queue
-        )
-        _runtime(task).turns.mark_sent(turn_id, decision.step)
+        _enqueue_step(task, turn_id, decision.step, decision.priority, decision.countdown, decision.attempt)
     elif decision.action == "reschedule":
         _enqueue_step(task, turn_id, decision.step, decision.priority, countdown=decision.countdown)
 

@@ -355,12 +355,16 @@ async def _close_parked(
     chunks: list[dict[str, Any]] = []
     approvals, calls = dict(waiting.approvals), set(waiting.client_calls)
     for raw in await gw.reader.read(turn_id, 0):
-        if raw.type == EventType.APPROVAL_REQUEST.value:
-            approvals.pop(str(_event(raw).data.get("approval_id")), None)
-        elif raw.type == EventType.TOOL_RESULTS_REQUEST.value:
-            calls.difference_update(str(c.get("tool_call_id")) for c in _event(raw).data.get("calls", ()))
-        if raw.seq > after and not translator.finished:
-            chunks += translator.feed(_event(raw))
+        fed = raw.seq > after and not translator.finished
+        if not fed and raw.type not in _PARKING:
+            continue  # decoded only when fed or looked into
+        event = _event(raw)
+        if event.type == EventType.APPROVAL_REQUEST:
+            approvals.pop(str(event.data.get("approval_id")), None)
+        elif event.type == EventType.TOOL_RESULTS_REQUEST:
+            calls.difference_update(str(c.get("tool_call_id")) for c in event.data.get("calls", ()))
+        if fed:
+            chunks += translator.feed(event)
     missing: list[tuple[EventType, dict[str, Any]]] = [
         (EventType.APPROVAL_REQUEST, {"approval_id": a, "tool_call_id": c}) for a, c in approvals.items()
     ]
