@@ -162,10 +162,12 @@ def _fully_decided(rt: Runtime, state: TurnState) -> bool:
 
 def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int, str]]:
     """Turns to re-enqueue: running with no live lease and a step that started but never committed,
-    queued/running with no progress for `queued_grace_s` (a lost message), or parked past an expiry."""
+    queued/running with no progress for `queued_grace_s` or since a broker reconnect (a lost message),
+    or parked past an expiry."""
     if not rt.redis.set(rt.keys.sweep_lock, "1", nx=True, px=max(int(rt.settings.sweep_interval_s * 800), 50)):
         return []
     now = time.time()
+    reconnected = float(rt.redis.get(rt.keys.broker_reconnected) or 0.0)  # see stepq.workers.reconnects
     found: list[tuple[str, int, str]] = []
     indexes = rt.turns.indexes
     for turn_id, score in indexes.due(ACTIVE, now - min(rt.settings.lease_ttl_s, queued_grace_s)):
@@ -187,7 +189,9 @@ def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int, str]]:
         unsent = not parked and sent is not None and sent < state.step
         # a decided parked turn was last touched when its decision enqueued the resume (its index score)
         touched = score if parked else state.updated_at
-        if crashed or unsent or touched < now - queued_grace_s:
+        # untouched since a worker's consumer reconnected: the outage may have stranded its message
+        stranded = score < reconnected <= now  # (the score: a re-send moves it past the mark)
+        if crashed or unsent or stranded or touched < now - queued_grace_s:
             found.append((turn_id, state.step, state.priority))
             indexes.add(ACTIVE, turn_id, now, only_existing=True)
     for turn_id, score in indexes.due(AWAITING, now):

@@ -157,6 +157,34 @@ def test_client_pause_mid_load_fails_nothing(
     assert not errors, errors
 
 
+def test_a_step_message_stranded_by_an_outage_is_sent_again_at_the_next_sweep(server: RedisServer, prefix: str) -> None:
+    """A Redis restart can strand a step's message (popped by kombu but lost with the reply, or reserved by
+    a consumer whose connection died). Here a turn is stored and its message never arrives; once the
+    worker's consumer has reconnected, the sweeper sends it again at its next tick, although the queued
+    grace period (which would otherwise be the only rescue) is an hour."""
+    from stepq.producer.client import Client
+    from stepq.submit import create_turn
+
+    settings = make_settings(prefix, redis_url=server.url, queued_grace_s=3600.0)
+    client = Client(settings)
+    LOG_DIR.mkdir(exist_ok=True)
+    log = LOG_DIR / f"{prefix}-stranded.log"
+    worker = WorkerProcess(settings, "stranded", log_path=str(log))
+    try:
+        warm = client.submit("rt.basic", prompt="warm up").wait(timeout=120)  # the consumer is connected
+        assert warm.status == TurnStatus.COMPLETED
+        stranded, _ = create_turn(client.runtime, "rt.basic", prompt="stranded")  # its message never arrives
+        server.restart()
+        result = client.wait(stranded.turn_id, timeout=120)
+        assert worker.proc.poll() is None
+    finally:
+        worker.stop()
+    details = log.read_text(errors="replace")[-3000:]
+    assert result.status == TurnStatus.COMPLETED, details
+    assert "broker connection re-established" in details
+    log.unlink(missing_ok=True)
+
+
 _RESTORE_AFTER_COLLECT = """
 import sys
 from kombu import Connection, Consumer, Queue

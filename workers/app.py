@@ -6,7 +6,7 @@ from celery import Celery
 
 from stepq.config import Settings, get_settings
 from stepq.protocol import celery_config
-from stepq.workers import kombu_fixes
+from stepq.workers import kombu_fixes, reconnects
 
 
 def create_app(settings: Settings | None = None) -> Celery:
@@ -19,5 +19,6 @@ def create_app(settings: Settings | None = None) -> Celery:
     from stepq.workers.tasks import register_tasks
 
     register_tasks(app)
+    reconnects.install(app)  # what an outage strands is re-sent at the next sweep
     install_signals()  # logs, /metrics and heartbeat; they act only in a `celery worker` program
     return app

@@ -171,6 +171,11 @@ class Keys:
         return f"{self.prefix}:sweep-lock"
 
     @property
+    def broker_reconnected(self) -> str:
+        """When a worker's consumer last reconnected to the broker: the sweeper re-sends what was stranded."""
+        return f"{self.prefix}:broker-reconnected"
+
+    @property
     def generated_secret(self) -> str:
         return f"{self.prefix}:approval-secret"
 
