@@ -112,3 +112,26 @@ def test_a_step_committed_but_never_sent_is_swept_at_once(rt, prefix: str) -> No
     rt.turns.indexes.add("active", state.turn_id, 0)
     rt.redis.delete(rt.keys.sweep_lock)
     assert sweep(rt, queued_grace_s=3600) == []
+
+
+def test_a_queued_turn_older_than_a_broker_reconnect_is_sent_again_once(rt, prefix: str) -> None:
+    """A consumer's reconnect marks the moment (stepq.workers.reconnects); a queued turn untouched since
+    before it is re-sent at the next sweep, once, and a turn listed after the mark is left to the broker."""
+    import time
+
+    from stepq.decisions import sweep
+    from stepq.submit import create_turn
+    from stepq.workers.reconnects import mark_reconnect
+
+    before, _ = create_turn(rt, "rt.basic", prompt="queued before", metadata={"prefix": prefix})
+    after, _ = create_turn(rt, "rt.basic", prompt="queued after", metadata={"prefix": prefix})
+    now = time.time()
+    rt.turns.indexes.add("active", before.turn_id, now - 60)  # listed a minute before the reconnect
+    rt.turns.indexes.add("active", after.turn_id, now - 20)  # and one after it
+    rt.redis.delete(rt.keys.sweep_lock)
+    assert sweep(rt, queued_grace_s=3600) == []  # no reconnect yet: both wait for their messages
+    mark_reconnect(rt.settings, now=now - 30)
+    rt.redis.delete(rt.keys.sweep_lock)
+    assert sweep(rt, queued_grace_s=3600) == [(before.turn_id, 0, "interactive")]
+    rt.redis.delete(rt.keys.sweep_lock)
+    assert sweep(rt, queued_grace_s=3600) == []  # the re-send moved it past the mark: not sent again
