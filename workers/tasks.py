@@ -124,12 +124,14 @@ def _drive_inline(task: Task, batch_id: str, claim: BatchClaim | None) -> None:
         step = 0
         while True:
             now = time.monotonic()
-            if now - started > INLINE_BUDGET_S or (now - checked > INLINE_CHECK_S and _interactive_waiting(task)):
+            hand_over = now - started > INLINE_BUDGET_S
+            if not hand_over and now - checked > INLINE_CHECK_S:
+                checked, hand_over = now, _interactive_waiting(task)
+            if hand_over:
                 _enqueue_step(task, turn_id, step, priority)
                 if step == 0:
                     rt.turns.mark_dispatched(turn_id)
                 return
-            checked = now if now - checked > INLINE_CHECK_S else checked
             with log_context(turn_id=turn_id, step=step, attempt=0):
                 decision = _deliver(task, turn_id, step)
             if decision.action != "next" or decision.start:

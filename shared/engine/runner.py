@@ -77,7 +77,7 @@ from stepq.ratelimit import RateLimit, estimate_tokens
 from stepq.retry import next_fallback, retry_countdown
 from stepq.runtime import Runtime
 from stepq.store.approvals import ApprovalRecord
-from stepq.store.batch_runs import BatchClaim
+from stepq.store.batch_runs import BatchClaim, TurnEnd
 from stepq.store.keys import home
 from stepq.store.leases import StepLease
 from stepq.store.tool_results import ToolResultStore
@@ -798,11 +798,10 @@ class StepRunner:
         if parked is not None:  # cancelled while parked: its approvals no longer wait for anyone
             untrack_pending(self.rt, *[a.approval_id for a in parked.approvals])
         batch = state.metadata.get("batch_id")
-        claim = None
+        ended = TurnEnd(drive=False)
         if isinstance(batch, str):  # counted, a driven batch's result written, its next item claimed for us
             item_key = str(state.metadata.get("item_key", ""))
             ended = self.rt.batches.turn_ended(batch, state, result_line(item_key, state))
-            batch, claim = (batch if ended.drive else ""), ended.claim
         emitter.publish(
             EventType.TURN_FINISH,
             {
@@ -821,8 +820,8 @@ class StepRunner:
         return replace(
             _none(f"turn {status.value}"),
             start=_maybe(start_next),
-            batch=batch if isinstance(batch, str) else "",
-            claim=claim,
+            batch=batch if ended.drive and isinstance(batch, str) else "",
+            claim=ended.claim,
         )
 
     # ------------------------------------------------------------------ usage of failed attempts
