@@ -13,7 +13,6 @@ from stepq.config import Settings
 from stepq.errors import UnknownAgentError
 from stepq.extensions import Explanation
 from stepq.producer.failures import err
-from stepq.tools import get_tool
 
 INDENT = "  "
 NAME_WIDTH = 20
@@ -86,14 +85,14 @@ def list_lines(agents: AgentRegistry) -> list[str]:
 # --------------------------------------------------------------------------- one agent, explained
 
 
-def _tool_source(agents: AgentRegistry, name: str) -> str:
-    """Where the function that runs under this name comes from: its `@tool`, or another module's override."""
-    definition = get_tool(name)
+def _tool_source(agents: AgentRegistry, agent: AgentDefinition, name: str) -> str:
+    """Where the function that runs under this name comes from: the agent's `@tool`, or another module's override."""
+    definition = agent.tool(name)
     fn = getattr(definition, "fn", None)
     origin = agents.tool_origin(name)
     if origin is not None:
         return f"definition {origin}: {fn.__module__}.{fn.__qualname__}" if fn else f"definition {origin}"
-    return f"definition declared in {fn.__module__}" if fn else "not registered"
+    return f"definition declared in {definition.module}" if definition is not None else "not registered"
 
 
 def definition_json(agent: AgentDefinition) -> dict[str, Any]:
@@ -129,8 +128,8 @@ def explain_json(agents: AgentRegistry, explanation: Explanation) -> dict[str, A
         entry = part.as_dict()
         if part.kind == "tool" and not part.removed:
             origin = agents.tool_origin(part.name)
-            fn = getattr(get_tool(part.name), "fn", None)
-            declared = {"action": "declared", "module": getattr(fn, "__module__", None), "via": "tool"}
+            definition = agent.tool(part.name) if agent is not None else None
+            declared = {"action": "declared", "module": getattr(definition, "module", None), "via": "tool"}
             entry["tool_definition"] = origin.as_dict() if origin else declared
         parts.append(entry)
     return {
@@ -186,7 +185,7 @@ def explain_lines(agents: AgentRegistry, explanation: Explanation) -> list[str]:
     shown = {t.name for t in agent.visible_tools()}
     for part in [p for p in kept if p.kind == "tool"]:
         hidden = "" if part.name in shown else "; hidden: a write tool and writes are off"
-        lines.append(_row(part.name, f"{part.origin}; {_tool_source(agents, part.name)}{hidden}"))
+        lines.append(_row(part.name, f"{part.origin}; {_tool_source(agents, agent, part.name)}{hidden}"))
     for tool in agent.mcp_tools:
         lines.append(_row(tool.definition().name, f"MCP tool of server {tool.server.name}"))
     lines += [_row(p.name, str(p.origin), removed=True) for p in removed if p.kind == "tool"]

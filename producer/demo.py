@@ -2,7 +2,7 @@
 
 Embedded (STEPQ_REDIS_URL unset), the whole system runs in this process: a Redis
 stand-in (fakeredis), Celery's memory transport, one threads-pool worker, and the
-offline `scripted` and `test` providers playing the bundled `stepq.demo_agents`. With
+offline `scripted` and `function` providers playing the bundled `stepq.demo_agents`. With
 STEPQ_REDIS_URL set, the same tour runs against real Redis and a separately
 started `stepq worker`.
 """
@@ -157,7 +157,7 @@ def _tour(client: Client, out: TextIO, settings: Settings) -> int:
     intro.say(s.bold("stepq demo") + " · durable LLM agent loops on Celery workers with Redis")
     if embedded:
         intro.say("Running embedded: no services, no API keys. This one process holds a Redis stand-in (fakeredis),")
-        intro.say("Celery's in-memory broker, a 4-thread Celery worker, and the offline `scripted` model provider.")
+        intro.say("Celery's in-memory broker, a 4-thread Celery worker, and offline models (no keys, no network).")
     else:
         intro.say(f"Running against real Redis (key prefix {settings.key_prefix!r}, queue {settings.queue!r});")
         intro.say("a separately started `stepq worker` runs the steps.")
@@ -191,7 +191,7 @@ def _tour(client: Client, out: TextIO, settings: Settings) -> int:
 
     enrich = Tour(client, out, embedded)
     enrich.say(s.bold("3. A prompt-aware offline model: three lead lines in, three different objects out"))
-    enrich.say("   demo.enricher runs on TestModel: its tool arguments and its object follow each input.")
+    enrich.say("   demo.enricher's offline model copies each line's fields; the segment follows the head count.")
     handles = [client.submit("demo.enricher", prompt=p) for p in ENRICH_PROMPTS]
     enriched = [client.wait(h.turn_id, timeout=60.0) for h in handles]
     for prompt, result in zip(ENRICH_PROMPTS, enriched, strict=True):

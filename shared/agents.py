@@ -11,11 +11,11 @@ import functools
 import importlib
 import logging
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from stepq.errors import DefinitionError
 from stepq.extensions import Explanation, ModuleExports, Origin, Resolution, Suggestion, check_section_names, resolve
@@ -30,7 +30,7 @@ from stepq.step_control import StepContext, StepOverrides, check_choice
 from stepq.stops import NAME as STOP_NAME
 from stepq.stops import get_stop_condition, unknown_message
 from stepq.task_plan import PLAN_GUIDANCE, PLAN_TOOL, plan_tool
-from stepq.tools import ToolDefinition, all_tools, declared_tools, set_tool_overrides, tool_overrides
+from stepq.tools import ToolDefinition, declared_tools, get_tool, set_tool_overrides, tool_overrides
 
 ExecutionMode = Literal["chat", "object"]
 _AGENT_ID = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
@@ -213,6 +213,8 @@ class AgentDefinition(BaseModel):
     """The offline `function` provider's model: `FunctionModel(fn)` (answers computed from each request)
     or `TestModel()`; the default provider when set and no `script` is."""
 
+    _tool_modules: dict[str, str] = PrivateAttr(default_factory=dict)  # tool name -> the module declaring it
+
     @field_validator("accepted_media_types")
     @classmethod
     def _check_media_types(cls, value: list[str]) -> list[str]:
@@ -289,11 +291,20 @@ class AgentDefinition(BaseModel):
             schema = {"type": "object", "properties": {OUTPUT_WRAPPER: schema}, "required": [OUTPUT_WRAPPER]}
         return ToolSpec(name=OUTPUT_TOOL, description=OUTPUT_TOOL_DESCRIPTION, input_schema=schema)
 
+    def bind_tools(self, modules: Mapping[str, str]) -> None:
+        """Pin each tool name to the module whose declaration this agent runs (the registry does, at load), so
+        another module's tool of the same name never stands in for it."""
+        self._tool_modules = dict(modules)
+
+    def tool(self, name: str) -> ToolDefinition | None:
+        """The tool this agent runs under `name` (an override's, if a module replaced it; None: unknown,
+        disabled, or declared by several modules and not bound to one)."""
+        return get_tool(name, self._tool_modules.get(name))
+
     def visible_tools(self, features: Collection[str] | None = None) -> list[ToolDefinition]:
         """The tools the model is shown: the whitelist and the MCP tools, minus writes unless writes are unlocked,
         minus the tools whose `required_features` the caller lacks (`features=None`: any caller)."""
-        registry = all_tools()
-        tools = [registry[name] for name in self.allowed_tools if name in registry]
+        tools = [t for t in map(self.tool, self.allowed_tools) if t is not None]
         tools += [t.definition() for t in self.mcp_tools]
         tools = [t for t in tools if t.available_to(features)]
         if not self.writes_allowed:
@@ -344,8 +355,7 @@ def check_step_tools(agent: AgentDefinition) -> None:
 
 def check_agent(agent: AgentDefinition) -> None:
     """What loading refuses: unknown tools and stop conditions, tool names that clash, schemas a provider cannot take."""
-    registry = all_tools()
-    unknown = [name for name in agent.allowed_tools if name not in registry]
+    unknown = [name for name in agent.allowed_tools if agent.tool(name) is None]
     if unknown:
         raise DefinitionError(f"agent {agent.id}: allowed_tools names unknown tools: {', '.join(unknown)}")
     check_step_tools(agent)
@@ -420,7 +430,8 @@ class AgentRegistry:
             self._checked.clear()  # an agent's tools changed under it: check every agent again
         set_tool_overrides(after)
         try:
-            for agent in resolution.agents.values():
+            for agent_id, agent in resolution.agents.items():
+                agent.bind_tools(resolution.tool_modules.get(agent_id, {}))
                 if id(agent) not in self._checked:
                     check_agent(agent)
         except Exception:

@@ -17,6 +17,7 @@ from stepq.models import EventType, TurnState, TurnStatus
 from stepq.runtime import Runtime
 from stepq.store.approvals import ApprovalRecord
 from stepq.store.indexes import ACTIVE, AWAITING
+from stepq.tools import ToolDefinition
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def _decide(
         )
     edit = None
     if args is not None and canonical_args_hash(dict(args)) != record.args_hash:
-        edit = edited_binding(rt.signer, record, args, approved)
+        edit = edited_binding(rt.signer, record, args, approved, _tool_of(rt, record))
     now = time.time()
     if record.status == "pending":
         _check_turn_waits(rt, record, now)
@@ -97,6 +98,13 @@ def _decide(
     return ApprovalOutcome(
         True, decision, f"approval {approval_id} {decision}", resume=_resume_target(rt, record.turn_id, record.step)
     )
+
+
+def _tool_of(rt: Runtime, record: ApprovalRecord) -> ToolDefinition | None:
+    """The tool the approval's turn runs under the record's name: its agent's, not another module's namesake."""
+    state = rt.turns.load(record.turn_id)
+    agent = rt.agents.get(state.agent) if state is not None else None
+    return agent.tool(record.tool_name) if agent is not None else None
 
 
 def _check_turn_waits(rt: Runtime, record: ApprovalRecord, now: float) -> None:

@@ -16,7 +16,7 @@ from stepq.approvals import ApprovalClaim, ApprovalSigner, canonical_args_hash
 from stepq.errors import ApprovalError, ApprovalRefusal, ToolArgumentError
 from stepq.models import AssistantMessage, ToolCall
 from stepq.store.approvals import ApprovalRecord
-from stepq.tools import get_tool
+from stepq.tools import ToolDefinition
 
 
 def _claim(record: ApprovalRecord, args_hash: str) -> ApprovalClaim:
@@ -26,12 +26,15 @@ def _claim(record: ApprovalRecord, args_hash: str) -> ApprovalClaim:
 
 
 def edited_binding(
-    signer: ApprovalSigner, record: ApprovalRecord, args: dict[str, Any], approved: bool
+    signer: ApprovalSigner,
+    record: ApprovalRecord,
+    args: dict[str, Any],
+    approved: bool,
+    definition: ToolDefinition | None,
 ) -> tuple[dict[str, Any], str, str]:
     """(validated args, their hash, the signed binding) for an approval with edited arguments; ApprovalError
     `changed-args` when the tool takes no edits (or the decision is a denial), `invalid-args` when the edit
-    does not match the tool's schema."""
-    definition = get_tool(record.tool_name)
+    does not match the tool's schema. `definition`: the tool the turn's agent runs under the record's name."""
     if not approved or definition is None or not definition.editable:
         why = "a denial carries no arguments" if not approved else f"tool {record.tool_name} is not editable"
         raise ApprovalError(

@@ -175,6 +175,7 @@ class ModuleExports:
     agent_overrides: Mapping[str, AgentDefinition | None] = field(default_factory=dict)
     tool_overrides: Mapping[str, ToolDefinition | None] = field(default_factory=dict)
     extensions: tuple[AgentExtension, ...] = ()
+    tools: Mapping[str, ToolDefinition] = field(default_factory=dict)  # declared or imported here, by tool name
 
     @classmethod
     def of(cls, module: ModuleType, agent_type: type[AgentDefinition]) -> ModuleExports:
@@ -185,7 +186,24 @@ class ModuleExports:
         replacements = {id(v) for v in agent_overrides.values() if v is not None}
         agents = tuple(v for v in names.values() if isinstance(v, agent_type) and id(v) not in replacements)
         extensions = tuple(v for v in names.values() if isinstance(v, AgentExtension))
-        return cls(name, agents, agent_overrides, tool_overrides, extensions)
+        tools = _module_tools(name, [v for v in names.values() if isinstance(v, ToolDefinition)])
+        return cls(name, agents, agent_overrides, tool_overrides, extensions, tools)
+
+
+def _module_tools(module: str, found: list[ToolDefinition]) -> dict[str, ToolDefinition]:
+    """The tool a module means by each name: the one it declares, else the one it imports. Importing two
+    modules' tools of one name (and declaring none) leaves no way to tell which one its agents mean."""
+    tools: dict[str, ToolDefinition] = {}
+    for definition in sorted(found, key=lambda t: t.module != module):  # its own declarations first
+        known = tools.get(definition.name)
+        if known is None:
+            tools[definition.name] = definition
+        elif known.module != module and known.fn is not definition.fn:
+            raise DefinitionError(
+                f"module {module}: imports two tools named {definition.name!r}, declared in {known.module} and "
+                f"{definition.module}; import one of them"
+            )
+    return tools
 
 
 def _mapping(value: Any, kind: type, module: str, export: str) -> dict[str, Any]:
@@ -209,6 +227,7 @@ class Resolution:
     tool_overrides: dict[str, ToolDefinition | None]
     tool_origins: dict[str, Origin]  # only the tools some module replaced or disabled
     warnings: list[str]
+    tool_modules: dict[str, dict[str, str]] = field(default_factory=dict)  # agent id -> tool name -> declarer
 
 
 @dataclass
@@ -279,8 +298,9 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {error['msg']}" if where else str(error["msg"])
 
 
-def resolve(modules: Iterable[ModuleExports], declared_tools: Mapping[str, ToolDefinition]) -> Resolution:
-    """The effective agents of these modules; raises DefinitionError on a conflict no order could settle."""
+def resolve(modules: Iterable[ModuleExports], declared_tools: Mapping[str, Mapping[str, ToolDefinition]]) -> Resolution:
+    """The effective agents of these modules; raises DefinitionError on a conflict no order could settle.
+    `declared_tools`: tool name -> declaring module -> definition."""
     ordered = sorted(modules, key=lambda m: m.name)
     warnings: list[str] = []
     declared = _declared_agents(ordered)
@@ -297,7 +317,36 @@ def resolve(modules: Iterable[ModuleExports], declared_tools: Mapping[str, ToolD
     for agent_id, module in disabled.items():
         off = Part("definition", agent_id, Origin("disabled", module, "agent_overrides"), removed=True)
         explanations[agent_id] = Explanation(agent_id, None, [Part("definition", agent_id, declared[agent_id][1]), off])
-    return Resolution(agents, explanations, disabled, tool_overrides, tool_origins, warnings)
+    by_name = {m.name: m for m in ordered}
+    tool_modules = {
+        agent_id: _tool_modules(agent_id, draft, by_name, declared_tools) for agent_id, draft in drafts.items()
+    }
+    return Resolution(agents, explanations, disabled, tool_overrides, tool_origins, warnings, tool_modules)
+
+
+def _tool_modules(
+    agent_id: str,
+    draft: _Draft,
+    modules: Mapping[str, ModuleExports],
+    declared_tools: Mapping[str, Mapping[str, ToolDefinition]],
+) -> dict[str, str]:
+    """Which module's tool each of an agent's tool names runs: the one the module that listed the name (the
+    agent's, an override's or an extension's) declares or imports, else the only module declaring that name."""
+    bound: dict[str, str] = {}
+    for name, origin in draft.tools.items():
+        lister = modules.get(origin.module)
+        seen = lister.tools.get(name) if lister is not None else None
+        declarers = sorted(declared_tools.get(name, {}))
+        if seen is not None:
+            bound[name] = seen.module
+        elif len(declarers) == 1:
+            bound[name] = declarers[0]
+        elif declarers:
+            raise DefinitionError(
+                f"agent {agent_id}: tool {name!r} is declared in both {declarers[0]} and {declarers[1]}; "
+                f"{origin.module} must declare or import the one it means"
+            )
+    return bound
 
 
 def _declared_agents(modules: list[ModuleExports]) -> dict[str, tuple[AgentDefinition, Origin]]:
@@ -351,7 +400,7 @@ def _apply_agent_overrides(
 
 
 def _tool_overrides(
-    modules: list[ModuleExports], declared_tools: Mapping[str, ToolDefinition], warnings: list[str]
+    modules: list[ModuleExports], declared_tools: Mapping[str, Mapping[str, ToolDefinition]], warnings: list[str]
 ) -> tuple[dict[str, ToolDefinition | None], dict[str, Origin]]:
     overrides: dict[str, ToolDefinition | None] = {}
     origins: dict[str, Origin] = {}

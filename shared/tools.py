@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import logging
 import subprocess
+import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast, get_type_hints
@@ -71,6 +72,7 @@ class ToolDefinition:
     client: bool = False  # no server-side run: the turn parks until its caller sends the result (Client.resume)
     editable: bool = False  # a reviewer may approve a gated call with edited arguments (re-validated, re-bound)
     required_features: tuple[str, ...] = ()  # a caller lacking any of these never sees the tool
+    module: str = ""  # the module that declared it: agents of other modules may declare their own of this name
     _validator: Any = field(default=None, repr=False)
 
     def validate(self, args: Any) -> dict[str, Any]:
@@ -195,6 +197,7 @@ def tool(
             client=client,
             editable=editable,
             required_features=tuple(required_features),
+            module=func.__module__,
         )
         if client and (is_mutation or destructive or needs_approval):
             raise DefinitionError(
@@ -226,6 +229,7 @@ def client_tool(
         raise RuntimeError(f"{name} is a client-side tool: its caller runs it and sends the result")
 
     not_here.__name__ = name
+    not_here.__module__ = sys._getframe(1).f_globals.get("__name__", __name__)  # declared by the caller's module
     return cast(
         ToolDefinition,
         tool(
@@ -234,44 +238,47 @@ def client_tool(
     )
 
 
-_TOOLS: dict[str, ToolDefinition] = {}
+# Tools by name, then by the module that declared them: two modules may each declare a `lookup_order`, and each
+# agent runs the one its own module declares or imports (see `stepq.agents`).
+_TOOLS: dict[str, dict[str, ToolDefinition]] = {}
 # Tools replaced (or disabled: None) by a module's `tool_overrides`, set by the agent registry when it loads
-# modules (see stepq.extensions). Process-wide, like the tools themselves.
+# modules (see stepq.extensions). Process-wide, like the tools themselves: an override applies to every agent
+# listing the name.
 _OVERRIDES: dict[str, ToolDefinition | None] = {}
 
 
 def register_tool(definition: ToolDefinition) -> None:
-    existing = _TOOLS.get(definition.name)
+    """Record a declaration; the same function declared again (a module imported twice) replaces itself."""
+    declared = _TOOLS.setdefault(definition.name, {})
+    existing = declared.get(definition.module)
     if (
         existing is not None
         and existing.fn is not definition.fn
         and getattr(existing.fn, "__qualname__", None) != getattr(definition.fn, "__qualname__", None)
     ):
-        raise DefinitionError(f"tool name {definition.name!r} is registered twice")
-    _TOOLS[definition.name] = definition
+        raise DefinitionError(f"tool name {definition.name!r} is declared twice in {definition.module}")
+    declared[definition.module] = definition
 
 
-def get_tool(name: str) -> ToolDefinition | None:
-    """The tool agents get under this name: a module's override if one replaced it, None if one disabled it."""
+def declarations(name: str) -> dict[str, ToolDefinition]:
+    """Every declaration of a tool name, by declaring module (before any override)."""
+    return dict(_TOOLS.get(name, {}))
+
+
+def get_tool(name: str, module: str | None = None) -> ToolDefinition | None:
+    """The tool run under this name: a module's override if one replaced it (None if one disabled it), else the
+    declaration of `module`, else the only declaration of the name (None when several modules declare it)."""
     if name in _OVERRIDES:
         return _OVERRIDES[name]
-    return _TOOLS.get(name)
+    declared = _TOOLS.get(name, {})
+    if module in declared:
+        return declared[module]
+    return next(iter(declared.values())) if len(declared) == 1 else None
 
 
-def all_tools() -> dict[str, ToolDefinition]:
-    """Every tool by name, overrides applied (a disabled tool is not there)."""
-    tools = dict(_TOOLS)
-    for name, definition in _OVERRIDES.items():
-        if definition is None:
-            tools.pop(name, None)
-        else:
-            tools[name] = definition
-    return tools
-
-
-def declared_tools() -> dict[str, ToolDefinition]:
-    """Every tool as its module declared it, before any override."""
-    return dict(_TOOLS)
+def declared_tools() -> dict[str, dict[str, ToolDefinition]]:
+    """Every tool as its modules declared it, before any override: name -> declaring module -> definition."""
+    return {name: dict(by_module) for name, by_module in _TOOLS.items()}
 
 
 def tool_overrides() -> dict[str, ToolDefinition | None]:

@@ -108,7 +108,7 @@ def test_run_approve_all_then_show_and_events(worker, env):
     turn_id = turn_id_of(out)
 
     shown = stepq(env, "show", turn_id, check=0).stdout
-    assert "completed" in shown and "demo.support" in shown and "scripted / scripted" in shown
+    assert "completed" in shown and "demo.support" in shown and "function / function" in shown
     assert "Done: the refund is on its way." in shown
     assert "provider/model" in shown and "issue_refund" in shown  # the per-step trace table
 
@@ -129,7 +129,7 @@ def test_run_approve_all_then_show_and_events(worker, env):
 
 
 def test_run_deny_all_model_sees_denial(worker, env):
-    proc = stepq(env, "run", "demo.support", "refund please", "--deny-all", "--json", check=0)
+    proc = stepq(env, "run", "demo.support", "refund order A-1001, please", "--deny-all", "--json", check=0)
     result = json.loads(proc.stdout)
     assert result["approvals"] == [
         {
@@ -148,14 +148,14 @@ def test_run_deny_all_model_sees_denial(worker, env):
 
 
 def test_run_without_a_terminal_denies_instead_of_hanging(worker, env):
-    proc = stepq(env, "run", "demo.support", "refund please", check=0)
+    proc = stepq(env, "run", "demo.support", "refund order A-1001, please", check=0)
     assert "stdin is not a terminal" in proc.stderr
     assert "denied by reviewer: no reviewer" in proc.stdout
 
 
 def test_run_interactive_answer_from_stdin_pipe_is_not_trusted(worker, env):
     # a pipe is not a terminal: even a "y" on stdin must not approve a write
-    proc = stepq(env, "run", "demo.support", "refund please", stdin="y\n", check=0)
+    proc = stepq(env, "run", "demo.support", "refund order A-1001, please", stdin="y\n", check=0)
     assert "✗ denied by cli" in proc.stdout
 
 
@@ -163,7 +163,7 @@ def test_run_asks_at_the_terminal(worker, env):
     primary, secondary = os.openpty()  # a real terminal on stdin: the CLI asks, we answer
     try:
         proc = subprocess.Popen(
-            [*stepq_cmd(), "run", "demo.support", "refund please"],
+            [*stepq_cmd(), "run", "demo.support", "refund order A-1001, please"],
             env=env,
             cwd=ROOT,
             stdin=secondary,

@@ -336,7 +336,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 def test_ctrl_c_says_the_turn_goes_on(worker, settings, client):
     """With Redis the turn lives in the workers: Ctrl-C leaves it parked and says how to follow or cancel it."""
     primary, secondary = os.openpty()  # a terminal on stdin: the CLI asks about the refund and waits
-    proc, out, errs = start(["run", "demo.support", "refund please"], settings_env(settings), ROOT, secondary)
+    proc, out, errs = start(
+        ["run", "demo.support", "refund order A-1001, please"], settings_env(settings), ROOT, secondary
+    )
     try:
         out.wait_for("[y/N]")
         proc.send_signal(signal.SIGINT)

@@ -87,7 +87,8 @@ def test_the_tool_override_runs_the_replacement_under_the_original_name():
     lookup = get_tool("ext_lookup")
     assert lookup is not None and lookup.name == "ext_lookup"
     assert lookup.fn.__qualname__ == "ext_fast_lookup"
-    assert declared_tools()["ext_lookup"].fn.__qualname__ == "ext_lookup"  # the declaration itself is untouched
+    declared = declared_tools()["ext_lookup"]["tests.extmods.catalog"]
+    assert declared.fn.__qualname__ == "ext_lookup"  # the declaration itself is untouched
 
 
 def test_provenance_of_each_part():

@@ -407,7 +407,7 @@ def test_serve_insecure_dev_says_so_and_loads_the_demo_agents(prefix):
         proc.wait(timeout=30)
     text = "".join(said)
     assert "INSECURE DEV MODE" in text and "demo agents" in text, text
-    assert agents == ["demo.enricher", "demo.extractor", "demo.planner", "demo.support"]
+    assert agents == ["demo.enricher", "demo.extractor", "demo.planner", "demo.storyteller", "demo.support"]
 
 
 def test_a_command_on_a_connection_redis_dropped_is_retried_on_a_new_one(prefix, rt):

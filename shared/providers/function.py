@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,7 @@ class FunctionResponse(BaseModel):
     object: Any = None
     input_tokens: int | None = None  # default: an estimate from the transcript's size
     output_tokens: int | None = None  # default: an estimate from the answer's size
+    delta_delay_s: float = Field(default=0.0, ge=0)  # simulated latency before each streamed delta (demos)
 
 
 ModelFunction = Callable[[FunctionRequest], "FunctionResponse | str"]
@@ -120,11 +122,11 @@ class FunctionModel(ProviderAdapter):
         if answer.object is not None and offers_output:
             args = answer.object if isinstance(answer.object, dict) else {"value": answer.object}
             streamed = json.dumps(args, ensure_ascii=False)
-            _stream(streamed, "object", emit, should_stop)
+            _stream(streamed, "object", emit, should_stop, answer.delta_delay_s)
             parts.append(ToolCall(id=f"call_{request.step}_out", name=OUTPUT_TOOL, args=args))
         else:
             text = answer.text if answer.object is None else json.dumps(answer.object, ensure_ascii=False)
-            streamed = _stream(text, "text", emit, should_stop)
+            streamed = _stream(text, "text", emit, should_stop, answer.delta_delay_s)
             if streamed:
                 parts.append(TextPart(text=streamed))
             parts.extend(
@@ -145,11 +147,13 @@ class FunctionModel(ProviderAdapter):
         )
 
 
-def _stream(text: str, kind: Any, emit: Emit, should_stop: ShouldStop) -> str:
+def _stream(text: str, kind: Any, emit: Emit, should_stop: ShouldStop, delay_s: float = 0.0) -> str:
     sent: list[str] = []
     for i in range(0, len(text), _DELTA_CHARS):
         if should_stop():
             break
+        if delay_s:
+            time.sleep(delay_s)  # simulated model latency, as the scripted provider's `delta_delay_s`
         chunk = text[i : i + _DELTA_CHARS]
         emit(Delta(kind, chunk))
         sent.append(chunk)
