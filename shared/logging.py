@@ -136,6 +136,20 @@ class Redactor:
         return text
 
 
+def describe_exception(exc: BaseException, redact: Redactor, limit: int) -> str:
+    """An exception as a user reads it: its type and its message on one line, bounded, secrets masked
+    (masked before it is cut: no half secret survives). An exception whose `__str__` raises is named by
+    its type alone: describing a failure must not fail."""
+    try:
+        message = str(exc)
+    except Exception:
+        message = ""
+    text = redact(" ".join(message.split()))
+    if len(text) > limit:
+        text = text[:limit] + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class RedactFilter(logging.Filter):
     """Masks secrets in the message, its traceback and stack info (the record is rewritten in place)."""
 

@@ -95,6 +95,52 @@ async def th_async_watch(ctx: ToolContext) -> dict[str, object]:
     return {"slept": True}
 
 
+class _Unprintable:
+    """An object that cannot be turned into text: its __str__ and __repr__ raise."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this object")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr for this object")
+
+
+class UnprintableError(Exception):
+    """An exception whose message cannot be read: describing it must not fail the step."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message for this exception")
+
+
+@tool
+def th_cycle() -> dict[str, object]:
+    """Returns a dict that contains itself."""
+    result: dict[str, object] = {"name": "loop"}
+    result["self"] = result
+    return result
+
+
+@tool
+def th_unprintable() -> dict[str, object]:
+    """Returns an object JSON cannot carry and whose str()/repr() raise."""
+    return {"value": _Unprintable()}
+
+
+@tool
+def th_raises_unprintable() -> dict[str, object]:
+    """Raises an exception whose __str__ raises."""
+    raise UnprintableError()
+
+
+HUGE_CHARS = 50 * 1024 * 1024
+
+
+@tool
+def th_huge() -> str:
+    """Returns a 50 MB string."""
+    return "x" * HUGE_CHARS
+
+
 def _agent(agent_name: str, tool_name: str, calls: int = 1, **args: object) -> AgentDefinition:
     return AgentDefinition(
         id=f"th.{agent_name}",
@@ -115,3 +161,7 @@ process_slow = _agent("process_slow", "th_process_slow")
 lingering = _agent("lingering", "th_ignores_cancel", calls=2, name="g")
 watch_cancel = _agent("watch_cancel", "th_watch_cancel")
 async_watch = _agent("async_watch", "th_async_watch")
+cycle = _agent("cycle", "th_cycle")
+unprintable = _agent("unprintable", "th_unprintable")
+raises_unprintable = _agent("raises_unprintable", "th_raises_unprintable")
+huge = _agent("huge", "th_huge")

@@ -312,6 +312,18 @@ def test_stream_cut_before_message_stop_is_retried(worker, client, fake):
     assert [r.data["code"] for r in of_type(events, EventType.STEP_RETRY)] == ["incomplete"]
 
 
+def test_stream_that_ends_cleanly_without_message_stop_after_content_fails_the_step(worker, client, fake):
+    whole = text_reply("half an answer").events
+    assert whole[-1]["type"] == "message_stop"
+    fake.enqueue(SSEReply(whole[:-1]), text_reply("never sent"))  # message_delta (stop_reason) and then the end
+    result, events = run(client, "anthropic_t.chat")
+
+    assert result.status == TurnStatus.FAILED
+    assert "after content" in (result.error or "") and "message_stop" in (result.error or "")
+    assert not of_type(events, EventType.STEP_RETRY)
+    assert len(fake.requests) == 1
+
+
 def test_cancel_mid_stream_ends_the_turn_cancelled(worker, client, fake):
     # start + ping + block start + first delta, then the upstream goes silent
     fake.enqueue(SSEReply(text_reply("first ", "second").events, hold_after=4), text_reply("unused"))

@@ -304,6 +304,27 @@ def test_error_after_content_fails_the_turn_without_retry(worker, client, studio
     assert len(studio.requests) == 1
 
 
+def test_a_stream_that_ends_without_a_finish_reason_before_content_is_retried(worker, client, studio):
+    # an empty stream, then one whose only chunk carries usage and no candidate: neither is an answer
+    studio.enqueue(g.SSEReply([]), g.SSEReply([{"usageMetadata": g.usage()}]), g.text_reply("whole"))
+    result, events = run(client, "gemini_t.chat")
+
+    assert result.status == TurnStatus.COMPLETED, result.error
+    assert result.text == "whole" and result.finish_reason == FinishReason.STOP
+    assert [r.data["code"] for r in of_type(events, EventType.STEP_RETRY)] == ["incomplete", "incomplete"]
+    assert len(studio.requests) == 3
+
+
+def test_a_stream_that_ends_without_a_finish_reason_after_content_fails_the_step(worker, client, studio):
+    studio.enqueue(g.SSEReply([g.chunk(g.text("half an ")), g.chunk(g.text("answer"))]), g.text_reply("never sent"))
+    result, events = run(client, "gemini_t.chat")
+
+    assert result.status == TurnStatus.FAILED and result.finish_reason == FinishReason.ERROR
+    assert "after content" in (result.error or "") and "without a finishReason" in (result.error or "")
+    assert not of_type(events, EventType.STEP_RETRY)
+    assert len(studio.requests) == 1
+
+
 def test_400_is_fatal_with_a_clear_message(worker, client, studio):
     studio.enqueue(g.ErrorReply(400, 'Invalid JSON payload received. Unknown name "foo"', "INVALID_ARGUMENT"))
     result, events = run(client, "gemini_t.chat")

@@ -24,6 +24,7 @@ from tests.fakes.openai_server import (
     chat_stream,
     chat_text,
     chat_tool_call,
+    chat_usage,
     chunk,
     error_event,
     reasoning_item,
@@ -315,6 +316,22 @@ def test_compatible_in_stream_error_before_content_retries_and_after_content_fai
     result, events = run(client, "openai_t.compat")
     assert result.status == TurnStatus.FAILED
     assert "after content" in (result.error or "")
+    assert not of_type(events, EventType.STEP_RETRY)
+
+
+def test_compatible_stream_ending_without_finish_reason_retries_before_content_and_fails_after(worker, client, fake):
+    opening = chunk({"role": "assistant", "content": ""})
+    usage = chunk(None, usage=chat_usage(10, 5))
+    fake.enqueue(SSEReply([opening, usage], named=False, done=True), chat_text("whole"))  # [DONE], no finish_reason
+    result, events = run(client, "openai_t.compat")
+    assert result.status == TurnStatus.COMPLETED, result.error
+    assert result.text == "whole"
+    assert [r.data["code"] for r in of_type(events, EventType.STEP_RETRY)] == ["incomplete"]
+
+    fake.enqueue(SSEReply([opening, chunk({"content": "half"}), usage], named=False, done=True), chat_text("never"))
+    result, events = run(client, "openai_t.compat")
+    assert result.status == TurnStatus.FAILED
+    assert "after content" in (result.error or "") and "before the response completed" in (result.error or "")
     assert not of_type(events, EventType.STEP_RETRY)
 
 

@@ -20,7 +20,7 @@ from stepq.models import TurnStatus
 from stepq.runtime import get_runtime
 from stepq.submit import create_turn
 from tests.agents_engine import drive, tool_results
-from tests.agents_tool_hygiene import mark_key
+from tests.agents_tool_hygiene import HUGE_CHARS, mark_key
 from tests.conftest import REDIS_URL, eventually, make_settings
 
 SECRET = "sk-test-Zq81mXv0Lw7ds9"
@@ -133,3 +133,34 @@ def test_the_turns_cancellation_reaches_a_running_tool(rt, prefix, agent, starte
     StepRunner(rt).deliver(turn_id, decision.step)  # the next delivery finds the cancel flag
     state = rt.turns.load(turn_id)
     assert state is not None and state.status == TurnStatus.CANCELLED
+
+
+@pytest.mark.parametrize(
+    ("agent", "error"),
+    [
+        ("th.cycle", "tool th_cycle returned a result that refers to itself (a circular reference)"),
+        (
+            "th.unprintable",
+            "tool th_unprintable returned a result that cannot be sent as JSON: RuntimeError: no text for this object",
+        ),
+        ("th.raises_unprintable", "UnprintableError"),
+    ],
+)
+def test_a_result_or_error_that_cannot_be_sent_becomes_the_tools_error_and_the_turn_goes_on(rt, prefix, agent, error):
+    turn_id = _start(rt, agent, prefix)
+    state = drive(rt, turn_id)
+    assert state.status == TurnStatus.COMPLETED and state.text == "done", state.error
+    result = tool_results(state)["c0"]
+    assert result.is_error and result.output == {"error": error, "status": "failed"}
+    [event] = [e.data for e in rt.events.read(turn_id) if e.type == "tool-result"]
+    assert event["is_error"] and event["output"]["error"] == error
+
+
+def test_a_50_mb_tool_result_is_cut_and_the_turn_goes_on(rt, prefix):
+    turn_id = _start(rt, "th.huge", prefix)
+    state = drive(rt, turn_id)
+    assert state.status == TurnStatus.COMPLETED and state.text == "done", state.error
+    output = tool_results(state)["c0"].output
+    limit = rt.settings.max_tool_result_chars
+    assert isinstance(output, str) and output.startswith('"xxx') and len(output) < limit + 100
+    assert output.endswith(f"…[truncated {HUGE_CHARS + 2 - limit} chars]")

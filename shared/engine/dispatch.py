@@ -176,9 +176,13 @@ class StepDispatcher:
             logger=log.getChild(definition.name),
         )
         outcome = self.execution.run(definition, call, args, ctx)
-        if outcome.error is None:
-            return ToolResult(tool_call_id=call.id, name=call.name, output=self._truncate(outcome.output))
         message = outcome.error
+        if message is None:
+            try:
+                return ToolResult(tool_call_id=call.id, name=call.name, output=self._bounded(outcome.output))
+            except UnsendableResultError as exc:  # the tool ran, but what it returned cannot reach the model
+                log.warning("tool %s (call %s) returned a result that cannot be sent: %s", call.name, call.id, exc)
+                message = f"tool {call.name} returned {exc}"
         if self.breaker is not None:
             count, _ = self.state.failed_tools.get(call.name, (0, ""))
             self.state.failed_tools[call.name] = (count + 1, message)
@@ -191,15 +195,35 @@ class StepDispatcher:
             status=failed,
         )
 
-    def _truncate(self, output: Any) -> Any:
-        try:
-            encoded = json.dumps(output, default=str, allow_nan=False)
-        except ValueError:  # NaN/Infinity, which JSON cannot carry: as strings, so every reader can parse it
-            log.warning("a tool result held NaN/Infinity at %s; sent as a string", non_finite_path(output))
-            return self._truncate(finite(output))
-        except TypeError:
-            return str(output)[: self.max_result_chars]
+    def _bounded(self, output: Any) -> Any:
+        """The output as the model reads it: plain JSON, cut to `max_result_chars` (a marker says how much)."""
+        encoded = self._encoded(output)
         if len(encoded) <= self.max_result_chars:
             return json.loads(encoded)
         cut = len(encoded) - self.max_result_chars
         return encoded[: self.max_result_chars] + f"…[truncated {cut} chars]"
+
+    def _encoded(self, output: Any) -> str:
+        """The output as JSON text; UnsendableResultError when it cannot be: a circular reference, nesting
+        too deep, or an object whose `__str__` raises. Non-JSON objects are sent as their `str()`."""
+        try:
+            try:
+                return json.dumps(output, default=str, allow_nan=False)
+            except ValueError:  # NaN/Infinity (which JSON cannot carry) or a circular reference
+                json.dumps(output, default=str)  # raises again only for the circular reference
+                log.warning("a tool result held NaN/Infinity at %s; sent as a string", non_finite_path(output))
+                return json.dumps(finite(output), default=str, allow_nan=False)
+            except TypeError:  # keys JSON cannot carry (a tuple, an object): the whole value as text
+                return json.dumps(str(output))
+        except RecursionError:
+            raise UnsendableResultError("a result nested too deeply to send as JSON") from None
+        except Exception as exc:  # a circular reference, or an object whose __str__ (or __repr__) raised
+            if type(exc) is ValueError and exc.args == ("Circular reference detected",):
+                raise UnsendableResultError("a result that refers to itself (a circular reference)") from None
+            raise UnsendableResultError(
+                f"a result that cannot be sent as JSON: {self.execution.describe(exc)}"
+            ) from None
+
+
+class UnsendableResultError(ValueError):
+    """A tool's return value that cannot reach the model (the model reads this as the tool's error)."""

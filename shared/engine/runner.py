@@ -8,6 +8,7 @@ happens here, against Redis, so it runs the same in-process with no broker.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -28,6 +29,7 @@ from stepq.engine.emitter import StepEmitter
 from stepq.engine.output import parse_object, repair_note
 from stepq.engine.tool_exec import ToolExecution
 from stepq.errors import InvalidOutputError, StoreUnavailableError
+from stepq.logging import Redactor, describe_exception, secret_values
 from stepq.logging import bind as bind_log_context
 from stepq.metrics import (
     RATE_LIMIT_WAITS,
@@ -82,6 +84,10 @@ from stepq.store.keys import home
 from stepq.store.leases import StepLease
 from stepq.store.tool_results import ToolResultStore
 from stepq.store.turns import LeaseHeld, PreparedWrite, StepStart
+
+log = logging.getLogger("stepq.engine")
+# Redis unreachable: a step that meets one is left to the sweeper (DESIGN.md §4.6), never failed for it
+STORE_OUTAGES = (StoreUnavailableError, redis.ConnectionError, redis.TimeoutError)
 
 
 def worker_id() -> str:
@@ -173,11 +179,30 @@ class StepRunner:
     def _run(self, state: TurnState, lease: StepLease, start: StepStart) -> Decision:
         emitter = StepEmitter(self.rt.events, state.turn_id, state.step, self.rt.settings.coalesce_window_ms / 1000)
         self._emitter = emitter
+        turn_id, step = state.turn_id, state.step
         try:
             with mcp_tools.step_scope():  # the step's MCP sessions (if it uses any) close with it
                 return self._run_step(state, lease, start, emitter)
+        except STORE_OUTAGES:
+            raise  # nothing can be stored now: the sweeper runs the step again once Redis is back
+        except Exception as exc:  # a bug (ours, a tool's, an adapter's) must not leave the turn leased and running
+            return self._crashed(turn_id, step, emitter, exc)
         finally:
             emitter.flush()  # anything still deferred (e.g. on a path that did not commit) goes out now
+
+    def _crashed(self, turn_id: str, step: int, emitter: StepEmitter, exc: Exception) -> Decision:
+        """A step that raised: its turn fails with the error on one line (the traceback goes to the log). It
+        fails from its last commit, so nothing the step left half-done is stored with the failure."""
+        log.error("step %s of turn %s crashed", step, turn_id, exc_info=exc)
+        state = self.rt.turns.load(turn_id)
+        if state is None or state.status.terminal or state.step != step:
+            return _none("crashed after its commit")  # what it committed stands; the sweeper sends what is unsent
+        return self._fail(state, emitter, f"step {step} crashed: {self._describe(exc)}")
+
+    def _describe(self, exc: BaseException) -> str:
+        """An unexpected exception as events and the turn's error show it: one line, bounded, secrets masked."""
+        settings = self.rt.settings
+        return describe_exception(exc, Redactor(secret_values(settings)), settings.tool_error_chars)
 
     def _run_step(self, state: TurnState, lease: StepLease, start: StepStart, emitter: StepEmitter) -> Decision:
         rt = self.rt
@@ -447,7 +472,7 @@ class StepRunner:
             if isinstance(exc, redis.RedisError):
                 raise
             emitter.flush()
-            err = ProviderError(f"{type(exc).__name__}: {exc}", retryable=False)
+            err = ProviderError(self._describe(exc), retryable=False)
             return self._provider_failure(state, agent, emitter, err)
         finally:
             probe.observe(state.provider, state.model)

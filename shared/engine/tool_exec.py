@@ -27,7 +27,7 @@ from typing import Any
 
 from stepq.cancel import CancelSignal, ToolCancelledError
 from stepq.config import Settings
-from stepq.logging import Redactor, secret_values
+from stepq.logging import Redactor, describe_exception, secret_values
 from stepq.metrics import TOOL_CALLS_LINGERING, TOOL_CALLS_REFUSED, TOOL_TIMEOUTS
 from stepq.models import ToolCall
 from stepq.tools import ToolContext, ToolDefinition
@@ -113,10 +113,7 @@ class ToolExecution:
 
     def describe(self, exc: BaseException) -> str:
         """The exception as the model reads it: its type and its message on one line, bounded, secrets masked."""
-        text = self.redact(" ".join(str(exc).split()))  # masked before it is cut: no half secret survives
-        if len(text) > self.error_chars:
-            text = text[: self.error_chars] + "…"
-        return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        return describe_exception(exc, self.redact, self.error_chars)
 
 
 def _nothing() -> None:

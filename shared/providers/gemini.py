@@ -293,7 +293,13 @@ class GeminiAdapter(ProviderAdapter):
         first = float(request.options.get("first_chunk_timeout_s", stall))
         pump = _Pump(client, request.model, contents, config).start()
         try:
-            self._drain(pump, parser, should_stop, first, stall)
+            ended = self._drain(pump, parser, should_stop, first, stall)
+            if ended and parser.raw_finish is None:
+                raise ProviderError(
+                    "the Gemini stream ended without a finishReason (connection closed early)",
+                    retryable=True,
+                    code="incomplete",
+                )
         except ProviderError as exc:  # usageMetadata that arrived before the failure is billed: report it
             if parser.usage_meta is not None:
                 exc.usage = parser.usage()
@@ -303,12 +309,13 @@ class GeminiAdapter(ProviderAdapter):
         return parser.output()
 
     @staticmethod
-    def _drain(pump: _Pump, parser: StreamParser, should_stop: ShouldStop, first: float, stall: float) -> None:
+    def _drain(pump: _Pump, parser: StreamParser, should_stop: ShouldStop, first: float, stall: float) -> bool:
+        """Feed the parser until the stream ends (True) or the step is told to stop (False)."""
         last = time.monotonic()
         limit = first
         while True:
             if should_stop():
-                return
+                return False
             waited = time.monotonic() - last
             if waited >= limit:
                 raise ProviderError(
@@ -322,7 +329,7 @@ class GeminiAdapter(ProviderAdapter):
             except queue.Empty:
                 continue
             if kind == "end":
-                return
+                return True
             if kind == "error":
                 raise classify(item) from None
             parser.feed(item)
