@@ -228,7 +228,9 @@ def test_an_approved_call_whose_stored_arguments_changed_is_not_run(worker, clie
 @pytest.mark.parametrize(
     "tightening", [{"mutation_policy": "read-only"}, {"allowed_tools": ["pol_lookup"]}], ids=["read-only", "dropped"]
 )
-def test_an_approved_write_the_tenant_policy_now_forbids_is_not_run_and_says_why(worker, client, prefix, rt, tightening):
+def test_an_approved_write_the_tenant_policy_now_forbids_is_not_run_and_says_why(
+    worker, client, prefix, rt, tightening
+):
     handle, request = _parked_and_released(client, rt, prefix, "pol.writer", {"tenant": "acme"})
     rt.policies.update("acme", "*", tightening)
 

@@ -968,6 +968,7 @@ class StepRunner:
                     approval_id=approval_id,
                     tool_call_id=p.call.id,
                     tool_name=p.call.name,
+                    args=p.args,
                     expires_at=expires_at,
                 )
             )
