@@ -574,9 +574,12 @@ class StepPlan(BaseModel):
 
 
 class PendingApproval(BaseModel):
+    """A gated call waiting for a person: what a reviewer needs to decide it (never its token)."""
+
     approval_id: str
     tool_call_id: str
     tool_name: str
+    args: dict[str, Any] | None = None  # the validated arguments, as the approval request shows them
     expires_at: float
 
 

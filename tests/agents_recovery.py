@@ -44,6 +44,35 @@ approved_slow_mutation = AgentDefinition(
 )
 
 
+def keys_seen(prefix: str, turn_id: str) -> str:
+    """The list of idempotency keys `rc_held_mutation` was run with, one per run, in order."""
+    return f"{prefix}:executions:{turn_id}:held:keys"
+
+
+@tool(is_mutation=True, timeout_s=None)
+def rc_held_mutation(ctx: ToolContext) -> dict[str, object]:
+    """A mutation whose first run holds (until its worker is killed) and whose later runs finish at once; each
+    run records its pid and its idempotency key first."""
+    prefix = ctx.metadata["prefix"]
+    _redis.set(execution_key(prefix, ctx.turn_id, "held", "pid"), os.getpid())
+    run = _redis.rpush(keys_seen(prefix, ctx.turn_id), ctx.idempotency_key)
+    if run == 1:
+        ctx.cancelled.wait(timeout=180)  # the first run's call to another system: it never answers
+    return {"run": run, "idempotency_key": ctx.idempotency_key}
+
+
+approved_held_mutation = AgentDefinition(
+    id="rc.approved_held_mutation",
+    allowed_tools=["rc_held_mutation"],
+    read_only=False,
+    mutation_policy="confirm-required",
+    script=[
+        ScriptStep(text="writing", tool_calls=[ScriptToolCall(name="rc_held_mutation", args={})]),
+        ScriptStep(text="written"),
+    ],
+)
+
+
 @tool
 def rc_not_finite() -> dict[str, object]:
     """Returns floats JSON cannot carry."""

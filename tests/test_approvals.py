@@ -197,3 +197,48 @@ def test_an_approved_mutation_is_stored_before_the_next_tool_starts(worker, clie
     results = _tool_results(client.get(handle.turn_id))
     assert results["rt_side_effect"].output == {"label": "stored-at-once", "count": 1}
     assert results["rt_count_stored_results"].output == {"stored": 1}  # the mutation's, already in Redis
+
+
+def _parked_and_released(client, rt, prefix, agent, metadata=None):
+    """Park a turn on its gated call and wait until no worker holds it (nothing else writes it then)."""
+    handle = client.submit(agent, prompt="go", metadata={"prefix": prefix, **(metadata or {})})
+    request = next(e for e in handle.events(idle_timeout=60) if e.type == EventType.APPROVAL_REQUEST)
+    eventually(lambda: client.get(handle.turn_id).status == TurnStatus.AWAITING_APPROVAL, what="the turn to park")
+    eventually(lambda: not rt.redis.exists(rt.keys.lease(handle.turn_id)), what="the lease to be released")
+    return handle, request
+
+
+def test_an_approved_call_whose_stored_arguments_changed_is_not_run(worker, client, prefix, rt):
+    """The approval binds the arguments' hash: a parked call altered after it was signed (here, in Redis)
+    is refused on resume, whatever the reviewer approved."""
+    handle, request = _parked_and_released(client, rt, prefix, "rt.approver")
+    state = rt.turns.load(handle.turn_id)
+    gated = next(c for c in state.parked.assistant.tool_calls if c.name == "rt_side_effect")
+    gated.args = {"label": "tampered"}
+    assert rt.turns.commit(state)
+
+    assert client.approve(request.data["approval_id"], True).wait(30)
+    assert handle.wait(timeout=60).status == TurnStatus.COMPLETED
+    assert _side_effects(prefix, handle.turn_id, "tampered") == 0
+    assert _side_effects(prefix, handle.turn_id, "gated") == 0
+    refused = _tool_results(client.get(handle.turn_id))["rt_side_effect"]
+    assert refused.is_error and refused.output["error"] == "approval does not match the call's arguments; not run"
+
+
+@pytest.mark.parametrize(
+    "tightening", [{"mutation_policy": "read-only"}, {"allowed_tools": ["pol_lookup"]}], ids=["read-only", "dropped"]
+)
+def test_an_approved_write_the_tenant_policy_now_forbids_is_not_run_and_says_why(
+    worker, client, prefix, rt, tightening
+):
+    handle, request = _parked_and_released(client, rt, prefix, "pol.writer", {"tenant": "acme"})
+    rt.policies.update("acme", "*", tightening)
+
+    assert client.approve(request.data["approval_id"], True).wait(30)
+    assert handle.wait(timeout=60).status == TurnStatus.COMPLETED
+    refused = _tool_results(client.get(handle.turn_id))["pol_write"]
+    assert refused.is_error and refused.output["error"] == (
+        "approved, but pol_write is no longer allowed for this turn "
+        "(a policy or the agent's tools changed since the approval); not run"
+    )
+    assert refused.output["do_not_retry"] is True

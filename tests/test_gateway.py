@@ -10,10 +10,13 @@ import sys
 import httpx
 import pytest
 
+from stepq.engine.runner import StepRunner
 from stepq.errors import ConfigurationError
 from stepq.models import EventType
 from stepq.producer.gateway.app import create_app
 from stepq.producer.gateway.auth import AuthConfig
+from stepq.producer.gateway.routes_turns import describe
+from stepq.submit import create_turn
 from tests.conftest import ROOT, make_settings, settings_env
 from tests.gateway_support import TIMEOUT, api_keys_setting, serve, sse_events, submit
 
@@ -189,6 +192,41 @@ def test_reconnect_with_last_event_id_sees_every_event_once_and_approve_as_princ
     decision = next(e for e in seen if e.event == "approval-decision")
     assert decision.data["data"]["reviewer"] == "alice" and decision.data["data"]["decision"] == "approved"
     assert rt.approvals.get(approval_id).reviewer == "alice"
+
+
+def test_a_parked_turn_shows_the_reviewer_each_pending_calls_tool_arguments_and_expiry(worker, gw, rt, prefix):
+    """GET /v1/turns/{id} and Client.get carry what a reviewer decides on, as the approval request showed it;
+    never the token."""
+    with gw.client() as http:
+        turn_id = submit(http, "rt.approver", "go", metadata={"prefix": prefix})
+        with http.stream("GET", f"/v1/turns/{turn_id}/events") as response:
+            request = _events_until(response, "approval-request")[-1].data["data"]
+        turn = http.get(f"/v1/turns/{turn_id}").json()
+    assert turn["status"] == "awaiting_approval"
+    assert turn["pending_approvals"] == [
+        {
+            "approval_id": request["approval_id"],
+            "tool_call_id": request["tool_call_id"],
+            "tool": "rt_side_effect",
+            "args": {"label": "gated"},
+            "expires_at": request["expires_at"],
+        }
+    ]
+    token = rt.approvals.get(request["approval_id"]).token
+    assert token and token not in json.dumps(turn) and token.split(".")[1] not in json.dumps(turn)
+    [parked] = rt.turns.load(turn_id).parked.approvals  # what Client.get returns
+    assert parked.args == request["args"] == {"label": "gated"} and parked.expires_at == request["expires_at"]
+
+
+def test_a_step_parked_by_an_older_worker_shows_the_calls_own_arguments(rt, prefix):
+    """Approvals parked before they kept their arguments: GET shows the parked call's arguments instead."""
+    state, _ = create_turn(rt, "rt.approver", prompt="go", metadata={"prefix": prefix})
+    StepRunner(rt).deliver(state.turn_id, 0)
+    parked = rt.turns.load(state.turn_id)
+    for approval in parked.parked.approvals:
+        approval.args = None
+    [shown] = describe(parked)["pending_approvals"]
+    assert shown["tool"] == "rt_side_effect" and shown["args"] == {"label": "gated"}
 
 
 def test_deny_through_the_gateway_becomes_the_tool_result(worker, gw, rt, prefix):

@@ -12,7 +12,7 @@ from kombu import Connection
 
 from stepq.config import Settings
 from stepq.models import EventType, TurnStatus
-from tests.agents_recovery import execution_key
+from tests.agents_recovery import execution_key, keys_seen
 from tests.conftest import AMQP_URL, REDIS_URL, WorkerProcess, eventually, make_settings
 from tests.test_durability import _amqp_available
 
@@ -50,6 +50,36 @@ def _kill_during_approved_mutation(settings: Settings, prefix: str) -> None:
     assert _counter(prefix, handle.turn_id, "done") == "1"
     results = [e for e in handle.events() if e.type == EventType.TOOL_RESULT]
     assert len(results) == 1 and results[0].data["output"]["attempt"] == 2
+
+
+def test_a_tool_killed_mid_call_runs_again_with_the_same_idempotency_key(prefix: str) -> None:
+    """The rule the README states: a tool interrupted mid-call (its worker SIGKILLed) runs again in another
+    worker process with the same `ToolContext.idempotency_key`, which is what lets it make its effect once."""
+    from stepq.producer.client import Client
+
+    settings = make_settings(prefix)
+    client = Client(settings)
+    workers = [WorkerProcess(settings, "k1"), WorkerProcess(settings, "k2")]
+    try:
+        handle = client.submit("rc.approved_held_mutation", prompt="go", metadata={"prefix": prefix})
+        seen = keys_seen(prefix, handle.turn_id)
+        request = next(e for e in handle.events(idle_timeout=120) if e.type == EventType.APPROVAL_REQUEST)
+        assert client.approve(request.data["approval_id"], True).wait(timeout=60)
+        with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+            eventually(lambda: r.llen(seen) == 1, timeout=120, what="the approved tool's first run to start")
+            pid = int(r.get(execution_key(prefix, handle.turn_id, "held", "pid")) or 0)
+            victim = next(w for w in workers if w.proc.pid == pid)
+            victim.kill()  # SIGKILL to its process group, during the tool call
+            result = handle.wait(timeout=240)
+            keys = r.lrange(seen, 0, -1)
+    finally:
+        for w in workers:
+            w.stop()
+    assert result.status == TurnStatus.COMPLETED, result.error
+    [tool_result] = [e for e in handle.events() if e.type == EventType.TOOL_RESULT]
+    output = tool_result.data["output"]
+    assert output["run"] == 2 and len(keys) == 2  # it did run again, in the surviving worker
+    assert keys[0] == keys[1] == output["idempotency_key"]
 
 
 def test_kill_during_approved_mutation_redis_broker(prefix: str) -> None:

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from stepq.errors import SubmitError
-from stepq.models import TurnState
+from stepq.models import ParkedStep, TurnState
 from stepq.producer.gateway import sse
 from stepq.producer.gateway.auth import Principal, require
 from stepq.producer.gateway.errors import GatewayError
@@ -113,15 +113,7 @@ def describe(state: TurnState) -> dict[str, Any]:
         "finished_at": state.finished_at,
     }
     if state.parked is not None and not state.status.terminal:
-        out["pending_approvals"] = [
-            {
-                "approval_id": a.approval_id,
-                "tool_call_id": a.tool_call_id,
-                "tool": a.tool_name,
-                "expires_at": a.expires_at,
-            }
-            for a in state.parked.approvals
-        ]
+        out["pending_approvals"] = pending_approvals(state.parked)
         out["pending_tool_calls"] = [  # client-side calls: answer them with POST /v1/turns/{id}/tool-results
             {"tool_call_id": c.tool_call_id, "tool": c.tool_name, "args": c.args, "expires_at": c.expires_at}
             for c in state.parked.client_calls
@@ -136,6 +128,22 @@ def describe(state: TurnState) -> dict[str, Any]:
             "error": state.error,
         }
     return out
+
+
+def pending_approvals(parked: ParkedStep) -> list[dict[str, Any]]:
+    """What a reviewer decides on: the tool, its arguments as the approval request showed them, the expiry.
+    (A step parked by an older worker kept no arguments with its approvals: the call's own are shown.)"""
+    called = {c.id: c.args for c in parked.assistant.tool_calls}
+    return [
+        {
+            "approval_id": a.approval_id,
+            "tool_call_id": a.tool_call_id,
+            "tool": a.tool_name,
+            "args": a.args if a.args is not None else called.get(a.tool_call_id, {}),
+            "expires_at": a.expires_at,
+        }
+        for a in parked.approvals
+    ]
 
 
 @router.get("/{turn_id}")

@@ -993,6 +993,7 @@ class StepRunner:
                     approval_id=approval_id,
                     tool_call_id=p.call.id,
                     tool_name=p.call.name,
+                    args=p.args,
                     expires_at=expires_at,
                 )
             )
@@ -1083,7 +1084,9 @@ class StepRunner:
                     result = dispatcher.execute(rerun)
                 else:
                     result = dispatcher.record(_refusal(call, "the edited approval does not verify; not run"))
-            elif prepared.error is None and prepared.args_hash == record.args_hash:
+            elif prepared.error is not None:  # approved, but the call cannot run now: say why, not "changed"
+                result = dispatcher.record(_approved_not_runnable(call, prepared.error))
+            elif prepared.args_hash == record.args_hash:
                 result = dispatcher.execute(prepared)
             else:
                 result = dispatcher.record(_refusal(call, "approval does not match the call's arguments; not run"))
@@ -1141,6 +1144,20 @@ def _refusal(call: ToolCall, error: str, **extra: object) -> ToolResult:
         output={"error": error, "status": denied.value, **extra},
         status=denied,
     )
+
+
+def _approved_not_runnable(call: ToolCall, error: ToolResult) -> ToolResult:
+    """An approved call that cannot run on resume. A tool the step no longer offers (a policy made the turn
+    read-only or dropped the tool since the approval) is refused as such; any other reason (its arguments no
+    longer validate, the tool's breaker is open) is the prepared error's own words. Never "the arguments
+    changed" for arguments that did not."""
+    if error.status == ToolResultStatus.NOT_FOUND:
+        reason = (
+            f"approved, but {call.name} is no longer allowed for this turn "
+            "(a policy or the agent's tools changed since the approval); not run"
+        )
+        return _refusal(call, reason, do_not_retry=True)
+    return error
 
 
 class _EmitterResultSink:
