@@ -7,6 +7,7 @@ can reload a page or drop a connection while a turn is provably still running, w
 from __future__ import annotations
 
 import redis
+from pydantic import BaseModel
 
 from stepq.agents import AgentDefinition, LoopConfig
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
@@ -154,5 +155,22 @@ planned = AgentDefinition(
         ),
         ScriptStep(tool_calls=[ScriptToolCall(name="chat_lookup", args={"key": "alpha"})]),
         ScriptStep(text="Alpha is the first letter."),
+    ],
+)
+
+
+class Card(BaseModel):
+    name: str
+    email: str
+
+
+repair = AgentDefinition(
+    id="chat.repair",
+    description="Object mode: its first answer misses a field, so a repair step answers again.",
+    execution_mode="object",
+    output=Card,
+    script=[
+        ScriptStep(object={"name": "Ada Lovelace"}),  # no email: invalid, so a repair step follows
+        ScriptStep(object={"name": "Ada Lovelace", "email": "ada@engines.example"}),
     ],
 )

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.chat_support import API_KEY, ChatStack, chat_stack
+from tests.chat_support import API_KEY, SUBMIT_ONLY_KEY, ChatStack, chat_stack
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")
 Page = sync_api.Page
@@ -60,10 +60,21 @@ def shots(tmp_path: Path) -> Iterator[list[tuple[Page, str]]]:
             page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
 
 
-def open_chat(context: object, stack: ChatStack, agent: str, shots: list[tuple[Page, str]], name: str) -> Page:
+def open_chat(
+    context: object,
+    stack: ChatStack,
+    agent: str,
+    shots: list[tuple[Page, str]],
+    name: str,
+    chat: str | None = None,
+    key: str | None = None,
+) -> Page:
+    """A tab on a new chat, or on `chat`; `key` replaces the context's API key for this tab."""
     page: Page = context.new_page()  # type: ignore[attr-defined]
     shots.append((page, name))
-    page.goto(f"{stack.url}/?agent={agent}#chat={name}-{uuid.uuid4().hex[:8]}")
+    if key is not None:
+        page.add_init_script(f"localStorage.setItem('stepq.apiKey', {key!r})")
+    page.goto(f"{stack.url}/?agent={agent}#chat={chat or f'{name}-{uuid.uuid4().hex[:8]}'}")
     page.wait_for_selector("body[data-ready=yes]")
     return page
 
@@ -164,3 +175,55 @@ def test_two_tabs_on_two_threads_at_once(browser_context: object, stack: ChatSta
     for page in (waiting, quick):  # each tab lists both chats, its own marked current
         expect(page.get_by_test_id("thread")).to_have_count(2)
         expect(page.locator("[data-testid=thread].current")).to_have_count(1)
+
+
+def test_a_pending_approval_holds_the_composer_and_a_refused_send_is_rolled_back(
+    browser_context: object, stack: ChatStack, shots: list, tmp_path: Path
+) -> None:
+    chat = f"pending-{uuid.uuid4().hex[:8]}"
+    behind = open_chat(browser_context, stack, "chat.gated", shots, "pending-behind", chat)  # it misses the approval
+    page = open_chat(browser_context, stack, "chat.gated", shots, "pending", chat)
+    say(page, "please record this")
+    card = answer(page).get_by_test_id("tool")
+    expect(card).to_have_attribute("data-state", "approval-requested")
+    expect(page.get_by_test_id("input")).to_be_disabled()  # a new message would be refused: the page says why
+    expect(page.get_by_test_id("send")).to_be_disabled()
+    expect(page.get_by_test_id("composer-hint")).to_contain_text("Answer the approval above first")
+
+    say(behind, "and one more thing")  # the tab that did not see the approval sends anyway: refused
+    banner = behind.get_by_test_id("banner")
+    expect(banner).to_contain_text("Your message was not sent")
+    expect(banner).not_to_contain_text("/v1/")
+    expect(behind.get_by_test_id("message-user")).to_have_text(["please record this"])  # rolled back, re-synced
+    expect(behind.get_by_test_id("input")).to_have_value("and one more thing")
+    expect(behind.get_by_test_id("input")).to_be_disabled()
+    stale = answer(behind).get_by_test_id("tool")
+    expect(stale).to_have_attribute("data-state", "approval-requested")
+    behind.screenshot(path=str(tmp_path / "refused-send.png"), full_page=True)
+
+    stale.get_by_test_id("deny").click()  # the card is not jammed: its answer goes through
+    expect(stale).to_have_attribute("data-state", "output-denied")
+    expect(answer(behind)).to_have_attribute("data-status", "completed")
+    expect(behind.get_by_test_id("banner")).to_be_hidden()
+    expect(behind.get_by_test_id("input")).to_be_enabled()
+    expect(behind.get_by_test_id("composer-hint")).to_be_hidden()
+
+    card.get_by_test_id("approve").click()  # the first tab answers too late: it shows what the server decided
+    expect(card).to_have_attribute("data-state", "output-denied")
+    expect(answer(page)).to_have_attribute("data-status", "completed")
+    expect(page.get_by_test_id("message-assistant")).to_have_count(1)
+
+
+def test_a_refused_approval_answer_puts_the_card_back_and_says_why(
+    browser_context: object, stack: ChatStack, shots: list
+) -> None:
+    page = open_chat(browser_context, stack, "chat.gated", shots, "no-approve", key=SUBMIT_ONLY_KEY)
+    say(page, "please record this")
+    card = answer(page).get_by_test_id("tool")
+    expect(card).to_have_attribute("data-state", "approval-requested")
+    card.get_by_test_id("deny").click()  # this key may submit but not approve: the gateway refuses (403)
+    expect(page.get_by_test_id("banner")).to_contain_text("Your key is not allowed")
+    expect(page.get_by_test_id("banner")).not_to_contain_text("scope")
+    expect(card).to_have_attribute("data-state", "approval-requested")  # as the server has it: still waiting
+    expect(card.get_by_test_id("approve")).to_be_visible()
+    expect(page.get_by_test_id("input")).to_be_disabled()

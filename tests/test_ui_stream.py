@@ -112,3 +112,64 @@ def test_tool_outcomes_and_finish_reasons_map_to_the_protocols() -> None:
     assert finish["messageMetadata"]["finishReason"] == "max-steps"
     assert finish["messageMetadata"]["usage"] == {"output_tokens": 4}
     assert chunks[0] == {"type": "start", "messageId": "turn_x", "messageMetadata": {"turnId": "turn_x", "chatId": "c"}}
+
+
+def nesting_errors(chunks: list[dict[str, Any]]) -> list[str]:
+    """What breaks the step nesting a strict client checks: every step is `start-step … finish-step`, and a
+    step's content and its reset come between the two."""
+    errors, open_step = [], False
+    for i, kind in enumerate(types(chunks)):
+        if kind == "start-step":
+            errors += [f"{i}: start-step inside an open step"] if open_step else []
+            open_step = True
+        elif kind == "finish-step":
+            errors += [] if open_step else [f"{i}: finish-step without start-step"]
+            open_step = False
+        elif kind == "reset-step" or kind.startswith(("text-", "reasoning-", "tool-input")):
+            errors += [] if open_step else [f"{i}: {kind} outside a step"]
+    return errors + (["the message finished inside an open step"] if open_step else [])
+
+
+def test_an_object_repair_resets_its_step_inside_one_well_nested_step() -> None:
+    # the engine's order for a repair: the invalid answer's step finishes, then its reset, then the repair step
+    _, chunks = run(
+        (EventType.TURN_START, 0, {}),
+        (EventType.STEP_START, 0, {"attempt": 0}),
+        (EventType.OBJECT_DELTA, 0, {"text": '{"name": "Ada"}'}),
+        (EventType.STEP_FINISH, 0, {}),
+        (EventType.STEP_RESET, 0, {"reason": "repairing an answer that did not match the schema"}),
+        (EventType.STEP_START, 1, {"attempt": 0}),
+        (EventType.OBJECT_DELTA, 1, {"text": '{"name": "Ada", "email": "ada@x.example"}'}),
+        (EventType.STEP_FINISH, 1, {}),
+        (EventType.TURN_FINISH, 1, {"status": "completed", "finish_reason": "stop", "usage": {}}),
+    )
+    assert nesting_errors(chunks) == [], types(chunks)
+    assert types(chunks) == [
+        "start",
+        "start-step",
+        "text-start",
+        "text-delta",
+        "text-end",
+        "reset-step",
+        "data-step-reset",
+        "finish-step",
+        "start-step",
+        "text-start",
+        "text-delta",
+        "text-end",
+        "finish-step",
+        "finish",
+    ]
+
+
+def test_a_parked_step_and_a_tool_step_close_well_nested() -> None:
+    translator, chunks = run(
+        (EventType.STEP_START, 0, {}),
+        (EventType.TEXT_DELTA, 0, {"text": "I will record it."}),
+        (EventType.STEP_FINISH, 0, {}),
+        (EventType.TOOL_CALL, 0, {"id": "c1", "name": "record", "args": {}}),
+        (EventType.APPROVAL_REQUEST, 0, {"approval_id": "apv_1", "tool_call_id": "c1"}),
+    )
+    closed = chunks + translator.end_parked()
+    assert nesting_errors(closed) == [], types(closed)
+    assert types(closed)[-2:] == ["finish-step", "finish"]

@@ -15,7 +15,9 @@ Mapping:
   tool-results-request       -> nothing new: its calls stay `input-available` for the client to run
                                 (`addToolOutput`); the message closes parked until the results come back
   tool-result                -> tool-output-available | tool-output-error | tool-output-denied
-  step-finish                -> finish-step
+  step-finish                -> text-end / reasoning-end; the step's finish-step goes out when it closes
+                                (the next step starts, the message finishes or parks), so what still belongs
+                                to it (tool calls, approvals, an object-mode repair's reset) stays inside it
   step-reset                 -> reset-step (the client drops the step's parts), then a transient data-step-reset
   step-retry                 -> transient data-retry
   plan-update                -> data-plan (id "plan": each update replaces the message's plan part)
@@ -23,7 +25,9 @@ Mapping:
   turn-finish                -> finish {finishReason, messageMetadata: turn id, status, finish reason, usage}
 
 A step reset after content never leaves stale text: `reset-step` removes every part since the step's
-`start-step`, and the retried attempt streams into fresh part ids under that same step.
+`start-step`, and the retried attempt streams into fresh part ids under that same step. Every step is one
+well-nested `start-step … finish-step`, its reset included: an object-mode repair's reset (published after the
+invalid answer's step-finish) empties that step before it closes, and the repair streams in the next step.
 """
 
 from __future__ import annotations
@@ -117,7 +121,7 @@ class UIMessageTranslator:
         """Close the message for now: the turn waits for approvals or client-side tool results; the next POST
         (approval responses, tool outputs) continues it."""
         self.finished = True
-        out = self.begin() + self._close_parts()
+        out = self.begin() + self._close_parts() + self._finish_step()
         if status is None:  # the turn's status when known, else what this stream saw it wait for
             status = "awaiting_tool_results" if self._step.client and not self._step.awaiting else "awaiting_approval"
         out.append(
@@ -138,7 +142,7 @@ class UIMessageTranslator:
         if self.finished:
             return []
         self.finished = True
-        return [*self.begin(), *self._close_parts(), {"type": "finish", "finishReason": "other"}]
+        return [*self.begin(), *self._close_parts(), *self._finish_step(), {"type": "finish", "finishReason": "other"}]
 
     # ------------------------------------------------------------------ helpers
 
@@ -170,7 +174,8 @@ class UIMessageTranslator:
         return out
 
     def _finish_step(self) -> list[Chunk]:
-        """`finish-step` once per step (the step's tool calls may still follow it: they stay in the step)."""
+        """`finish-step` once per step, when it closes: after a step-finish event its tool calls, approvals or a
+        repair's reset may still come, and they belong inside it."""
         if self._open_step is None or self._step_finished:
             return []
         self._step_finished = True
@@ -259,14 +264,13 @@ class UIMessageTranslator:
         return [{"type": "tool-output-error", "toolCallId": call_id, "errorText": _error_text(output)}]
 
     def _on_step_finish(self, event: Event) -> list[Chunk]:
-        return [*self._close_parts(), *self._finish_step()]
+        return self._close_parts()  # the step's finish-step waits for the step to close (see `_finish_step`)
 
     def _on_step_reset(self, event: Event) -> list[Chunk]:
         # the step's start-step part stays (reset-step removes what came after it): keep the step open
         self._text_id = self._reasoning_id = None
         out = self._ensure_step(event.step)
         self._step = _Step()
-        self._step_finished = False
         out.append({"type": "reset-step"})
         reason = str(event.data.get("reason", ""))
         out.append({"type": "data-step-reset", "data": {"step": event.step, "reason": reason}, "transient": True})

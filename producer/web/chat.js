@@ -43,12 +43,34 @@ function askForKey() {
 }
 
 async function errorText(response) {
+  return (await errorOf(response)).message;
+}
+
+/** The gateway's JSON error ({code, message}), or the HTTP status line when the body is not one. */
+async function errorOf(response) {
   try {
     const body = await response.json();
-    return body.error?.message || response.statusText;
+    return { code: body.error?.code || '', message: body.error?.message || response.statusText };
   } catch {
-    return response.statusText;
+    return { code: '', message: response.statusText };
   }
+}
+
+// what a refused send or approval answer means, for the person at the page (the API's text names endpoints)
+const REFUSED = {
+  'chat-busy': 'Your message was not sent: this chat is still busy with its last answer (it may be waiting for an approval). It is back in the message box; send it again once the answer is done.',
+  'agent-mismatch': 'This chat talks to a different agent. Start a new chat to talk to this one.',
+  forbidden: 'Your key is not allowed to do that here (answering approvals needs a key with the approve permission).',
+  'rate-limited': 'Too many requests right now; wait a moment and try again.',
+  unavailable: 'The server cannot do that right now; try again in a moment.',
+};
+
+/** A refused request in words for a person: the page's own sentence for a known refusal, else the gateway's. */
+async function refusalText(response, action) {
+  const { code, message } = await errorOf(response);
+  const known = REFUSED[code] || REFUSED[{ 403: 'forbidden', 429: 'rate-limited', 503: 'unavailable' }[response.status]];
+  if (known) return known;
+  return `${action === 'send' ? 'Your message was not sent' : 'Your answer was not accepted'}: ${message}`;
 }
 
 // ------------------------------------------------------------------ the UI message stream reader
@@ -217,10 +239,16 @@ async function send(text) {
   const user = { id: newId(), role: 'user', parts: [{ type: 'text', text }] };
   state.messages.push(user);
   remember(text);
-  await post([...state.messages], 'submit-message');
+  const refused = await post([...state.messages], 'submit-message', undefined, 'send');
+  if (refused === null) return;
+  // not sent: the message leaves the transcript and goes back to the box
+  state.messages = state.messages.filter((m) => m !== user);
+  if (!$('input').value) $('input').value = text;
+  await resync(refused);
 }
 
-async function post(messages, trigger, messageId) {
+/** POSTs the chat and follows the answer; a refusal comes back as a sentence for a person (null when sent). */
+async function post(messages, trigger, messageId, action) {
   state.busy = true;
   setBanner('');
   render();
@@ -230,10 +258,7 @@ async function post(messages, trigger, messageId) {
       headers: { 'content-type': 'application/json' },
       body: JSON.stringify({ id: state.chatId, messages, trigger, messageId }),
     });
-    if (!response.ok) {
-      setBanner(await errorText(response), true);
-      return;
-    }
+    if (!response.ok) return await refusalText(response, action);
     await consume(response);
   } catch (error) {
     setBanner(`connection lost: ${error.message}; reload to reconnect`, true);
@@ -241,6 +266,7 @@ async function post(messages, trigger, messageId) {
     state.busy = false;
     render();
   }
+  return null;
 }
 
 async function decide(message, part, approved) {
@@ -249,16 +275,29 @@ async function decide(message, part, approved) {
   render();
   const others = message.parts.filter((p) => p.state === 'approval-requested');
   if (others.length) return; // answer every pending call of the step, then send them together
-  await post([...state.messages], 'submit-message', message.id);
+  const upToIt = state.messages.slice(0, state.messages.indexOf(message) + 1); // the answers are the last message
+  const refused = await post(upToIt, 'submit-message', message.id, 'decide');
+  if (refused !== null) await resync(refused); // the server decided nothing: its cards come back as they are
 }
 
-async function openChat(chatId, agent) {
+/** After a refused action: the chat as the server has it (history, then the active answer), with why. */
+async function resync(explanation) {
+  await openChat(state.chatId, state.agent, explanation);
+}
+
+/** The answers still waiting for a person in the chat's last message: the composer waits for them. */
+function pendingApprovals() {
+  const last = state.messages.at(-1);
+  return last?.role === 'assistant' ? last.parts.filter((p) => p.state === 'approval-requested') : [];
+}
+
+async function openChat(chatId, agent, explanation = '') {
   state.chatId = chatId;
   state.agent = agent || state.agent;
   state.messages = [];
   state.notice = '';
   location.hash = `chat=${encodeURIComponent(chatId)}`;
-  setBanner('');
+  setBanner(explanation, Boolean(explanation));
   renderThreads();
   render();
   const history = await api(`/v1/chat/${encodeURIComponent(chatId)}/messages`);
@@ -272,11 +311,14 @@ async function openChat(chatId, agent) {
   if (body.agent) state.agent = body.agent;
   render();
   document.body.dataset.ready = 'yes';
-  if (body.active) await resume(chatId);
+  if (body.active) await resume(chatId, explanation);
 }
 
-async function resume(chatId) {
-  setBanner('Reconnecting to the answer in progress…');
+/** Follows the chat's active answer; an explanation (why the page re-synced) stays up instead of the
+ * reconnect notes. */
+async function resume(chatId, explanation = '') {
+  const note = (text) => setBanner(explanation || text, Boolean(explanation));
+  note('Reconnecting to the answer in progress…');
   state.busy = true;
   render();
   try {
@@ -286,9 +328,9 @@ async function resume(chatId) {
       setBanner(await errorText(response), true);
       return;
     }
-    setBanner('Reconnected: following the answer in progress');
+    note('Reconnected: following the answer in progress');
     await consume(response, { replay: true });
-    setBanner('');
+    note('');
   } finally {
     state.busy = false;
     render();
@@ -420,7 +462,10 @@ function draw() {
   list.replaceChildren(...state.messages.map(drawMessage));
   if (state.notice) list.append(el('div', { class: 'notice', testid: 'notice' }, state.notice));
   list.scrollTop = list.scrollHeight;
-  $('send').disabled = state.busy;
+  const awaiting = pendingApprovals().length > 0; // a new message would be refused until they are answered
+  $('input').disabled = awaiting;
+  $('send').disabled = state.busy || awaiting;
+  $('composer-hint').hidden = !awaiting;
   document.body.dataset.busy = state.busy ? 'yes' : 'no';
 }
 
@@ -451,7 +496,7 @@ async function main() {
   $('composer').onsubmit = (event) => {
     event.preventDefault();
     const text = $('input').value.trim();
-    if (!text || state.busy) return;
+    if (!text || state.busy || pendingApprovals().length) return;
     $('input').value = '';
     send(text);
   };

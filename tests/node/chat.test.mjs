@@ -117,7 +117,27 @@ async function ask(agent, text, id = chatId(agent), onChunk = () => {}) {
   );
   let message;
   for await (const snapshot of readUIMessageStream({ stream: logged, terminateOnError: true })) message = snapshot;
+  assertWellNested(chunks);
   return { message, chunks, id };
+}
+
+/** The step nesting a strict UI stream consumer enforces: each step is one `start-step … finish-step`, and
+ * what a step streams (its parts, its reset) comes between the two. */
+function assertWellNested(chunks) {
+  let open = false;
+  chunks.forEach((chunk, i) => {
+    const where = `chunk ${i} of ${chunks.map((c) => c.type).join(',')}`;
+    if (chunk.type === 'start-step') {
+      assert.ok(!open, `start-step inside an open step: ${where}`);
+      open = true;
+    } else if (chunk.type === 'finish-step') {
+      assert.ok(open, `finish-step without start-step: ${where}`);
+      open = false;
+    } else if (chunk.type === 'reset-step' || /^(text|reasoning|tool-input)-/.test(chunk.type)) {
+      assert.ok(open, `${chunk.type} outside a step: ${where}`);
+    }
+  });
+  assert.ok(!open, 'the message finished inside an open step');
 }
 
 test('text and reasoning: the rebuilt message is the turn', async () => {
@@ -299,6 +319,23 @@ test('a step reset after streamed text leaves no duplicated text', async () => {
   // the text before the reset really did reach the client
   const beforeReset = chunks.slice(0, types.indexOf('reset-step')).filter((c) => c.type === 'text-delta');
   assert.ok(beforeReset.length > 0);
+});
+
+test('an object-mode repair: the invalid answer is reset inside its step, the repair answers in the next', async () => {
+  const { message, chunks } = await ask('chat.repair', 'Ada Lovelace, no email given');
+  const types = chunks.map((c) => c.type);
+  const reset = types.indexOf('reset-step');
+  assert.ok(reset > 0, `the invalid answer's step was reset: ${types.join(',')}`);
+  assert.ok(chunks.slice(0, reset).some((c) => c.type === 'text-delta'), 'the invalid answer reached the client first');
+  assert.equal(types.filter((t) => t === 'start-step').length, 2, 'one step per model call');
+  const state = await turn(message.metadata.turnId);
+  assert.equal(state.status, 'completed');
+  const card = { name: 'Ada Lovelace', email: 'ada@engines.example' };
+  assert.deepEqual(state.result.object, card);
+  assert.deepEqual(message.metadata.object, card);
+  const texts = message.parts.filter((p) => p.type === 'text');
+  assert.equal(texts.length, 1, 'the invalid answer left no text part');
+  assert.deepEqual(JSON.parse(texts[0].text), card);
 });
 
 test('a worker killed mid-step: the redelivered step replaces its partial text', async () => {
