@@ -180,7 +180,7 @@ class StepDispatcher:
         if message is None:
             try:
                 return ToolResult(tool_call_id=call.id, name=call.name, output=self._bounded(outcome.output))
-            except UnsendableResultError as exc:  # the tool ran, but what it returned cannot reach the model
+            except _UnsendableResultError as exc:  # the tool ran, but what it returned cannot reach the model
                 log.warning("tool %s (call %s) returned a result that cannot be sent: %s", call.name, call.id, exc)
                 message = f"tool {call.name} returned {exc}"
         if self.breaker is not None:
@@ -204,7 +204,7 @@ class StepDispatcher:
         return encoded[: self.max_result_chars] + f"…[truncated {cut} chars]"
 
     def _encoded(self, output: Any) -> str:
-        """The output as JSON text; UnsendableResultError when it cannot be: a circular reference, nesting
+        """The output as JSON text; _UnsendableResultError when it cannot be: a circular reference, nesting
         too deep, or an object whose `__str__` raises. Non-JSON objects are sent as their `str()`."""
         try:
             try:
@@ -216,14 +216,14 @@ class StepDispatcher:
             except TypeError:  # keys JSON cannot carry (a tuple, an object): the whole value as text
                 return json.dumps(str(output))
         except RecursionError:
-            raise UnsendableResultError("a result nested too deeply to send as JSON") from None
+            raise _UnsendableResultError("a result nested too deeply to send as JSON") from None
         except Exception as exc:  # a circular reference, or an object whose __str__ (or __repr__) raised
             if type(exc) is ValueError and exc.args == ("Circular reference detected",):
-                raise UnsendableResultError("a result that refers to itself (a circular reference)") from None
-            raise UnsendableResultError(
+                raise _UnsendableResultError("a result that refers to itself (a circular reference)") from None
+            raise _UnsendableResultError(
                 f"a result that cannot be sent as JSON: {self.execution.describe(exc)}"
             ) from None
 
 
-class UnsendableResultError(ValueError):
+class _UnsendableResultError(ValueError):
     """A tool's return value that cannot reach the model (the model reads this as the tool's error)."""
