@@ -19,6 +19,7 @@ from stepq.errors import (
     AttachmentError,
     PolicyError,
     StepqError,
+    StoreUnavailableError,
     SubmitError,
     ThreadBusyError,
     ThreadNotFoundError,
@@ -45,6 +46,9 @@ _HTTP_CODES = {
 }
 
 
+REDIS_DOWN = "Redis is not reachable right now; retry shortly"
+RETRY_AFTER = {"Retry-After": "1"}  # on a 503: Redis is down, and the gateway checks it again every second
+
 # a result the body got wrong is a 422; one the turn's state refuses (answered, expired, not waiting) a 409
 _TOOL_RESULTS_STATUS = {
     ToolResultsRefusal.UNKNOWN_CALL: 422,
@@ -70,6 +74,9 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
 
 def from_stepq(exc: StepqError) -> GatewayError:
     """The HTTP answer for an error the library raised on purpose."""
+    if isinstance(exc, StoreUnavailableError):  # Redis, not the request: retry later (its address stays in the log)
+        log.warning("Redis unavailable: %s", exc)
+        return GatewayError(503, "unavailable", REDIS_DOWN, RETRY_AFTER)
     if isinstance(exc, TurnNotFoundError | ThreadNotFoundError):
         return GatewayError(404, "not-found", str(exc))
     if isinstance(exc, ThreadBusyError):
@@ -109,7 +116,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StepqError)
     async def _stepq(_: Request, exc: StepqError) -> JSONResponse:
         err = from_stepq(exc)
-        return error_response(err.status, err.code, err.message)
+        return error_response(err.status, err.code, err.message, err.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -128,7 +135,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RedisError)
     async def _redis(request: Request, exc: RedisError) -> JSONResponse:
         log.warning("Redis error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
-        return error_response(503, "unavailable", "Redis is not reachable right now; retry shortly")
+        return error_response(503, "unavailable", REDIS_DOWN, RETRY_AFTER)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
