@@ -130,7 +130,7 @@ class OutageRetry(Retry):
 
 def get_redis(settings: Settings) -> redis.Redis:
     """One shared, thread-safe client per URL (redis-py pools connections internally)."""
-    key = settings.redis_url or "embedded"
+    key = _url_key(settings)
     with _lock:
         client = _clients.get(key)
         if client is None:
