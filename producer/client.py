@@ -8,14 +8,15 @@ message a `Client` sends starts an in-process worker through `stepq.embedded`.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import redis
 from celery import Celery
@@ -28,7 +29,11 @@ from stepq.logging import redact_url
 from stepq.models import Event, EventType, Policy, TurnResult, TurnState
 from stepq.protocol import APPROVE, RUN_STEP, celery_config, queue_for
 from stepq.runtime import Runtime, get_runtime
+from stepq.store.connection import ever_reached
 from stepq.submit import LoopOverrides, create_turn
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -96,14 +101,39 @@ _FINISH_MARK = f'"type":"{EventType.TURN_FINISH.value}"'
 @contextmanager
 def store_outage(settings: Settings) -> Iterator[None]:
     """Redis calls already retry through an outage (STEPQ_REDIS_OUTAGE_S); one that still fails raises
-    our own StoreUnavailableError instead of redis-py's error."""
+    our own StoreUnavailableError instead of redis-py's error, so a caller needs only `except StepqError`."""
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise StoreUnavailableError(
-            f"Redis ({redact_url(settings.redis_url or '')}) did not answer for {settings.redis_outage_s:.0f} s "
-            f"(STEPQ_REDIS_OUTAGE_S): {type(exc).__name__}: {exc}; check that Redis is up, then retry"
-        ) from exc
+    except redis.RedisError as exc:
+        raise unavailable(settings, exc) from exc
+
+
+def unavailable(settings: Settings, exc: redis.RedisError) -> StoreUnavailableError:
+    """One line for a Redis that failed a call: never reached (a wrong URL, a server not up), out for the
+    whole outage window, or refusing the command (out of memory, a read-only replica)."""
+    where = redact_url(settings.redis_url or "")
+    cause = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    if not ever_reached(settings):
+        return StoreUnavailableError(
+            f"cannot reach Redis at {where} ({cause}); is it running, and is STEPQ_REDIS_URL right?"
+        )
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return StoreUnavailableError(
+            f"Redis ({where}) did not answer for {settings.redis_outage_s:.0f} s "
+            f"(STEPQ_REDIS_OUTAGE_S): {cause}; check that Redis is up, then retry"
+        )
+    return StoreUnavailableError(f"Redis ({where}) refused the call: {cause}")
+
+
+def _store_errors(method: Callable[Concatenate[Client, P], R]) -> Callable[Concatenate[Client, P], R]:
+    """A public Client method raises StepqError subclasses only: Redis failures become StoreUnavailableError."""
+
+    @functools.wraps(method)
+    def wrapped(self: Client, *args: P.args, **kwargs: P.kwargs) -> R:
+        with store_outage(self.settings):
+            return method(self, *args, **kwargs)
+
+    return wrapped
 
 
 def _outage_checked(events: Iterator[Event], settings: Settings) -> Iterator[Event]:
@@ -123,7 +153,8 @@ class Client:
     def __init__(self, settings: Settings | None = None) -> None:
         settings = settings or get_settings()
         self.settings = embedded.with_demo_agents(settings) if settings.embedded else settings
-        self.runtime: Runtime = get_runtime(self.settings)
+        with store_outage(self.settings):  # a cluster client connects as it is built
+            self.runtime: Runtime = get_runtime(self.settings)
         self._celery: Celery | None = None
         self._worker_lock = threading.Lock()
         self._holds_worker = False
@@ -185,6 +216,7 @@ class Client:
 
     # ------------------------------------------------------------------ turns
 
+    @_store_errors
     def submit(
         self,
         agent: str,
@@ -252,6 +284,7 @@ class Client:
                 self.runtime.turns.mark_dispatched(state.turn_id)
         return TurnHandle(self, state.turn_id, created)
 
+    @_store_errors
     def submit_batch(
         self, agent: str, items: list[dict[str, Any]], key: str | None = None
     ) -> tuple[str, list[TurnHandle]]:
@@ -285,13 +318,14 @@ class Client:
         self.runtime.redis.expire(record, self.settings.event_ttl_s)
         return batch_id, handles
 
+    @_store_errors
     def get(self, turn_id: str) -> TurnState:
-        with store_outage(self.settings):
-            state = self.runtime.turns.load(turn_id)
+        state = self.runtime.turns.load(turn_id)
         if state is None:
             raise TurnNotFoundError(f"no turn {turn_id!r} (unknown, or expired after its TTL)")
         return state
 
+    @_store_errors
     def events(self, turn_id: str, after: int = 0, idle_timeout: float | None = None) -> Iterator[Event]:
         """Every event after seq `after`, once each, in order: the stored log, then live until the turn finishes.
 
@@ -313,10 +347,10 @@ class Client:
             self._check_served(turn_id, unserved_since)
             return False
 
-        with store_outage(self.settings):
-            followed = self.runtime.events.follow(turn_id, after=after, idle_timeout=idle_timeout, is_finished=finished)
-        return _outage_checked(followed, self.settings)
+        followed = self.runtime.events.follow(turn_id, after=after, idle_timeout=idle_timeout, is_finished=finished)
+        return _outage_checked(followed, self.settings)  # the follow runs after this method has returned
 
+    @_store_errors
     def wait(self, turn_id: str, timeout: float | None = None) -> TurnResult:
         """Block until the turn ends and return its result (text or object, finish reason, usage, trace).
 
@@ -327,8 +361,7 @@ class Client:
         Raises TurnNotFoundError for an unknown turn, and in embedded mode NoWorkerError when no worker
         in this process can run the turn.
         """
-        with store_outage(self.settings):
-            return self._wait(turn_id, timeout)
+        return self._wait(turn_id, timeout)
 
     def _wait(self, turn_id: str, timeout: float | None) -> TurnResult:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -351,6 +384,7 @@ class Client:
         finally:
             pubsub.close()
 
+    @_store_errors
     def cancel(self, turn_id: str) -> None:
         """Stop the turn: a running step stops between deltas; a queued or parked turn ends at once.
 
@@ -363,6 +397,7 @@ class Client:
         self.runtime.turns.request_cancel(turn_id)
         self._send_step(turn_id, state.step, state.priority)
 
+    @_store_errors
     def resume(
         self,
         turn_id: str,
@@ -384,17 +419,18 @@ class Client:
         waits raises ToolResultsError (its `code` a ToolResultsRefusal, `call_ids` the calls) before the
         model is asked, storing nothing. Returns the turn's handle.
         """
-        with store_outage(self.settings):
-            state = client_tools.submit_results(self.runtime, turn_id, results, errors, tenant=tenant)
+        state = client_tools.submit_results(self.runtime, turn_id, results, errors, tenant=tenant)
         self._send_step(turn_id, state.step, state.priority)  # still waiting for approvals: the step parks again
         return TurnHandle(self, turn_id)
 
     # ------------------------------------------------------------------ threads
 
+    @_store_errors
     def create_thread(self, agent: str, *, metadata: dict[str, Any] | None = None, tenant: str = "") -> threads.Thread:
         """Start a conversation with `agent`; its transcript stays server-side for STEPQ_THREAD_TTL_S."""
         return threads.create_thread(self.runtime, agent, tenant=tenant, metadata=metadata)
 
+    @_store_errors
     def get_thread(self, thread_id: str, *, tenant: str | None = None) -> threads.Thread:
         """The thread's transcript and turns (ThreadNotFoundError when unknown, expired or, given `tenant`,
         another tenant's). It reflects a turn that ended even if its worker has not folded it in yet."""
@@ -408,6 +444,7 @@ class Client:
         if started is not None:
             self._send_step(started, 0, self.get(started).priority)
 
+    @_store_errors
     def continue_thread(
         self,
         thread_id: str,
@@ -446,6 +483,7 @@ class Client:
 
     # ------------------------------------------------------------------ approvals
 
+    @_store_errors
     def approve(
         self,
         approval_id: str,

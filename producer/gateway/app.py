@@ -47,6 +47,7 @@ def create_app(
     )
     app.state.gateway = gw
     app.state.auth = auth
+    app.state.redis_health = gw.health  # read by every authenticated route (see auth.require)
     if gw.settings.gateway_rate_limit_rpm:
         app.state.request_limiter = RequestLimiter(gw, gw.settings.gateway_rate_limit_rpm)
     install_error_handlers(app)

@@ -24,6 +24,7 @@ from stepq.config import Settings
 from stepq.errors import ConfigurationError
 from stepq.models import Policy
 from stepq.producer.gateway.errors import GatewayError
+from stepq.producer.gateway.health import RedisHealth
 
 SCOPES = frozenset({"submit", "read", "approve"})
 
@@ -199,7 +200,8 @@ def credential_of(request: Request) -> str | None:
 
 
 def require(scope: str) -> Callable[[Request], Awaitable[Principal]]:
-    """A FastAPI dependency: the caller's principal, which must hold `scope` (401 / 403 / 429 otherwise)."""
+    """A FastAPI dependency: the caller's principal, which must hold `scope` (401 / 403 / 429 otherwise; 503 at
+    once while the gateway knows Redis is down, since every route behind a credential needs it)."""
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}; known: {sorted(SCOPES)}")
 
@@ -208,6 +210,9 @@ def require(scope: str) -> Callable[[Request], Awaitable[Principal]]:
         principal = config.authenticate(credential_of(request))
         if not principal.may(scope):
             raise GatewayError(403, "forbidden", f"this credential lacks the {scope!r} scope")
+        health: RedisHealth | None = getattr(request.app.state, "redis_health", None)
+        if health is not None:
+            health.refuse_while_down()
         limiter = getattr(request.app.state, "request_limiter", None)
         if limiter is not None:
             await limiter.check(principal)

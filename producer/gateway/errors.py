@@ -7,6 +7,7 @@ unexpected exception is logged server-side and answers a 500 with no traceback i
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,6 +20,7 @@ from stepq.errors import (
     AttachmentError,
     PolicyError,
     StepqError,
+    StoreUnavailableError,
     SubmitError,
     ThreadBusyError,
     ThreadNotFoundError,
@@ -29,6 +31,7 @@ from stepq.errors import (
 )
 
 log = logging.getLogger("stepq.gateway")
+JSON_CONTENT_TYPE = "Content-Type: application/json"
 
 _HTTP_CODES = {
     400: "bad-request",
@@ -44,6 +47,9 @@ _HTTP_CODES = {
     503: "unavailable",
 }
 
+
+REDIS_DOWN = "Redis is not reachable right now; retry shortly"
+RETRY_AFTER = {"Retry-After": "1"}  # on a 503: Redis is down, and the gateway checks it again every second
 
 # a result the body got wrong is a 422; one the turn's state refuses (answered, expired, not waiting) a 409
 _TOOL_RESULTS_STATUS = {
@@ -70,6 +76,9 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
 
 def from_stepq(exc: StepqError) -> GatewayError:
     """The HTTP answer for an error the library raised on purpose."""
+    if isinstance(exc, StoreUnavailableError):  # Redis, not the request: retry later (its address stays in the log)
+        log.warning("Redis unavailable: %s", exc)
+        return GatewayError(503, "unavailable", REDIS_DOWN, RETRY_AFTER)
     if isinstance(exc, TurnNotFoundError | ThreadNotFoundError):
         return GatewayError(404, "not-found", str(exc))
     if isinstance(exc, ThreadBusyError):
@@ -96,9 +105,41 @@ def _code_of(exc: Exception) -> str:
 
 
 def _validation_message(exc: RequestValidationError) -> str:
+    """The first problem in words a caller understands, not pydantic's ("Input should be a valid dictionary…")."""
     first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
-    loc = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-    return f"{first.get('msg', 'invalid request')}" + (f" at {loc}" if loc else "")
+    loc = tuple(first.get("loc", ()))
+    if first.get("type") == "json_invalid":
+        return _bad_json(exc.body, first)
+    if loc == ("body",):  # the body as a whole: absent, not JSON at all, or JSON but not an object
+        return _bad_body(first)
+    where = ".".join(str(part) for part in loc if part != "body")
+    return f"{first.get('msg', 'invalid request')}" + (f" at {where}" if where else "")
+
+
+def _bad_json(document: object, error: dict[str, Any]) -> str:
+    """`the body is not valid JSON: Expecting value at line 1, column 10` (FastAPI gives a character offset)."""
+    reason = str(error.get("ctx", {}).get("error", "malformed"))
+    offset = error["loc"][1] if len(error["loc"]) > 1 and isinstance(error["loc"][1], int) else None
+    if offset is None or not isinstance(document, str | bytes):
+        return f"the body is not valid JSON: {reason}"
+    text = document.decode("utf-8", "replace") if isinstance(document, bytes) else document
+    before = text[:offset]
+    line = before.count("\n") + 1
+    column = offset - (before.rfind("\n") + 1) + 1
+    return f"the body is not valid JSON: {reason} at line {line}, column {column}"
+
+
+def _bad_body(error: dict[str, Any]) -> str:
+    if error.get("type") == "missing":
+        return f"the body is missing: send a JSON object ({JSON_CONTENT_TYPE})"
+    if isinstance(error.get("input"), bytes | str):  # FastAPI hands a body it did not parse as JSON over raw
+        return f"the body must be JSON ({JSON_CONTENT_TYPE})"
+    return f"the body must be a JSON object, not {_json_kind(error.get('input'))}"
+
+
+def _json_kind(value: object) -> str:
+    kinds = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -109,7 +150,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StepqError)
     async def _stepq(_: Request, exc: StepqError) -> JSONResponse:
         err = from_stepq(exc)
-        return error_response(err.status, err.code, err.message)
+        return error_response(err.status, err.code, err.message, err.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -128,7 +169,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RedisError)
     async def _redis(request: Request, exc: RedisError) -> JSONResponse:
         log.warning("Redis error on %s %s: %s", request.method, request.url.path, type(exc).__name__)
-        return error_response(503, "unavailable", "Redis is not reachable right now; retry shortly")
+        return error_response(503, "unavailable", REDIS_DOWN, RETRY_AFTER)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

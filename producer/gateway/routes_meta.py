@@ -6,10 +6,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from redis.exceptions import RedisError
 
 from stepq.producer.gateway.auth import Principal, require
-from stepq.producer.gateway.errors import GatewayError
 from stepq.producer.gateway.routes_turns import gateway
 from stepq.producer.gateway.service import Gateway
 
@@ -53,11 +51,9 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(gw: Annotated[Gateway, Depends(gateway)]) -> dict[str, str]:
-    """Ready when Redis answers (the gateway can store, enqueue and stream)."""
-    try:
-        await gw.redis.ping()
-    except (RedisError, OSError) as exc:
-        raise GatewayError(503, "unavailable", f"Redis is not reachable: {type(exc).__name__}") from None
+    """Ready when Redis answers (the gateway can store, enqueue and stream); what it finds, every request sees."""
+    await gw.health.probe()
+    gw.health.refuse_while_down()
     return {"status": "ready"}
 
 

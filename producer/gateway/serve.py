@@ -8,6 +8,7 @@ import sys
 from stepq.config import Settings
 from stepq.errors import MissingExtraError
 from stepq.producer.gateway.auth import AuthConfig
+from stepq.store.connection import first_contact
 
 log = logging.getLogger("stepq.gateway")
 DEMO_AGENTS = "stepq.demo_agents"
@@ -18,7 +19,9 @@ def _say(message: str) -> None:
 
 
 def serve(settings: Settings, host: str | None = None, port: int | None = None, insecure_dev: bool = False) -> int:
-    """Start the gateway; returns when uvicorn stops. A bad configuration is a one-line error (ConfigurationError)."""
+    """Start the gateway; returns when uvicorn stops. A bad configuration is a one-line error (ConfigurationError),
+    and so is a Redis that does not answer at start (redis-py's ConnectionError, which the CLI prints as one
+    line naming the URL): a wrong STEPQ_REDIS_URL stops `stepq serve` within seconds instead of serving 503s."""
     try:
         import uvicorn
 
@@ -32,6 +35,7 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None, 
     if not auth.configured and insecure_dev:
         _say("INSECURE DEV MODE: no API keys or JWT configured; every request is let in as tenant 'dev'")
     app = create_app(settings, auth)  # refuses to build without credentials unless insecure_dev
+    first_contact(app.state.gateway.settings)  # the gateway's own (named) URL: its clients then count as reached
     uvicorn.run(
         app,
         host=host or settings.gateway_host,

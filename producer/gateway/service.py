@@ -26,6 +26,7 @@ from stepq.models import TurnState
 from stepq.producer.client import Client
 from stepq.producer.gateway.auth import Principal
 from stepq.producer.gateway.errors import GatewayError
+from stepq.producer.gateway.health import RedisHealth
 from stepq.producer.gateway.metrics import GatewayMetrics
 from stepq.producer.gateway.streams import EventReader, StreamHub
 from stepq.runtime import Runtime
@@ -95,6 +96,7 @@ class Gateway:
             self._pubsub_redis = aioredis.Redis.from_url(url, decode_responses=True, max_connections=1)
         self.hub = (hub_factory or StreamHub)(self._pubsub_redis)
         self.reader = EventReader(self.redis, self.runtime.keys)
+        self.health = RedisHealth(self.redis, self.settings.redis_socket_timeout_s)
 
     @property
     def runtime(self) -> Runtime:
@@ -103,9 +105,11 @@ class Gateway:
     @asynccontextmanager
     async def lifespan(self, _: FastAPI) -> AsyncIterator[None]:
         await self.hub.start()
+        await self.health.start()
         try:
             yield
         finally:
+            await self.health.close()
             await self.hub.close()
             await self._pubsub_redis.aclose()
             await self.redis.aclose()

@@ -9,6 +9,9 @@ Outages are waited out, not died of: every client has explicit socket timeouts, 
 fails with a connection error or a timeout is retried with capped exponential backoff until the
 outage window (`STEPQ_REDIS_OUTAGE_S`) has passed since its first failure. A Redis restart or a
 failover (tens of seconds) then costs a pause, not a failed turn; only a longer outage raises.
+The window is for a Redis that answered before: until a URL has answered once in this process, a call
+gives up after FIRST_CONTACT_S (a wrong URL or a server that is not up is an error to show now, in every
+process: a client, a worker, the gateway).
 
 `STEPQ_REDIS_URL` may name a Redis Cluster instead: `redis+cluster://[:password@]host:port[,host:port...]`
 (any reachable nodes; the client learns the rest). stepq's keys carry hash tags that keep each script
@@ -52,20 +55,38 @@ MAX_CONNECTIONS = 10_000
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, socket.timeout)
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 1.0
+FIRST_CONTACT_S = 3.0  # how long a call tries a Redis URL that has never answered in this process
+FIRST_CONTACT_RETRY_S = 2.5  # the last retry starts by then, so the call gives up within FIRST_CONTACT_S
 
 T = TypeVar("T")
+_reached: set[str] = set()  # URLs (or "embedded") that answered at least once in this process
+_first_tried: dict[str, float] = {}  # when this process first called a URL (monotonic clock)
+
+
+def _url_key(settings: Settings) -> str:
+    return settings.redis_url or "embedded"
+
+
+def ever_reached(settings: Settings) -> bool:
+    """Whether this process has had an answer from `STEPQ_REDIS_URL` (the embedded stand-in always answers)."""
+    return settings.embedded or _url_key(settings) in _reached
 
 
 class OutageRetry(Retry):
     """redis-py's Retry bounded by time, not by a count: retry transient errors (capped exponential backoff
-    with jitter) until `window_s` have passed since the first failure of this call, then raise the last."""
+    with jitter) until `window_s` have passed since the first failure of this call, then raise the last.
 
-    def __init__(self, window_s: float) -> None:
+    A URL that never answered in this process gets FIRST_CONTACT_S from its first call instead: the
+    outage window rides out an outage of a Redis that was there, not a wrong URL. (The reach is kept per URL
+    at module level: redis-py deep-copies the Retry into every connection.)"""
+
+    def __init__(self, window_s: float, url: str = "") -> None:
         super().__init__(NoBackoff(), -1, TRANSIENT_ERRORS)
         self.window_s = window_s
+        self.url = url
 
     def __eq__(self, other: Any) -> bool:
-        return isinstance(other, OutageRetry) and other.window_s == self.window_s
+        return isinstance(other, OutageRetry) and (other.window_s, other.url) == (self.window_s, self.url)
 
     __hash__ = Retry.__hash__
 
@@ -77,10 +98,13 @@ class OutageRetry(Retry):
         with_failure_count: bool = False,
     ) -> T:
         failures = 0
+        started = time.monotonic()
         deadline: float | None = None
         while True:
             try:
-                return do()
+                result = do()
+                _reached.add(self.url)
+                return result
             except self._supported_errors as error:
                 if is_retryable and not is_retryable(error):
                     raise
@@ -90,16 +114,23 @@ class OutageRetry(Retry):
                 else:
                     fail(error)
                 now = time.monotonic()
-                deadline = deadline if deadline is not None else now + self.window_s
+                deadline = deadline if deadline is not None else self._deadline(started, now)
                 if now >= deadline:
                     raise error
                 pause = random.uniform(0.5, 1.0) * min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**failures)
                 time.sleep(min(pause, max(deadline - now, 0.0)))  # backoff between attempts, not synchronization
 
+    def _deadline(self, started: float, first_failure: float) -> float:
+        """The window after the first failure; for a URL never reached, FIRST_CONTACT_S after the process
+        first called it (so a submit's few calls share the 3 s, and each later call tries once)."""
+        if self.url in _reached:
+            return first_failure + self.window_s
+        return _first_tried.setdefault(self.url, started) + min(self.window_s, FIRST_CONTACT_RETRY_S)
+
 
 def get_redis(settings: Settings) -> redis.Redis:
     """One shared, thread-safe client per URL (redis-py pools connections internally)."""
-    key = settings.redis_url or "embedded"
+    key = _url_key(settings)
     with _lock:
         client = _clients.get(key)
         if client is None:
@@ -116,16 +147,12 @@ def get_many(client: redis.Redis, keys: list[str]) -> list[str | None]:
     return cast(list[str | None], client.mget(keys))
 
 
-FIRST_CONTACT_S = 3.0  # how long a one-shot command tries a Redis it has never reached
-
-
 def first_contact(settings: Settings) -> None:
     """Reach Redis once within FIRST_CONTACT_S, else raise redis-py's ConnectionError (or TimeoutError).
 
-    For one-shot commands (`stepq status`, `show`, `approve`, ...): a Redis that never answered is a wrong
-    URL or a server that is down, and waiting the whole outage window (STEPQ_REDIS_OUTAGE_S, meant for a
-    restart or failover under a running process) only delays the one-line error. Long-running processes
-    (workers, the gateway) do not call this: they wait outages out from their first call on."""
+    For a process's start (a one-shot command, a worker, `stepq serve`): a Redis that never answered is a
+    wrong URL or a server that is down, an error to show in one line now. The probe's own (shorter) socket
+    timeout also bounds a server that accepts connections but never answers."""
     probe = settings.model_copy(
         update={
             "redis_outage_s": min(settings.redis_outage_s, FIRST_CONTACT_S),
@@ -140,15 +167,17 @@ def first_contact(settings: Settings) -> None:
             client.close()
     except RedisClusterException as exc:  # the cluster client connects (and fails) in its constructor
         raise RedisConnectionError(str(exc)) from None
+    _reached.add(_url_key(settings))
 
 
 def client_options(settings: Settings) -> dict[str, Any]:
     """Timeouts and the outage retry every (synchronous) stepq Redis client gets."""
     return {
         "socket_timeout": settings.redis_socket_timeout_s,
-        "socket_connect_timeout": min(settings.redis_socket_timeout_s, 5.0),
+        # within FIRST_CONTACT_S, so a first call to an address that drops packets can give up in time
+        "socket_connect_timeout": min(settings.redis_socket_timeout_s, FIRST_CONTACT_S),
         "socket_keepalive": True,
-        "retry": OutageRetry(settings.redis_outage_s),
+        "retry": OutageRetry(settings.redis_outage_s, _url_key(settings)),
         "retry_on_error": list(TRANSIENT_ERRORS),
         "health_check_interval": 30,
     }
@@ -265,7 +294,12 @@ def _make_client(settings: Settings) -> redis.Redis:
     if settings.redis_url and settings.redis_url.startswith(SENTINEL_SCHEME):
         return _sentinel_client(settings, settings.redis_url)
     if settings.redis_url and settings.redis_url.startswith(CLUSTER_SCHEME):
-        return state_client(settings.redis_url, max_connections=MAX_CONNECTIONS, **cluster_options(settings))
+        try:
+            client = state_client(settings.redis_url, max_connections=MAX_CONNECTIONS, **cluster_options(settings))
+        except RedisClusterException as exc:  # it connects (and fails) in its constructor: an unreachable Redis
+            raise RedisConnectionError(str(exc)) from None
+        _reached.add(_url_key(settings))
+        return client
     if settings.redis_url:
         return redis.Redis.from_url(
             settings.redis_url, decode_responses=True, max_connections=MAX_CONNECTIONS, **client_options(settings)
