@@ -20,11 +20,19 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import redis
 from celery import Celery
+from kombu.exceptions import OperationalError as BrokerConnectionError
 
 from stepq import client_tools, embedded, threads
 from stepq.attachments import Attachment
 from stepq.config import Settings, get_settings
-from stepq.errors import ApprovalError, NoWorkerError, StoreUnavailableError, TurnNotFoundError, WaitTimeoutError
+from stepq.errors import (
+    ApprovalError,
+    BrokerUnavailableError,
+    NoWorkerError,
+    StoreUnavailableError,
+    TurnNotFoundError,
+    WaitTimeoutError,
+)
 from stepq.logging import redact_url
 from stepq.models import Event, EventType, Policy, TurnResult, TurnState
 from stepq.protocol import APPROVE, RUN_STEP, celery_config, queue_for
@@ -101,11 +109,19 @@ _FINISH_MARK = f'"type":"{EventType.TURN_FINISH.value}"'
 @contextmanager
 def store_outage(settings: Settings) -> Iterator[None]:
     """Redis calls already retry through an outage (STEPQ_REDIS_OUTAGE_S); one that still fails raises
-    our own StoreUnavailableError instead of redis-py's error, so a caller needs only `except StepqError`."""
+    our own StoreUnavailableError instead of redis-py's error, and a broker that refuses the send raises
+    BrokerUnavailableError instead of kombu's, so a caller needs only `except StepqError`."""
     try:
         yield
     except redis.RedisError as exc:
         raise unavailable(settings, exc) from exc
+    except BrokerConnectionError as exc:  # kombu's, from send_task: the broker refused the connection
+        where = redact_url(settings.effective_broker_url)
+        raise BrokerUnavailableError(
+            f"cannot reach the broker at {where} ({type(exc).__name__}: {' '.join(str(exc).split())}); is it "
+            "running, and is STEPQ_BROKER_URL right? What was stored is kept: a queued turn is sent by the "
+            "workers' sweeper once the broker is back"
+        ) from exc
 
 
 def unavailable(settings: Settings, exc: redis.RedisError) -> StoreUnavailableError:

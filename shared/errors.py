@@ -136,6 +136,13 @@ class StoreUnavailableError(StepqError, ConnectionError):
     provider failure (the step is left to the sweeper, which re-runs it once Redis is back)."""
 
 
+class BrokerUnavailableError(StepqError, ConnectionError):
+    """The broker (STEPQ_BROKER_URL) refused the connection that sends a step or a decision.
+
+    Raised by the client instead of kombu's own error. What was stored stays stored: a submitted turn
+    waits as `queued` and the workers' sweeper sends its step once the broker is back."""
+
+
 class ApprovalRefusal(StrEnum):
     """Why an approval decision was refused (the `code` of ApprovalError, the CLI's and the API's reply).
 

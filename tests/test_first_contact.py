@@ -9,6 +9,7 @@ the outage a `Client` rides out.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -140,3 +141,24 @@ def test_a_redis_that_answered_is_waited_out_past_the_first_contact_limit(server
     assert not caller.is_alive()
     assert len(outcome) == 1 and isinstance(outcome[0], TurnNotFoundError), outcome
     assert not isinstance(outcome[0], StoreUnavailableError)
+
+
+def test_a_broker_that_refuses_the_send_is_a_stepq_error_and_the_turn_stays_stored(prefix: str) -> None:
+    """Redis answers but the broker does not: submit raises BrokerUnavailableError (never kombu's own error) in
+    one line naming the broker without its password, and the turn it stored waits as queued for the sweeper."""
+    from stepq.errors import BrokerUnavailableError
+    from stepq.models import TurnStatus
+    from stepq.producer.client import Client
+
+    port = closed_port()
+    settings = make_settings(prefix, broker_url=f"amqp://guest:{PASSWORD}@127.0.0.1:{port}//")
+    with Client(settings) as client:
+        with pytest.raises(BrokerUnavailableError) as caught:
+            client.submit("rt.basic", prompt="hi")
+        message = str(caught.value)
+        assert message.startswith(f"cannot reach the broker at amqp://guest:***@127.0.0.1:{port}//"), message
+        assert "STEPQ_BROKER_URL" in message and "\n" not in message and PASSWORD not in message
+        stored = re.compile(rf"^{re.escape(prefix)}:turn:\{{[^}}]+\}}:(turn_\w+)$")
+        keys = [k.decode() if isinstance(k, bytes) else k for k in client.runtime.redis.scan_iter(f"{prefix}:turn:*")]
+        [turn_id] = [m.group(1) for m in map(stored.match, keys) if m]
+        assert client.get(turn_id).status == TurnStatus.QUEUED
