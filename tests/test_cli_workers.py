@@ -32,12 +32,14 @@ def free_port() -> int:
 class Worker:
     """`stepq worker` (exec'd into celery) in its own process group, its log in a file."""
 
-    def __init__(self, env: dict[str, str], name: str, log: Path, *args: str) -> None:
-        self.name = name
+    def __init__(self, env: dict[str, str], name: str | None, log: Path, *args: str) -> None:
+        """`name` None: the worker picks its own node name, as `stepq worker` does by default."""
+        self.name = name or ""
         self.log = log
+        named = [f"--hostname={name}@%h"] if name else []
         with log.open("w") as sink:
             self.proc = subprocess.Popen(
-                [*stepq_cmd(), "worker", f"--hostname={name}@%h", "--concurrency=1", "--loglevel=INFO", *args],
+                [*stepq_cmd(), "worker", *named, "--concurrency=1", "--loglevel=INFO", *args],
                 env=env,
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,
@@ -107,6 +109,29 @@ def test_two_workers_with_the_same_metrics_port_both_serve(settings, rt, tmp_pat
         assert "cannot serve /metrics" not in logs and "Traceback" not in logs, logs
         moved = max(ports)
         assert f"serving /metrics on 0.0.0.0:{moved} (STEPQ_METRICS_PORT={env['STEPQ_METRICS_PORT']} is taken" in logs
+    finally:
+        for w in workers:
+            w.kill_group()
+
+
+def test_two_workers_on_one_host_are_both_listed_by_status(settings, rt, tmp_path):
+    """Without --hostname each `stepq worker` gets its own node name (not `celery@<host>` for all of them)."""
+    env = settings_env(settings)
+    env["STEPQ_METRICS_PORT"] = "0"
+    env.pop("STEPQ_APPROVAL_SECRET")  # and a worker without one says so at start, with the command to set one
+    workers = [Worker(env, None, tmp_path / f"w{i}.log", "--no-beat") for i in (1, 2)]
+    try:
+        eventually(lambda: len(live_workers(rt.redis, settings.key_prefix)) == 2, timeout=WAIT_S, what="2 workers")
+        status = subprocess.run(
+            [*stepq_cmd(), "status", "--json"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S
+        )
+        assert status.returncode == 0, status.stderr
+        names = sorted(w["name"] for w in json.loads(status.stdout)["workers"])
+        host = socket.gethostname()
+        assert names == sorted(f"stepq-{w.proc.pid}@{host}" for w in workers), names
+        for w in workers:
+            logged = w.log.read_text()
+            assert "STEPQ_APPROVAL_SECRET is not set" in logged and "export STEPQ_APPROVAL_SECRET=" in logged, logged
     finally:
         for w in workers:
             w.kill_group()
