@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest
 
+from stepq.engine.runner import StepRunner
 from stepq.heartbeat import live_workers
+from stepq.models import TurnStatus
+from stepq.submit import create_turn
 from tests.conftest import eventually, settings_env
 from tests.test_cli import ROOT, stepq_cmd
 
@@ -135,6 +138,31 @@ def test_two_workers_on_one_host_are_both_listed_by_status(settings, rt, tmp_pat
     finally:
         for w in workers:
             w.kill_group()
+
+
+def test_the_sweeper_logs_what_it_did_and_nothing_when_it_did_nothing(settings, rt, prefix, tmp_path):
+    """At INFO a worker's log has one line per turn the sweeper re-sent, and none for the sweeps in between
+    (Celery logged three lines for every one, every STEPQ_SWEEP_INTERVAL_S)."""
+    env = settings_env(settings)
+    env["STEPQ_METRICS_PORT"] = "0"
+    worker = Worker(env, f"s-{settings.key_prefix}", tmp_path / "worker.log", "--beat")
+    try:
+        eventually(lambda: worker.info(rt) is not None, timeout=WAIT_S, what="the worker's heartbeat")
+        state, _ = create_turn(rt, "rt.basic", prompt="go", metadata={"prefix": prefix})
+        assert StepRunner(rt).deliver(state.turn_id, 0).step == 1  # committed; its message is never sent
+        rt.turns.indexes.add("active", state.turn_id, 0)  # as if committed one lease TTL ago
+        done = lambda: rt.turns.load(state.turn_id).status == TurnStatus.COMPLETED  # noqa: E731
+        eventually(done, timeout=WAIT_S, what="the sweeper to re-send the turn and the worker to finish it")
+        for _ in range(2):  # two more sweeps, with nothing to do: each takes the sweep lock
+            rt.redis.delete(rt.keys.sweep_lock)
+            eventually(lambda: rt.redis.exists(rt.keys.sweep_lock), timeout=WAIT_S, what="another sweep")
+    finally:
+        worker.kill_group()
+    logged = worker.log.read_text()
+    assert "stepq.sweep[" not in logged and "Sending due task stepq-sweep" not in logged, logged
+    swept = [line for line in logged.splitlines() if "sweeper" in line]
+    assert len(swept) == 1 and "INFO" in swept[0], logged
+    assert f"re-sent turn {state.turn_id} step 1 (its step message was never sent)" in swept[0]
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads processes from /proc")
