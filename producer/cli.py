@@ -227,7 +227,7 @@ def _run_turn(
         return INTERRUPTED_EXIT
     if view is not None:
         view.line()
-        for line in result_lines(result, view.style):
+        for line in result_lines(result, view.style, answer=not view.answer_streamed):  # printed once, as it came
             view.line(line)
     else:
         payload = result.model_dump(mode="json")
