@@ -61,7 +61,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         return
     rt = get_runtime(settings)
     if settings.approval_secret is None:
-        _ = rt.signer  # a generated secret is announced (with the command to set one) at start, not at first use
+        _signer = rt.signer  # a generated secret is announced (with the command to set one) at start, not at first use
     agents = rt.agents
     named = [*agents.named_providers(), settings.provider or "", *(f.provider for f in settings.fallbacks)]
     named += [m.provider or "" for m in settings.module_models.values()]
