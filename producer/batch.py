@@ -269,10 +269,11 @@ class BatchRunner:
     ) -> None:
         if listed:
             self.rt.redis.hdel(self.rt.keys.batch_inflight(self.batch_id), state.turn_id)
-        progress.input_tokens += state.usage.input_tokens
-        progress.output_tokens += state.usage.output_tokens
-        # the turn's stored cost: its cached tokens, failed attempts and each step's model already priced
-        progress.cost = add_costs(progress.cost, state.cost)
+        if not reused:  # an earlier run's turn was paid for then: this run's tokens and cost are its own turns'
+            progress.input_tokens += state.usage.input_tokens
+            progress.output_tokens += state.usage.output_tokens
+            # the turn's stored cost: its cached tokens, failed attempts and each step's model already priced
+            progress.cost = add_costs(progress.cost, state.cost)
         line = result_line(key, state, item_hash=item_hash, reused=reused)
         self._write(line, progress, failed=state.status != TurnStatus.COMPLETED)
 
@@ -301,7 +302,7 @@ def summary(progress: Progress, batch_id: str, output: Path) -> str:
         f"batch {batch_id}: {progress.done} completed, {progress.failed} failed in this run; "
         f"{progress.skipped} from earlier runs ({progress.skipped_failed} failed); "
         f"{progress.reused} reused (unchanged, answered before); {progress.total} items",
-        f"tokens: {progress.input_tokens} in, {progress.output_tokens} out",
+        f"tokens in this run: {progress.input_tokens} in, {progress.output_tokens} out (reused items cost nothing)",
     ]
     if progress.cost is not None:
         parts.append(f"cost: {money(progress.cost)}")

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from stepq.config import Settings
 from stepq.config import load_settings as settings_from_env
 from stepq.embedded import local_worker, with_demo_agents
-from stepq.errors import ApprovalError
+from stepq.errors import ApprovalError, MissingExtraError
 from stepq.logging import configure_logging
 from stepq.metrics import prepare_multiprocess_dir
 from stepq.models import Event, EventType, TurnResult, TurnStatus
@@ -227,7 +227,7 @@ def _run_turn(
         return INTERRUPTED_EXIT
     if view is not None:
         view.line()
-        for line in result_lines(result, view.style):
+        for line in result_lines(result, view.style, answer=not view.answer_streamed):  # printed once, as it came
             view.line(line)
     else:
         payload = result.model_dump(mode="json")
@@ -431,7 +431,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             "embedded, with no separate worker. Try `stepq demo`, or `stepq run` which starts one in-process."
         )
     if args.pool == "gevent" and importlib.util.find_spec("gevent") is None:
-        raise UsageError("`--pool gevent` needs gevent: pip install 'stepq[gevent]'")
+        raise MissingExtraError("`stepq worker --pool gevent`", "gevent")
     if args.pool == "gevent" and (settings.beat if args.beat is None else args.beat):
         raise UsageError(  # celery refuses -B with gevent, with a traceback
             "`--pool gevent` cannot embed beat: add --no-beat (or STEPQ_BEAT=false) and run the sweeper's schedule "
@@ -462,12 +462,17 @@ def worker_argv(args: argparse.Namespace, settings: Settings) -> list[str]:
         f"--pool={args.pool}", f"--concurrency={args.concurrency}", f"--loglevel={args.loglevel}",
         "-Q", args.queues or ",".join(worker_queues(settings)),
     ]  # fmt: skip
-    if args.hostname:
-        argv.append(f"--hostname={args.hostname}")
+    argv.append(f"--hostname={args.hostname or default_node_name()}")
     beat = settings.beat if args.beat is None else args.beat
     if beat:  # the schedule (one sweep entry) lives in memory: no schedule file to leave behind
         argv += ["-B", f"--scheduler={BEAT_SCHEDULER}"]
     return argv
+
+
+def default_node_name() -> str:
+    """Celery's default, `celery@<host>`, is the same for every worker on a host: heartbeats (`stepq status`)
+    and remote control would merge them. The pid, kept by the exec into celery, tells them apart."""
+    return f"stepq-{os.getpid()}@%h"
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -507,7 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=32, help="concurrent steps (default: 32)")
     p.add_argument("--queues", help="comma-separated queues (default: STEPQ_QUEUE and STEPQ_QUEUE.batch)")
     p.add_argument("--loglevel", default="INFO")
-    p.add_argument("--hostname", help="Celery node name")
+    p.add_argument("--hostname", help="Celery node name (default: stepq-<pid>@<host>, unique on the host)")
     p.add_argument(
         "--beat", action=argparse.BooleanOptionalAction, default=None, help="embed the sweeper's schedule (default: on)"
     )

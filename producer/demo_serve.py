@@ -25,11 +25,13 @@ def serve_demo(settings: Settings | None = None, host: str = "127.0.0.1", port: 
 
         from stepq.producer.gateway.app import create_app
         from stepq.producer.gateway.auth import AuthConfig
+        from stepq.producer.gateway.serve import listen
     except ImportError:
         raise MissingExtraError("stepq demo --serve", "gateway") from None
     settings = with_demo_agents(settings or load_settings())
     if not settings.gateway_chat_agent:
         settings = settings.model_copy(update={"gateway_chat_agent": DEMO_AGENT})
+    listener = listen(host, port, "--port")  # before the worker starts: a taken port is one line, nothing to stop
     with local_worker(settings):
         app = create_app(settings, AuthConfig(insecure_dev=True), embedded=True)
         where = "state in this process (embedded)" if settings.embedded else f"state in Redis at {settings.redis_url}"
@@ -45,7 +47,7 @@ def serve_demo(settings: Settings | None = None, host: str = "127.0.0.1", port: 
                     sys.stdout.flush()
 
         server = Announcing(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2))
-        server.run()
+        server.run(sockets=[listener])
     return 0 if server.started else 1
 
 

@@ -20,7 +20,14 @@ import kombu.exceptions
 import redis
 
 from stepq.config import Settings
-from stepq.errors import StepqError, StoreUnavailableError, TurnNotFoundError, WaitTimeoutError
+from stepq.errors import (
+    StepqError,
+    StoreUnavailableError,
+    TurnNotFoundError,
+    WaitTimeoutError,
+    extra_providing,
+    install_command,
+)
 from stepq.logging import redact_url
 
 EMBEDDED_STATE_HINT = (
@@ -62,6 +69,10 @@ def describe(exc: BaseException, settings: Settings | None) -> Failure | None:
         return Failure(_one_line(exc), 1)
     if isinstance(exc, StepqError):  # submit, definition (an agent module that fails to import), approval…
         return Failure(_one_line(exc), 2)
+    missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+    extra = extra_providing(missing)
+    if extra is not None:  # a command reached an extra's module before any check of its own did
+        return Failure(f"this command needs the {extra} extra (no module {missing}): {install_command(extra)}", 2)
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         where = f" at {redact_url(settings.redis_url)}" if settings is not None and settings.redis_url else ""
         return Failure(f"cannot reach Redis{where}: {_one_line(exc)}. Is it running, and is STEPQ_REDIS_URL right?", 1)

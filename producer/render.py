@@ -86,6 +86,7 @@ class LiveView:
         self.show_steps = show_steps
         self.style = Style(out)
         self._inline: str | None = None  # "text" | "reasoning" while a delta line is open
+        self.answer_streamed = False  # the latest step's answer (text or object) was printed as it streamed
 
     def line(self, text: str = "") -> None:
         """Print one full line, closing any open delta line first."""
@@ -111,6 +112,8 @@ class LiveView:
     def on_event(self, event: Event) -> None:
         s, d = self.style, event.data
         kind = event.type
+        if kind in (EventType.TEXT_DELTA, EventType.OBJECT_DELTA):
+            self.answer_streamed = True
         if kind == EventType.TEXT_DELTA:
             self._delta("text", str(d.get("text", "")))
         elif kind == EventType.REASONING_DELTA:
@@ -120,6 +123,7 @@ class LiveView:
         elif kind == EventType.TURN_START:
             self.line(s.dim(f"turn {event.turn_id} · {d.get('agent')} on {d.get('provider')}/{d.get('model')}"))
         elif kind == EventType.STEP_START:
+            self.answer_streamed = False  # a later step's answer is the turn's
             if self.show_steps:
                 retry = f" (attempt {d['attempt'] + 1})" if d.get("attempt") else ""
                 self.line(s.dim(f"── step {event.step}{retry}"))

@@ -29,6 +29,13 @@ REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")  
 # Values never echoed in an error message (the variable is named, the value is not): these, and every
 # SecretStr setting.
 SECRET_SETTINGS = frozenset({"approval_secret", "approval_old_secrets", "jwt_secret", "api_keys"})
+# HMAC-SHA256 keys shorter than its 32-byte output are guessable sooner than the MAC itself
+MIN_APPROVAL_SECRET_BYTES = 32
+NEW_SECRET_COMMAND = "export STEPQ_APPROVAL_SECRET=$(openssl rand -hex 32)"
+GENERATED_SECRET_NOTICE = (
+    "STEPQ_APPROVAL_SECRET is not set: approval tokens are signed with a generated secret kept in Redis, which "
+    f"anyone who can read Redis can use to forge approvals; set a real one, the same on every process: {NEW_SECRET_COMMAND}"
+)
 
 
 class Prices(BaseModel):
@@ -177,6 +184,22 @@ class Settings(BaseSettings):
             )
         if info.field_name == "broker_url" and scheme.lower() == "redis+cluster":
             raise ValueError(f"{shown!r}: Celery cannot use a Redis Cluster as its broker; use amqp://host (RabbitMQ)")
+        return value
+
+    @field_validator("approval_secret")
+    @classmethod
+    def _check_approval_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        """A short key makes every approval token forgeable by guessing it: refuse it at start, not in production.
+
+        Former secrets (STEPQ_APPROVAL_OLD_SECRETS) are not checked: rotating away from a short one must work."""
+        if value is None or not value.get_secret_value():  # set but empty (`X=${X}` in compose): unset
+            return None
+        size = len(value.get_secret_value().encode())
+        if size < MIN_APPROVAL_SECRET_BYTES:
+            raise ValueError(
+                f"{size} bytes is too short to sign approval tokens; use at least {MIN_APPROVAL_SECRET_BYTES} "
+                f"bytes, e.g. {NEW_SECRET_COMMAND}"
+            )
         return value
 
     @field_validator("fallbacks")

@@ -5,6 +5,7 @@ Internal (not part of the `stepq` API).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -18,6 +19,8 @@ from stepq.runtime import Runtime
 from stepq.store.approvals import ApprovalRecord
 from stepq.store.indexes import ACTIVE, AWAITING
 from stepq.tools import ToolDefinition
+
+log = logging.getLogger("stepq.sweeper")
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,11 @@ def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int, str]]:
         # untouched since a worker's consumer reconnected: the outage may have stranded its message
         stranded = score < reconnected <= now  # (the score: a re-send moves it past the mark)
         if crashed or unsent or stranded or touched < now - queued_grace_s:
+            if crashed:
+                log.info("sweeper: recovered turn %s step %s (its worker died mid-step)", turn_id, state.step)
+            else:
+                why = "never sent" if unsent else "stranded by a broker reconnect" if stranded else "lost"
+                log.info("sweeper: re-sent turn %s step %s (its step message was %s)", turn_id, state.step, why)
             found.append((turn_id, state.step, state.priority))
             indexes.add(ACTIVE, turn_id, now, only_existing=True)
     for turn_id, score in indexes.due(AWAITING, now):
@@ -208,6 +216,7 @@ def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int, str]]:
         if state is None or not (state.status.parked or state.status == TurnStatus.AWAITING_BATCH):
             indexes.remove_if(AWAITING, turn_id, score)
             continue
+        log.info("sweeper: turn %s step %s expired while %s; it goes on", turn_id, state.step, state.status.value)
         found.append((turn_id, state.step, state.priority))
         indexes.add(AWAITING, turn_id, now + rt.settings.lease_ttl_s, only_existing=True)
     return found

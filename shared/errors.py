@@ -38,7 +38,26 @@ when calling the same functions directly, and as the text of `TurnResult.error`.
 from __future__ import annotations
 
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
+
+# The modules each optional extra brings (pyproject.toml): a ModuleNotFoundError for one of them is a
+# missing extra, not a bug.
+EXTRA_MODULES = {
+    "fastapi": "gateway",
+    "starlette": "gateway",
+    "uvicorn": "gateway",
+    "jwt": "gateway",
+    "fakeredis": "embedded",
+    "lupa": "embedded",
+    "gevent": "gevent",
+    "anthropic": "anthropic",
+    "google.genai": "gemini",
+    "boto3": "bedrock",
+    "botocore": "bedrock",
+    "openai": "openai",
+    "mcp": "mcp",
+}
 
 
 class StepqError(Exception):
@@ -53,8 +72,33 @@ class MissingExtraError(ConfigurationError):
     """A feature needs an optional dependency group: the message names the `pip install` to run."""
 
     def __init__(self, feature: str, extra: str) -> None:
-        super().__init__(f"{feature} needs the {extra} extra: pip install 'stepq[{extra}]'")
+        super().__init__(f"{feature} needs the {extra} extra: {install_command(extra)}")
         self.extra = extra
+
+
+def install_command(extra: str) -> str:
+    """The pip command that adds an extra to this installation: a source checkout (an editable install, as
+    `make demo` makes) reinstalls itself, anything else installs the published package's extra."""
+    checkout = _checkout()
+    if checkout is None:
+        return f"pip install 'stepq[{extra}]'"
+    return f"pip install -e '.[{extra}]' (in {checkout})"
+
+
+def _checkout() -> Path | None:
+    """The source tree this module is imported from (shared/ next to pyproject.toml), or None when installed."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "pyproject.toml").is_file() and (root / "shared").is_dir() else None
+
+
+def extra_providing(module: str | None) -> str | None:
+    """The extra whose dependency `module` (a ModuleNotFoundError's `.name`) is, or None."""
+    parts = (module or "").split(".")
+    for n in range(len(parts), 0, -1):
+        extra = EXTRA_MODULES.get(".".join(parts[:n]))
+        if extra is not None:
+            return extra
+    return None
 
 
 class DefinitionError(StepqError):

@@ -15,7 +15,7 @@ import redis
 
 from stepq.agents import AgentRegistry, registry
 from stepq.approvals import ApprovalSigner
-from stepq.config import Settings, get_settings
+from stepq.config import GENERATED_SECRET_NOTICE, Settings, get_settings
 from stepq.ratelimit import RateLimiter
 from stepq.store.approvals import ApprovalStore
 from stepq.store.batch_runs import BatchRunStore
@@ -84,7 +84,7 @@ class Runtime:
                 self.redis.set(self.keys.generated_secret, secrets.token_hex(32), nx=True)
                 current = str(self.redis.get(self.keys.generated_secret)).encode()
                 if not s.embedded:
-                    log.warning("STEPQ_APPROVAL_SECRET is not set; using a generated secret kept in Redis")
+                    log.warning(GENERATED_SECRET_NOTICE)
             old = [x.get_secret_value().encode() for x in s.approval_old_secrets]
             self._signer = ApprovalSigner(current, old)
         return self._signer

@@ -15,6 +15,9 @@ from stepq.submit import create_turn
 from tests.conftest import eventually, make_settings
 from tests.test_durability import _side_effects
 
+OLD_SECRET = "old-approval-secret-0123456789abcdef"  # 32+ bytes, as Settings requires
+NEW_SECRET = "new-approval-secret-0123456789abcdef"
+
 
 def _park(client, prefix, agent="rt.approver"):
     handle = client.submit(agent, prompt="go", metadata={"prefix": prefix})
@@ -173,16 +176,16 @@ def test_sweeper_resolves_expired_approvals_nobody_answered(rt, prefix):
 
 
 def test_rotated_secret_still_verifies_pending_approvals(prefix):
-    old = get_runtime(make_settings(prefix, approval_secret="old-secret"))
+    old = get_runtime(make_settings(prefix, approval_secret=OLD_SECRET))
     state, _ = create_turn(old, "rt.approver", prompt="go", metadata={"prefix": prefix})
     StepRunner(old).deliver(state.turn_id, 0)
     [request] = [e for e in old.events.read(state.turn_id) if e.type == EventType.APPROVAL_REQUEST]
     data = request.data
-    without_old = get_runtime(make_settings(prefix, approval_secret="new-secret"))
+    without_old = get_runtime(make_settings(prefix, approval_secret=NEW_SECRET))
     token = old.approvals.get(data["approval_id"]).token
     refused = decide_approval(without_old, data["approval_id"], token, True)
     assert not refused.accepted and refused.code == "invalid-token"
-    rotated = get_runtime(make_settings(prefix, approval_secret="new-secret", approval_old_secrets=["old-secret"]))
+    rotated = get_runtime(make_settings(prefix, approval_secret=NEW_SECRET, approval_old_secrets=[OLD_SECRET]))
     assert decide_approval(rotated, data["approval_id"], token, True).accepted
 
 

@@ -134,6 +134,7 @@ def test_edited_item_is_a_new_turn_and_unchanged_items_are_reused(settings, work
     assert first.returncode == 0, err
     before = {r["key"]: r for r in _lines(out)}
     assert not any(r["reused"] for r in before.values())
+    assert "tokens in this run: 0 in" not in err  # six new turns were paid for
 
     _write(items, [_contact(i, who="Edited" if i == 2 else "Contact") for i in range(6)])
     second = _batch(settings, *args)
@@ -146,6 +147,11 @@ def test_edited_item_is_a_new_turn_and_unchanged_items_are_reused(settings, work
     for key in ("item-0", "item-1", "item-3", "item-4", "item-5"):
         assert after[key]["reused"] and after[key]["turn_id"] == before[key]["turn_id"]
     assert "5 reused" in err
+    edited = after["item-2"]["usage"]  # only the edited item ran (and cost anything) in this run
+    assert f"tokens in this run: {edited['input_tokens']} in, {edited['output_tokens']} out" in err, err
+    unchanged = _batch(settings, *args)  # nothing edited: every item reused, nothing paid
+    _, err = unchanged.communicate(timeout=300)
+    assert unchanged.returncode == 0 and "6 reused" in err and "tokens in this run: 0 in, 0 out" in err, err
     assert int(client.runtime.redis.hget(client.runtime.keys.batch("edit-test"), "created")) == 7
 
     # the same through the workers' driver: the unchanged items are reused, the edited one runs

@@ -373,3 +373,50 @@ def test_ctrl_c_twice_in_embedded_mode_exits_at_once(tmp_path):
     stderr = errs.finish()
     assert "Traceback" not in stderr, stderr
     assert "stops with this process" in stderr
+
+
+# --------------------------------------------------------------------------- an embedded run's terminal
+
+FAILING_TOOL_MODULE = '''
+from stepq.agents import AgentDefinition
+from stepq.providers.scripted import ScriptStep, ScriptToolCall
+from stepq.tools import tool
+
+
+@tool
+def flaky_lookup(order: str) -> str:
+    """Looks an order up; the upstream is down."""
+    raise ConnectionError(f"upstream refused order {order}")
+
+
+answer = AgentDefinition(
+    id="term.answer",
+    system_prompt="Look it up.",
+    allowed_tools=["flaky_lookup"],
+    script=[
+        ScriptStep(text="", tool_calls=[ScriptToolCall(name="flaky_lookup", args={"order": "A-17"})]),
+        ScriptStep(text="The lookup service is down; try again later."),
+    ],
+)
+'''
+
+
+def _embedded_run(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "termagents.py").write_text(FAILING_TOOL_MODULE)
+    return run(embedded_env(STEPQ_AGENT_MODULES="termagents"), "run", "term.answer", "where is A-17?", cwd=tmp_path)
+
+
+def test_an_embedded_run_shows_a_tool_error_in_one_line_without_its_traceback(tmp_path):
+    proc = _embedded_run(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    shown = proc.stdout + proc.stderr
+    assert "Traceback" not in shown and 'File "' not in shown, shown
+    [logged] = [line for line in proc.stderr.splitlines() if "flaky_lookup" in line]
+    assert "raised ConnectionError: upstream refused order A-17" in logged, proc.stderr
+
+
+def test_an_embedded_run_prints_the_answer_once(tmp_path):
+    proc = _embedded_run(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("The lookup service is down; try again later.") == 1, proc.stdout
+    assert "completed · finish: stop" in proc.stdout, proc.stdout  # the result's summary still follows

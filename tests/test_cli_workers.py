@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest
 
+from stepq.engine.runner import StepRunner
 from stepq.heartbeat import live_workers
+from stepq.models import TurnStatus
+from stepq.submit import create_turn
 from tests.conftest import eventually, settings_env
 from tests.test_cli import ROOT, stepq_cmd
 
@@ -32,12 +35,14 @@ def free_port() -> int:
 class Worker:
     """`stepq worker` (exec'd into celery) in its own process group, its log in a file."""
 
-    def __init__(self, env: dict[str, str], name: str, log: Path, *args: str) -> None:
-        self.name = name
+    def __init__(self, env: dict[str, str], name: str | None, log: Path, *args: str) -> None:
+        """`name` None: the worker picks its own node name, as `stepq worker` does by default."""
+        self.name = name or ""
         self.log = log
+        named = [f"--hostname={name}@%h"] if name else []
         with log.open("w") as sink:
             self.proc = subprocess.Popen(
-                [*stepq_cmd(), "worker", f"--hostname={name}@%h", "--concurrency=1", "--loglevel=INFO", *args],
+                [*stepq_cmd(), "worker", *named, "--concurrency=1", "--loglevel=INFO", *args],
                 env=env,
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,
@@ -110,6 +115,54 @@ def test_two_workers_with_the_same_metrics_port_both_serve(settings, rt, tmp_pat
     finally:
         for w in workers:
             w.kill_group()
+
+
+def test_two_workers_on_one_host_are_both_listed_by_status(settings, rt, tmp_path):
+    """Without --hostname each `stepq worker` gets its own node name (not `celery@<host>` for all of them)."""
+    env = settings_env(settings)
+    env["STEPQ_METRICS_PORT"] = "0"
+    env.pop("STEPQ_APPROVAL_SECRET")  # and a worker without one says so at start, with the command to set one
+    workers = [Worker(env, None, tmp_path / f"w{i}.log", "--no-beat") for i in (1, 2)]
+    try:
+        eventually(lambda: len(live_workers(rt.redis, settings.key_prefix)) == 2, timeout=WAIT_S, what="2 workers")
+        status = subprocess.run(
+            [*stepq_cmd(), "status", "--json"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S
+        )
+        assert status.returncode == 0, status.stderr
+        names = sorted(w["name"] for w in json.loads(status.stdout)["workers"])
+        host = socket.gethostname()
+        assert names == sorted(f"stepq-{w.proc.pid}@{host}" for w in workers), names
+        for w in workers:
+            logged = w.log.read_text()
+            assert "STEPQ_APPROVAL_SECRET is not set" in logged and "export STEPQ_APPROVAL_SECRET=" in logged, logged
+    finally:
+        for w in workers:
+            w.kill_group()
+
+
+def test_the_sweeper_logs_what_it_did_and_nothing_when_it_did_nothing(settings, rt, prefix, tmp_path):
+    """At INFO a worker's log has one line per turn the sweeper re-sent, and none for the sweeps in between
+    (Celery logged three lines for every one, every STEPQ_SWEEP_INTERVAL_S)."""
+    env = settings_env(settings)
+    env["STEPQ_METRICS_PORT"] = "0"
+    worker = Worker(env, f"s-{settings.key_prefix}", tmp_path / "worker.log", "--beat")
+    try:
+        eventually(lambda: worker.info(rt) is not None, timeout=WAIT_S, what="the worker's heartbeat")
+        state, _ = create_turn(rt, "rt.basic", prompt="go", metadata={"prefix": prefix})
+        assert StepRunner(rt).deliver(state.turn_id, 0).step == 1  # committed; its message is never sent
+        rt.turns.indexes.add("active", state.turn_id, 0)  # as if committed one lease TTL ago
+        done = lambda: rt.turns.load(state.turn_id).status == TurnStatus.COMPLETED  # noqa: E731
+        eventually(done, timeout=WAIT_S, what="the sweeper to re-send the turn and the worker to finish it")
+        for _ in range(2):  # two more sweeps, with nothing to do: each takes the sweep lock
+            rt.redis.delete(rt.keys.sweep_lock)
+            eventually(lambda: rt.redis.exists(rt.keys.sweep_lock), timeout=WAIT_S, what="another sweep")
+    finally:
+        worker.kill_group()
+    logged = worker.log.read_text()
+    assert "stepq.sweep[" not in logged and "Sending due task stepq-sweep" not in logged, logged
+    swept = [line for line in logged.splitlines() if "sweeper" in line]
+    assert len(swept) == 1 and "INFO" in swept[0], logged
+    assert f"re-sent turn {state.turn_id} step 1 (its step message was never sent)" in swept[0]
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads processes from /proc")

@@ -19,7 +19,7 @@ def test_to_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> No
     original = Settings(
         redis_url="redis://127.0.0.1:6379/3",
         agent_modules=["a.b", "c"],
-        approval_secret="s3cret",
+        approval_secret="s3cret-s3cret-s3cret-s3cret-s3cret",
         approval_old_secrets=["old1", "old2"],
         rate_limits={"anthropic/claude": {"rpm": 5}},
         broker_transport_options={"visibility_timeout": 5},
@@ -32,8 +32,19 @@ def test_to_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> No
         monkeypatch.setenv(key, value)
     restored = Settings()
     assert restored.model_dump_json() == original.model_dump_json()
-    assert restored.approval_secret is not None and restored.approval_secret.get_secret_value() == "s3cret"
+    assert (
+        restored.approval_secret is not None
+        and restored.approval_secret.get_secret_value() == "s3cret-s3cret-s3cret-s3cret-s3cret"
+    )
     assert [s.get_secret_value() for s in restored.approval_old_secrets] == ["old1", "old2"]
+
+
+def test_an_approval_secret_of_32_bytes_is_taken_and_an_empty_one_is_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    clean_env(monkeypatch)
+    monkeypatch.setenv("STEPQ_APPROVAL_SECRET", "x" * 32)
+    assert load_settings().approval_secret is not None
+    monkeypatch.setenv("STEPQ_APPROVAL_SECRET", "")  # `X=${X}` in a compose file: a generated secret, announced
+    assert load_settings().approval_secret is None
 
 
 def test_comma_separated_modules_and_embedded_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,6 +66,12 @@ BAD_VALUES = [
         "localhost:6379",
         "'localhost:6379' has no scheme; use redis://host:port/db",
         id="redis-url-without-scheme",
+    ),
+    pytest.param(
+        "STEPQ_APPROVAL_SECRET",
+        "changeme-approvals",
+        "18 bytes is too short to sign approval tokens; use at least 32 bytes, e.g. export STEPQ_APPROVAL_SECRET=",
+        id="approval-secret-too-short",
     ),
 ]
 
@@ -120,6 +137,8 @@ def test_passwords_and_secrets_are_never_echoed(monkeypatch: pytest.MonkeyPatch)
     assert "hunter2" not in message and "STEPQ_REDIS_URL: '***@cache:6379/0' has no scheme" in message
     message = one_line_error(monkeypatch, STEPQ_REDIS_URL="http://admin:hunter2@cache:6379")
     assert "hunter2" not in message and "http://***@cache:6379" in message
+    message = one_line_error(monkeypatch, STEPQ_APPROVAL_SECRET="hunter2-approvals")
+    assert "hunter2" not in message and message.startswith("STEPQ_APPROVAL_SECRET: 17 bytes is too short")
     message = one_line_error(monkeypatch, STEPQ_API_KEYS='[{"sha256": "s3cr3t-hash"')
     assert "s3cr3t" not in message and message.startswith("STEPQ_API_KEYS: not valid JSON")
 

@@ -211,7 +211,7 @@ def test_approval_secrets_are_wired_for_rotation() -> None:
     docs = render(VARIANTS["all-features"])
     secret = one(docs, "Secret", FULLNAME)
     data = secret_data(secret)
-    assert data["approval-secret"] == "current-approval-secret"
+    assert data["approval-secret"] == "current-approval-secret-0123456789"
     assert data["approval-old-secrets"] == "previous-approval-secret"
     assert data["ANTHROPIC_API_KEY"] == "sk-ant-test"
 
@@ -224,7 +224,12 @@ def test_approval_secrets_are_wired_for_rotation() -> None:
 
     # secrets only ever appear base64-encoded inside Secrets: never in a ConfigMap, an env value or an annotation
     plain = "\n".join(yaml.safe_dump(d) for d in docs if d["kind"] != "Secret")
-    for value in ("current-approval-secret", "previous-approval-secret", "sk-ant-test", "redis-test-password"):
+    for value in (
+        "current-approval-secret-0123456789",
+        "previous-approval-secret",
+        "sk-ant-test",
+        "redis-test-password",
+    ):
         assert value not in plain
 
     sweeper = container(one(docs, "Deployment", f"{FULLNAME}-sweeper"), "sweeper")
@@ -893,7 +898,9 @@ def test_gateway_credentials_stay_in_secrets() -> None:
     env = env_of(container(one(docs, "Deployment", f"{FULLNAME}-gateway"), "gateway"))
     for name, key in (("STEPQ_API_KEYS", "api-keys"), ("STEPQ_JWT_SECRET", "jwt-secret")):
         assert env[name]["valueFrom"]["secretKeyRef"] == {"name": f"{FULLNAME}-gateway", "key": key, "optional": True}
-    assert not {"STEPQ_APPROVAL_SECRET", "ANTHROPIC_API_KEY"} & set(env)  # it never calls a model
+    assert "ANTHROPIC_API_KEY" not in env  # it never calls a model
+    # ... but it is given the approval secret: `stepq serve` refuses to run on a generated one
+    assert env["STEPQ_APPROVAL_SECRET"]["valueFrom"]["secretKeyRef"] == {"name": FULLNAME, "key": "approval-secret"}
     plain = "\n".join(yaml.safe_dump(d) for d in docs if d["kind"] != "Secret")
     assert "gateway-jwt-test-secret" not in plain
 

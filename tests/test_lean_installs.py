@@ -20,6 +20,12 @@ import redis
 from tests.conftest import REDIS_URL, ROOT
 
 TIMEOUT = 120
+CHECKOUT = f"(in {ROOT})"  # these tests run stepq from this source checkout: its own install command
+
+
+def from_checkout(extra: str) -> str:
+    return f"pip install -e '.[{extra}]' {CHECKOUT}"
+
 
 AGENT_MODULE = '''
 from stepq import AgentDefinition, tool
@@ -90,7 +96,7 @@ def test_provider_without_its_extra_fails_at_agent_load(tmp_path: Path, provider
     proc = run(env, sys.executable, "-c", script)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == (
-        f"MissingExtraError|{extra}|provider '{provider}' needs the {extra} extra: pip install 'stepq[{extra}]'"
+        f"MissingExtraError|{extra}|provider '{provider}' needs the {extra} extra: {from_checkout(extra)}"
     )
 
 
@@ -101,7 +107,7 @@ def test_cli_names_the_missing_provider_extra_in_one_line(tmp_path: Path):
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("stepq: "), proc.stderr
-    assert lines[0].endswith("provider 'gemini' needs the gemini extra: pip install 'stepq[gemini]'")
+    assert lines[0].endswith(f"provider 'gemini' needs the gemini extra: {from_checkout('gemini')}")
 
 
 def test_embedded_mode_without_fakeredis_names_the_embedded_extra(tmp_path: Path):
@@ -111,8 +117,51 @@ def test_embedded_mode_without_fakeredis_names_the_embedded_extra(tmp_path: Path
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("stepq: "), proc.stderr
     assert lines[0].endswith(
-        "embedded mode (STEPQ_REDIS_URL unset) needs the embedded extra: pip install 'stepq[embedded]'"
+        f"embedded mode (STEPQ_REDIS_URL unset) needs the embedded extra: {from_checkout('embedded')}"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "blocked", "feature"),
+    [
+        (["serve", "--insecure-dev"], ["jwt"], "stepq serve"),  # what `make demo` (embedded only) leaves out
+        (["serve", "--insecure-dev"], ["uvicorn"], "stepq serve"),
+        (["demo", "--serve"], ["fastapi"], "stepq demo --serve"),
+        (["worker", "--pool", "gevent", "--no-beat"], ["gevent"], "`stepq worker --pool gevent`"),
+    ],
+)
+def test_a_command_without_its_extra_names_it_in_one_line(
+    tmp_path: Path, argv: list[str], blocked: list[str], feature: str
+):
+    env = blocked_env(tmp_path, blocked)
+    if argv[0] == "worker":
+        env["STEPQ_REDIS_URL"] = REDIS_URL  # a worker needs a Redis before it needs its pool
+    proc = run(env, *stepq_cmd(), *argv)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    extra = "gevent" if argv[0] == "worker" else "gateway"
+    assert lines[0] == f"stepq: error: {feature} needs the {extra} extra: {from_checkout(extra)}", proc.stderr
+
+
+def test_an_extra_module_missing_anywhere_is_still_one_line_naming_the_extra():
+    """The last line of defence in every command's handler: an extra's module missing before any check of its own."""
+    from stepq.producer.failures import describe
+
+    failure = describe(ModuleNotFoundError("No module named 'google'", name="google.genai"), None)
+    assert failure is not None and failure.code == 2
+    assert failure.message == f"this command needs the gemini extra (no module google.genai): {from_checkout('gemini')}"
+    assert describe(ModuleNotFoundError("No module named 'mypkg'", name="mypkg"), None) is None  # not an extra: a bug
+
+
+def test_an_installed_package_names_the_published_extra(tmp_path: Path):
+    """Outside a checkout (a wheel in site-packages) the command installs the extra of the published package."""
+    site = tmp_path / "site" / "stepq"
+    site.mkdir(parents=True)
+    (site / "errors.py").write_text((ROOT / "shared" / "errors.py").read_text())
+    script = "import importlib.util as u, sys; p = sys.argv[1]; s = u.spec_from_file_location('e', p); "
+    script += "m = u.module_from_spec(s); s.loader.exec_module(m); print(m.MissingExtraError('stepq serve', 'gateway'))"
+    proc = run({**os.environ, "PYTHONPATH": ""}, sys.executable, "-c", script, str(site / "errors.py"))
+    assert proc.stdout.strip() == "stepq serve needs the gateway extra: pip install 'stepq[gateway]'", proc.stderr
 
 
 def test_blocked_sdk_is_really_unimportable(tmp_path: Path):

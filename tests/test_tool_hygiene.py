@@ -39,7 +39,7 @@ def _marks(prefix: str, turn_id: str, what: str) -> list[str]:
 
 def test_a_tool_exception_reaches_the_model_sanitised_and_the_log_whole(rt, prefix, caplog, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)  # a known secret: masked wherever it appears
-    caplog.set_level(logging.WARNING, logger="stepq.tools")
+    caplog.set_level(logging.DEBUG, logger="stepq.tools")
     turn_id = _start(rt, "th.leaky", prefix, secret=SECRET)
     state = drive(rt, turn_id)
     assert state.status == TurnStatus.COMPLETED
@@ -51,9 +51,12 @@ def test_a_tool_exception_reaches_the_model_sanitised_and_the_log_whole(rt, pref
     assert len(error) <= len("ValueError: ") + rt.settings.tool_error_chars + 1
     events = [e.data for e in rt.events.read(turn_id) if e.type == "tool-result"]
     assert events and SECRET not in str(events) and "hunter2-xyz" not in str(events)
-    # the log has the whole error (the worker's log handlers mask its secrets; see tests/test_observability.py)
-    [record] = [r for r in caplog.records if "th_leaky" in r.getMessage()]
-    assert record.exc_info is not None and "detail line" in str(record.exc_info[1])
+    # WARNING: the error on one line, as the model reads it; DEBUG: the whole error with its traceback (the
+    # worker's log handlers mask its secrets; see tests/test_observability.py)
+    [warning] = [r for r in caplog.records if "th_leaky" in r.getMessage() and r.levelno == logging.WARNING]
+    assert warning.exc_info is None and warning.getMessage().endswith(f"raised {error}")
+    [debug] = [r for r in caplog.records if "th_leaky" in r.getMessage() and r.levelno == logging.DEBUG]
+    assert debug.exc_info is not None and "detail line" in str(debug.exc_info[1])
 
 
 def test_a_timed_out_async_tool_has_its_task_cancelled(rt, prefix):

@@ -59,7 +59,10 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     settings = _settings_of(getattr(getattr(sender, "app", None), "conf", None))
     if settings is None:
         return
-    agents = get_runtime(settings).agents
+    rt = get_runtime(settings)
+    if settings.approval_secret is None:
+        _signer = rt.signer  # a generated secret is announced (with the command to set one) at start, not at first use
+    agents = rt.agents
     named = [*agents.named_providers(), settings.provider or "", *(f.provider for f in settings.fallbacks)]
     named += [m.provider or "" for m in settings.module_models.values()]
     loaded = preload(named)

@@ -203,10 +203,12 @@ def approve(
 
 
 def sweep_turns(self: Task) -> int:
-    """Re-enqueue turns whose step died (lease expired without a commit) or whose approvals expired."""
+    """Re-enqueue turns whose step died (lease expired without a commit) or whose approvals expired.
+
+    `sweep` logs each turn it finds (at INFO, with why); a sweep that finds nothing logs nothing, and
+    Celery's own lines for this task are filtered out (stepq.logging.RoutineTaskFilter)."""
     found = sweep(_runtime(self), _settings(self).queued_grace_s)
     for turn_id, step, priority in found:
-        log.warning("sweeper re-enqueues turn %s step %s", turn_id, step)
         _enqueue_step(self, turn_id, step, priority)
     rt = _runtime(self)
     for batch_id in batch_driver.active(rt):  # the driven batches' periodic tick
@@ -220,6 +222,8 @@ def provider_batch_tick(self: Task, force_flush: bool = False) -> str:
     report = provider_batches.tick(_runtime(self), force_flush=force_flush)
     for turn_id, step in report.resume:
         _enqueue_step(self, turn_id, step, "batch")
+    if report.collected or report.expired:  # sent batches are logged as they go (stepq.provider_batches)
+        log.info("provider batches: %d requests collected, %d past their deadline", report.collected, report.expired)
     return "busy" if report.busy else f"sent {report.sent}, collected {report.collected}, expired {report.expired}"
 
 

@@ -1,8 +1,9 @@
 """Running one tool function: on the shared executor, bounded, cancellable, its failure sanitised.
 
 - A tool's exception reaches the model as `<ExceptionType>: <message>`, the message on one line, cut to
-  `STEPQ_TOOL_ERROR_CHARS` and with secrets masked (the log redaction's rules); no stack. The full
-  error, traceback included, goes to the `stepq.tools` log.
+  `STEPQ_TOOL_ERROR_CHARS` and with secrets masked (the log redaction's rules); no stack. The `stepq.tools`
+  log has the same one line at WARNING (an embedded `stepq run` prints it on the terminal) and the
+  traceback at DEBUG.
 - A call that outlives its timeout is told to stop (`ctx.cancelled`): an `async def` tool's task is
   cancelled, a process started with `ctx.run_process` is killed, a polling tool sees the flag. A plain
   function that ignores it keeps its executor thread until it returns, so calls still running past their
@@ -106,8 +107,10 @@ class ToolExecution:
             future.add_done_callback(lambda done: _late_result(done, call, definition.timeout_s))
             return Outcome(error=f"tool {call.name} timed out after {definition.timeout_s}s")
         except Exception as exc:  # a tool's failure is the model's to read, not the turn's end
-            log.warning("tool %s (call %s) raised", call.name, call.id, exc_info=exc)
-            return Outcome(error=self.describe(exc))
+            error = self.describe(exc)
+            log.warning("tool %s (call %s) raised %s", call.name, call.id, error)
+            log.debug("tool %s (call %s) raised", call.name, call.id, exc_info=exc)
+            return Outcome(error=error)
         finally:
             forget()
 
