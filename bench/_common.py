@@ -20,8 +20,8 @@ from typing import Any
 
 import redis
 
-from stepq.config import Settings
-from stepq.protocol import worker_queues
+from stepq.config.settings import Settings
+from stepq.fleet.protocol import worker_queues
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REDIS_URL = os.environ.get("STEPQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")

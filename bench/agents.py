@@ -6,11 +6,11 @@ tightens `loop.max_steps` per turn) and ends with finish reason `max-steps`.
 
 from __future__ import annotations
 
-from stepq.agents import AgentDefinition, LoopConfig
+from stepq.agents.definition import AgentDefinition, LoopConfig
+from stepq.agents.tools import tool
 from stepq.providers.base import ProviderAdapter
 from stepq.providers.registry import register_provider
 from stepq.providers.scripted import ScriptedAdapter, ScriptStep, ScriptToolCall
-from stepq.tools import tool
 
 MAX_STEPS = 1000  # the most LoopConfig allows; a turn asks for fewer with loop={"max_steps": n}
 

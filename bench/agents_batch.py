@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
 from stepq.providers.scripted import ScriptStep
 
 EXTRACTED = {"name": "Ada Lovelace", "email": "ada@example.com", "score": 7}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
 from stepq.providers.scripted import ScriptStep
 
 TEXT = "enriched"

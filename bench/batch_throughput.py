@@ -47,16 +47,16 @@ from bench._common import (
     unique_prefix,
 )
 from bench.agents_batch import EXTRACTED
-from stepq import batch_driver
-from stepq.batch import item_idempotency_key, result_line
-from stepq.config import Settings
+from stepq.batches import driver as batch_driver
+from stepq.batches.items import item_idempotency_key, result_line
+from stepq.config.settings import Settings
 from stepq.engine.runner import StepRunner
+from stepq.fleet.protocol import BATCH_DRIVE, queue_for, worker_queues
+from stepq.fleet.runtime import Runtime
 from stepq.models import TurnStatus
 from stepq.producer.batch import BatchRunner, read_input, read_items, write_results
 from stepq.producer.client import Client
-from stepq.protocol import BATCH_DRIVE, queue_for, worker_queues
-from stepq.runtime import Runtime
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 
 AGENT = "benchb.extract"
 AGENT_MODULES = ["bench.agents_batch"]
@@ -233,7 +233,7 @@ def measure_stepq(
 
 
 def measure_plain(settings: Settings, workdir: Path, n: int, timeout: float) -> Sample:
-    from stepq.runtime import get_runtime
+    from stepq.fleet.runtime import get_runtime
 
     rt = get_runtime(settings)
     out = workdir / "out-plain.jsonl"

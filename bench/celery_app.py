@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import Celery
 
-from stepq.config import Settings, get_settings
+from stepq.config.settings import Settings, get_settings
 from stepq.store.connection import get_redis
 from stepq.workers.app import create_app
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from bench._common import DEFAULT_REDIS_URL, cleanup, now, percentile, table, unique_prefix
 from bench.agents_batch import CHAT_TEXT
 from bench.batch_throughput import batch_bench_settings, deadline, worker_process
-from stepq.config import Settings
+from stepq.config.settings import Settings
+from stepq.fleet.protocol import queue_for
 from stepq.models import EventType, TurnStatus
 from stepq.producer.client import Client
-from stepq.protocol import queue_for
 from stepq.store.keys import Keys
 
 CHAT_AGENT = "benchb.chat"

@@ -18,8 +18,8 @@ import time
 
 from bench._common import DEFAULT_REDIS_URL, bench_settings, cleanup, median, table, unique_prefix
 from stepq.engine.runner import StepRunner
-from stepq.runtime import get_runtime
-from stepq.submit import create_turn
+from stepq.fleet.runtime import get_runtime
+from stepq.turns.submit import create_turn
 
 TARGET_RATIO = 1.10
 

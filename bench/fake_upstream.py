@@ -35,9 +35,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from stepq.agents import AgentDefinition
-from stepq.config import Settings
-from stepq.protocol import worker_queues
+from stepq.agents.definition import AgentDefinition
+from stepq.config.settings import Settings
+from stepq.fleet.protocol import worker_queues
 
 STAMP_SEP = "|"
 

@@ -26,8 +26,8 @@ from typing import Any
 
 from bench._common import DEFAULT_REDIS_URL, bench_settings, cleanup, median, percentile, table, unique_prefix
 from stepq.engine.emitter import StepEmitter
+from stepq.fleet.runtime import get_runtime
 from stepq.models import Delta, EventType
-from stepq.runtime import get_runtime
 from stepq.store.events import EventLog
 
 TARGET_RATIO = 5.0

@@ -47,10 +47,10 @@ from bench._common import (
     table,
     unique_prefix,
 )
+from stepq.fleet.runtime import get_runtime
 from stepq.models import EventType
 from stepq.producer.gateway.streams import Listener, RawEvent, StreamHub
-from stepq.runtime import get_runtime
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 
 AGENT = "bench.overhead"
 TARGET_STREAMS = 2000
@@ -132,7 +132,7 @@ def gateway_procs(mode: str) -> int:
 
 
 def build_app(mode: str) -> Any:
-    from stepq.config import Settings
+    from stepq.config.settings import Settings
     from stepq.producer.gateway.app import create_app
     from stepq.producer.gateway.auth import AuthConfig
 

@@ -41,10 +41,10 @@ from bench._common import (
     unique_prefix,
 )
 from bench.provider_batch_worker import held_key
-from stepq.config import Prices, Settings
+from stepq.config.settings import Prices, Settings
+from stepq.fleet.protocol import PROVIDER_BATCH_TICK, queue_for, worker_queues
 from stepq.models import TurnStatus
 from stepq.producer.client import Client
-from stepq.protocol import PROVIDER_BATCH_TICK, queue_for, worker_queues
 
 AGENT = "benchpb.enrich"
 MODEL = "scripted/bench-sonnet"

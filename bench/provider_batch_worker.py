@@ -10,7 +10,7 @@ from typing import Any
 
 from celery.signals import task_postrun, task_prerun
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.store.connection import get_redis
 from stepq.workers.app import create_app
 

@@ -33,9 +33,9 @@ import redis
 
 from bench._common import DEFAULT_REDIS_URL, ROOT, bench_settings, cleanup, settings_env, unique_prefix
 from bench.recovery_agents import counter_key
-from stepq.config import Settings
+from stepq.config.settings import Settings
+from stepq.fleet.protocol import worker_queues
 from stepq.models import Event, EventType
-from stepq.protocol import worker_queues
 
 DEFAULT_AMQP_URL = os.environ.get("STEPQ_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 TARGET_P99_S = 10.0

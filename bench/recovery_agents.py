@@ -7,10 +7,10 @@ import time
 
 import redis
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.tools import ToolContext, tool
 from stepq.providers.scripted import ScriptStep, ScriptToolCall
 from stepq.store.keys import Keys
-from stepq.tools import ToolContext, tool
 
 _clients: dict[str, redis.Redis] = {}
 

@@ -1,7 +1,7 @@
 """stepq's per-step overhead against the bare Celery hop, on one worker and one broker.
 
 (a) bare Celery: a no-op task that re-enqueues itself N times (same app, same broker config as
-    stepq: `stepq.protocol.celery_config`), timed from the first enqueue to the Nth execution.
+    stepq: `stepq.fleet.protocol.celery_config`), timed from the first enqueue to the Nth execution.
 (b) stepq: turns of N steps (zero-latency scripted model + one trivial tool per step) submitted
     with `stepq.Client` and awaited with `Client.wait`; ms/step = total / N.
 

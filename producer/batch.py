@@ -7,7 +7,7 @@ items already in the output file with the same content are skipped. A bad item i
 written as failed with its reason and never stops the batch. Duplicate keys are
 refused with their line numbers unless --on-duplicate first|last says which one counts.
 
-`stepq batch submit` hands the file to the workers instead (stepq.batch_driver) and
+`stepq batch submit` hands the file to the workers instead (stepq.batches.driver) and
 returns at once; `stepq batch status|wait|results ID` follow it from anywhere.
 """
 
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
 
-from stepq import batch_driver
-from stepq.batch import (
+from stepq.batches import driver as batch_driver
+from stepq.batches.items import (
     BatchItem,
     check_batch_id,
     derive_batch_id,
@@ -30,12 +30,12 @@ from stepq.batch import (
     parse_item,
     result_line,
 )
+from stepq.engine.pricing import add_costs
 from stepq.errors import SubmitError
+from stepq.fleet.protocol import BATCH_DRIVE, queue_for
 from stepq.models import TurnState, TurnStatus
-from stepq.pricing import add_costs
 from stepq.producer.client import Client
 from stepq.producer.render import money
-from stepq.protocol import BATCH_DRIVE, queue_for
 from stepq.store.connection import get_many
 
 

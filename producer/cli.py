@@ -21,12 +21,13 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from stepq.config import Settings
-from stepq.config import load_settings as settings_from_env
+from stepq.config.settings import Settings
+from stepq.config.settings import load_settings as settings_from_env
 from stepq.embedded import local_worker, with_demo_agents
 from stepq.errors import ApprovalError, MissingExtraError
+from stepq.fleet.metrics import prepare_multiprocess_dir
+from stepq.fleet.protocol import worker_queues
 from stepq.logging import configure_logging
-from stepq.metrics import prepare_multiprocess_dir
 from stepq.models import Event, EventType, TurnResult, TurnStatus
 from stepq.producer import cli_agents, cli_policy, cli_tool_results
 from stepq.producer.client import Client
@@ -43,7 +44,6 @@ from stepq.producer.failures import (
 )
 from stepq.producer.render import LiveView, Style, compact, event_summary, result_lines, state_lines, trace_table
 from stepq.producer.status import collect_status, status_lines
-from stepq.protocol import worker_queues
 from stepq.store.connection import first_contact
 
 NO_WORKER_AFTER_S = 15.0
@@ -443,8 +443,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         os.environ["STEPQ_METRICS_PORT"] = str(args.metrics_port)  # read by the exec'd worker's Settings
     argv = worker_argv(args, settings)
     if not settings.agent_modules and not args.print_command:
-        err("no STEPQ_AGENT_MODULES set: loading the bundled demo agents (stepq.demo_agents)")
-        os.environ["STEPQ_AGENT_MODULES"] = "stepq.demo_agents"
+        err("no STEPQ_AGENT_MODULES set: loading the bundled demo agents (stepq.agents.demo)")
+        os.environ["STEPQ_AGENT_MODULES"] = "stepq.agents.demo"
     if args.print_command:
         print(shlex.join(argv))
         return 0

@@ -8,10 +8,10 @@ import argparse
 import json
 from typing import Any
 
-from stepq.agents import AgentDefinition, AgentRegistry, registry
-from stepq.config import Settings
+from stepq.agents.definition import AgentDefinition, AgentRegistry, registry
+from stepq.agents.extensions import Explanation
+from stepq.config.settings import Settings
 from stepq.errors import UnknownAgentError
-from stepq.extensions import Explanation
 from stepq.producer.failures import err
 
 INDENT = "  "

@@ -1,4 +1,4 @@
-"""`stepq policy`: set, show and clear tenant policies (the tenant layer of the resolution chain, stepq.policy).
+"""`stepq policy`: set, show and clear tenant policies (the tenant layer of the resolution chain, stepq.policy.resolution).
 
 A change is one atomic write in Redis; workers pick it up at the next step of every running turn of that
 tenant, with no restart.
@@ -12,11 +12,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
+from stepq.fleet.runtime import get_runtime
 from stepq.models import Policy
-from stepq.policy import SCOPE_ALL, check_scope
+from stepq.policy.resolution import SCOPE_ALL, check_scope
 from stepq.producer.failures import UsageError
-from stepq.runtime import get_runtime
 
 _FIELDS = list(Policy.model_fields)
 

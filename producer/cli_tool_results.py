@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.errors import ToolResultsError
 from stepq.models import Event
 from stepq.producer.client import Client

@@ -22,9 +22,8 @@ import redis
 from celery import Celery
 from kombu.exceptions import OperationalError as BrokerConnectionError
 
-from stepq import client_tools, embedded, threads
-from stepq.attachments import Attachment
-from stepq.config import Settings, get_settings
+from stepq import embedded
+from stepq.config.settings import Settings, get_settings
 from stepq.errors import (
     ApprovalError,
     BrokerUnavailableError,
@@ -33,12 +32,15 @@ from stepq.errors import (
     TurnNotFoundError,
     WaitTimeoutError,
 )
+from stepq.fleet.protocol import APPROVE, RUN_STEP, celery_config, queue_for
+from stepq.fleet.runtime import Runtime, get_runtime
 from stepq.logging import redact_url
 from stepq.models import Event, EventType, Policy, TurnResult, TurnState
-from stepq.protocol import APPROVE, RUN_STEP, celery_config, queue_for
-from stepq.runtime import Runtime, get_runtime
 from stepq.store.connection import ever_reached
-from stepq.submit import LoopOverrides, create_turn
+from stepq.turns import client_results as client_tools
+from stepq.turns import threads
+from stepq.turns.attachments import Attachment
+from stepq.turns.submit import LoopOverrides, create_turn
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -264,7 +266,7 @@ class Client:
         loop: `LoopOverrides` (or a dict of it) that tighten the agent's loop, under the same switch; asking
             wider than the agent or a policy allows is refused, naming the layer that binds.
         policy: the caller's `Policy` (limits, tool and model allowlists, mutation downgrade), applied on
-            every step below the request and above the tenant's policy; it only tightens (see stepq.policy).
+            every step below the request and above the tenant's policy; it only tightens (see stepq.policy.resolution).
         priority: `interactive` or `batch` (default: the agent's `priority`).
         provider_batch: with `priority="batch"`, send each step's model request through the provider's
             batch API (about half price, answered within hours; no worker waits). See docs/operations.md.
@@ -314,7 +316,7 @@ class Client:
         Items are `{"key": ..., "prompt"|"messages"|"input": ...}`. Submitting the same batch again
         returns the existing turns instead of creating (and paying for) new ones.
         """
-        from stepq.batch import BatchItem, check_batch_id, derive_batch_id, item_idempotency_key
+        from stepq.batches.items import BatchItem, check_batch_id, derive_batch_id, item_idempotency_key
 
         parsed = [BatchItem.model_validate(item) for item in items]
         batch_id = check_batch_id(key) if key else derive_batch_id(agent, json.dumps([i.key for i in parsed]))

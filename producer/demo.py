@@ -2,7 +2,7 @@
 
 Embedded (STEPQ_REDIS_URL unset), the whole system runs in this process: a Redis
 stand-in (fakeredis), Celery's memory transport, one threads-pool worker, and the
-offline `scripted` and `function` providers playing the bundled `stepq.demo_agents`. With
+offline `scripted` and `function` providers playing the bundled `stepq.agents.demo`. With
 STEPQ_REDIS_URL set, the same tour runs against real Redis and a separately
 started `stepq worker`.
 """
@@ -14,7 +14,7 @@ import sys
 from contextlib import AbstractContextManager, nullcontext
 from typing import TextIO
 
-from stepq.config import Settings, load_settings
+from stepq.config.settings import Settings, load_settings
 from stepq.embedded import local_worker, with_demo_agents
 from stepq.models import Event, EventType, TurnResult, TurnStatus, UserMessage
 from stepq.producer.client import Client
@@ -142,7 +142,7 @@ def run_demo(settings: Settings | None = None, out: TextIO | None = None) -> int
             print(
                 f"\nstepq demo: no worker picked up turn {exc} within {NO_WORKER_S:.0f} s.\n"
                 "With STEPQ_REDIS_URL set the demo needs a worker started separately, with the demo agents loaded:\n"
-                "    STEPQ_AGENT_MODULES=stepq.demo_agents stepq worker\n"
+                "    STEPQ_AGENT_MODULES=stepq.agents.demo stepq worker\n"
                 "(same STEPQ_REDIS_URL, STEPQ_KEY_PREFIX and STEPQ_QUEUE). Or unset STEPQ_REDIS_URL for the "
                 "embedded demo.",
                 file=sys.stderr,
@@ -212,7 +212,7 @@ def _what_next(tour: Tour, embedded: bool) -> None:
         tour.say("  • Run it for real, with state and queues in Redis and as many workers as you like:")
         tour.say("        export STEPQ_REDIS_URL=redis://127.0.0.1:6379/0")
         tour.say("        export STEPQ_APPROVAL_SECRET=$(openssl rand -hex 32)   # signs approval tokens")
-        tour.say("        export STEPQ_AGENT_MODULES=stepq.demo_agents          # your agent modules, comma-separated")
+        tour.say("        export STEPQ_AGENT_MODULES=stepq.agents.demo          # your agent modules, comma-separated")
         tour.say("        stepq worker                                           # in one terminal (or ten)")
         tour.say('        stepq run demo.support "Refund order A-1001, please"   # you approve at the prompt')
     else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 import sys
 
-from stepq.config import Settings, load_settings
+from stepq.config.settings import Settings, load_settings
 from stepq.embedded import local_worker, with_demo_agents
 from stepq.errors import MissingExtraError
 

@@ -19,7 +19,7 @@ from types import FrameType
 import kombu.exceptions
 import redis
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.errors import (
     StepqError,
     StoreUnavailableError,

@@ -9,12 +9,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stepq.heartbeat import live_workers
-from stepq.metrics import QueueDepths, pending_approval_count
+from stepq.fleet.heartbeat import live_workers
+from stepq.fleet.metrics import QueueDepths, pending_approval_count
+from stepq.fleet.protocol import worker_queues
+from stepq.fleet.runtime import Runtime
 from stepq.models import TurnState, TurnStatus
 from stepq.producer.render import Style
-from stepq.protocol import worker_queues
-from stepq.runtime import Runtime
 from stepq.store.indexes import ACTIVE, AWAITING
 
 

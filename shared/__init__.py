@@ -11,9 +11,13 @@ if __name__ != "stepq":  # the folder's own name would load every module a secon
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
-from stepq.agents import AgentDefinition, Budget, LoopConfig, StopWhen
-from stepq.attachments import Attachment
-from stepq.config import Settings
+from stepq.agents.definition import AgentDefinition, Budget, LoopConfig, StopWhen
+from stepq.agents.extensions import AgentExtension, Suggestion
+from stepq.agents.mcp import McpServer, McpTool
+from stepq.agents.step_control import StepContext, StepOverrides
+from stepq.agents.stops import StopContext, stop_condition
+from stepq.agents.tools import ToolContext, ToolDefinition, client_tool, tool
+from stepq.config.settings import Settings
 from stepq.errors import (
     ApprovalError,
     ApprovalRefusal,
@@ -43,8 +47,7 @@ from stepq.errors import (
     UnknownAgentError,
     WaitTimeoutError,
 )
-from stepq.extensions import AgentExtension, Suggestion
-from stepq.mcp_tools import McpServer, McpTool
+from stepq.fleet.ratelimit import RateLimit
 from stepq.models import (
     Event,
     EventType,
@@ -62,12 +65,9 @@ from stepq.models import (
 from stepq.producer.client import ApprovalReceipt, Client, TurnHandle
 from stepq.providers.function import FunctionModel, FunctionRequest, FunctionResponse, TestModel
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
-from stepq.ratelimit import RateLimit
-from stepq.step_control import StepContext, StepOverrides
-from stepq.stops import StopContext, stop_condition
-from stepq.submit import LoopOverrides
-from stepq.threads import Multitask, Thread, ThreadTurn
-from stepq.tools import ToolContext, ToolDefinition, client_tool, tool
+from stepq.turns.attachments import Attachment
+from stepq.turns.submit import LoopOverrides
+from stepq.turns.threads import Multitask, Thread, ThreadTurn
 
 try:
     __version__ = _version("stepq")

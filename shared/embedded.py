@@ -23,10 +23,10 @@ from contextlib import ExitStack, contextmanager
 
 from celery import Celery
 
-from stepq.config import Settings
-from stepq.protocol import SWEEP, worker_queues
+from stepq.config.settings import Settings
+from stepq.fleet.protocol import SWEEP, worker_queues
 
-DEMO_MODULE = "stepq.demo_agents"
+DEMO_MODULE = "stepq.agents.demo"
 # How long `Client.events()` / `wait()` wait for an embedded worker to exist before giving up on a turn.
 NO_WORKER_AFTER_S = 15.0
 

@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from stepq.config import Settings
-from stepq.protocol import PROVIDER_BATCH_TICK, SWEEP
+from stepq.config.settings import Settings
+from stepq.fleet.protocol import PROVIDER_BATCH_TICK, SWEEP
 
 CONTEXT_FIELDS = ("turn_id", "step", "attempt")
 SECRET_ENV_VARS = (

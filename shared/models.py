@@ -154,7 +154,7 @@ class PlanStatus(StrEnum):
 
 
 class PlanStep(BaseModel):
-    """One row of an agent's visible task plan (see stepq.task_plan): a short user-facing label."""
+    """One row of an agent's visible task plan (see stepq.agents.task_plan): a short user-facing label."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -359,7 +359,7 @@ class EventType(StrEnum):
     STEP_BATCHED = "step-batched"
     STEP_FINISH = "step-finish"
     CONTEXT_COMPACTED = "context-compacted"
-    PLAN_UPDATE = "plan-update"  # the agent's visible task plan, whole (see stepq.task_plan)
+    PLAN_UPDATE = "plan-update"  # the agent's visible task plan, whole (see stepq.agents.task_plan)
     TURN_FINISH = "turn-finish"
     ERROR = "error"
 
@@ -407,7 +407,7 @@ KillSwitch = Literal["off", "collapse", "refuse"]
 
 class Policy(BaseModel):
     """What a caller, a tenant or the environment imposes on an agent. Every field only tightens what the
-    layers below it allow (see `stepq.policy`); unset fields leave them as they are."""
+    layers below it allow (see `stepq.policy.resolution`); unset fields leave them as they are."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -530,7 +530,7 @@ class LoopLimits(BaseModel):
     max_steps: int = 10
     stop_after_steps: int | None = None
     stop_on_tool: list[str] = Field(default_factory=list)
-    stop_custom: list[str] = Field(default_factory=list)  # names of registered stop conditions (stepq.stops)
+    stop_custom: list[str] = Field(default_factory=list)  # names of registered stop conditions (stepq.agents.stops)
     max_tool_calls: int | None = None
     max_wall_clock_s: float | None = None
     max_tokens: int | None = None
@@ -643,7 +643,7 @@ class TurnState(BaseModel):
     limits: LoopLimits  # this step's effective limits (base_limits under the current policies)
     base_limits: LoopLimits | None = None  # the agent's limits tightened by the request, from submit
     sources: dict[str, str] = Field(default_factory=dict)  # the layer of each base limit and of the model
-    caller_policy: Policy | None = None  # the caller layer, from submit (see stepq.policy)
+    caller_policy: Policy | None = None  # the caller layer, from submit (see stepq.policy.resolution)
     metadata: dict[str, Any] = Field(default_factory=dict)
     features: list[str] = Field(default_factory=list)  # the caller's, from submit: tools requiring others are hidden
     priority: str = "interactive"

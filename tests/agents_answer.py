@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from stepq.agents import AgentDefinition, Budget, LoopConfig, StopWhen
+from stepq.agents.definition import AgentDefinition, Budget, LoopConfig, StopWhen
+from stepq.agents.tools import tool
 from stepq.providers.function import FunctionModel, FunctionRequest, FunctionResponse
 from stepq.providers.scripted import ScriptToolCall
-from stepq.tools import tool
 
 
 class AnsCount(BaseModel):

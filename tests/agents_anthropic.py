@@ -6,9 +6,9 @@ through ANTHROPIC_BASE_URL; the model names are arbitrary because the fake ignor
 
 from __future__ import annotations
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.tools import tool
 from stepq.providers.scripted import ScriptStep
-from stepq.tools import tool
 
 
 @tool

@@ -3,9 +3,9 @@ no files, and a scripted five-step agent that reads a PDF (for the stored-once m
 
 from __future__ import annotations
 
-from stepq.agents import AgentDefinition, LoopConfig
+from stepq.agents.definition import AgentDefinition, LoopConfig
+from stepq.agents.tools import tool
 from stepq.providers.scripted import ScriptStep, ScriptToolCall
-from stepq.tools import tool
 from tests.agents_bedrock import BEDROCK_MODEL
 
 FILES = ["image/*", "application/pdf", "text/plain"]

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.tools import tool
+from stepq.fleet.ratelimit import RateLimit
 from stepq.models import AssistantMessage, Delta, StepOutput, TextPart, Usage, UserMessage
 from stepq.providers.base import Emit, ProviderAdapter, ShouldStop, StepRequest
 from stepq.providers.registry import register_provider
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
-from stepq.ratelimit import RateLimit
-from stepq.tools import tool
 
 limited = AgentDefinition(
     id="bt.limited",

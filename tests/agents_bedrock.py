@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from stepq.agents import AgentDefinition
-from stepq.tools import tool
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.tools import tool
 
 # a colon in the model id: the SDK must URL-encode it into /model/{modelId}/converse-stream
 BEDROCK_MODEL = "anthropic.claude-3-5-sonnet-20241022-v2:0"

@@ -9,9 +9,9 @@ from __future__ import annotations
 import redis
 from pydantic import BaseModel
 
-from stepq.agents import AgentDefinition, LoopConfig
+from stepq.agents.definition import AgentDefinition, LoopConfig
+from stepq.agents.tools import ToolContext, tool
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
-from stepq.tools import ToolContext, tool
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 _redis = redis.Redis.from_url(REDIS_URL, decode_responses=True)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.tools import ToolContext, client_tool, tool
 from stepq.providers.scripted import ScriptStep, ScriptToolCall
-from stepq.tools import ToolContext, client_tool, tool
 from tests.agents import _redis
 
 

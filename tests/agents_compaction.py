@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from stepq.agents import AgentDefinition, LoopConfig
+from stepq.agents.definition import AgentDefinition, LoopConfig
+from stepq.agents.tools import tool
 from stepq.providers.scripted import ScriptStep, ScriptToolCall
-from stepq.tools import tool
 
 
 @tool

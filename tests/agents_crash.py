@@ -8,7 +8,7 @@ import os
 
 import redis
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
 from stepq.models import AssistantMessage, StepOutput, TextPart, Usage
 from stepq.providers.base import Emit, ProviderAdapter, ShouldStop, StepRequest
 from stepq.providers.function import FunctionModel, FunctionRequest

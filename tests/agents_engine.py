@@ -14,14 +14,14 @@ from typing import Any
 import redis
 from pydantic import BaseModel, Field
 
-from stepq.agents import AgentDefinition, Budget, LoopConfig, StopWhen
+from stepq.agents.definition import AgentDefinition, Budget, LoopConfig, StopWhen
+from stepq.agents.tools import ToolContext, tool
 from stepq.engine.runner import StepRunner
+from stepq.fleet.runtime import Runtime
 from stepq.models import ToolResult, ToolResultMessage, TurnState, TurnStatus
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
-from stepq.runtime import Runtime
 from stepq.store.keys import Keys
-from stepq.submit import create_turn
-from stepq.tools import ToolContext, tool
+from stepq.turns.submit import create_turn
 
 _redis = redis.Redis.from_url(os.environ.get("STEPQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), decode_responses=True)
 

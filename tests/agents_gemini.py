@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from stepq.agents import AgentDefinition, LoopConfig
-from stepq.tools import tool
+from stepq.agents.definition import AgentDefinition, LoopConfig
+from stepq.agents.tools import tool
 
 ODD_TOOL = "gemini_lookup/v2 order"  # not a valid Gemini function name: the adapter must sanitize and map back
 

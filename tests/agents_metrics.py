@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.tools import ToolContext, tool
 from stepq.providers.scripted import ScriptStep, ScriptToolCall
-from stepq.tools import ToolContext, tool
 
 
 @tool

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from stepq.agents import AgentDefinition
-from stepq.tools import tool
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.tools import tool
 
 
 class OpenAIContact(BaseModel):

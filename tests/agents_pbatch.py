@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.tools import tool
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
-from stepq.tools import tool
 
 
 @tool

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.tools import tool
 from stepq.providers.function import FunctionModel, FunctionRequest
 from stepq.providers.scripted import ScriptStep, ScriptToolCall
-from stepq.tools import tool
 
 PLAN = [
     {"label": "Look up the order", "status": "pending", "tool_name": "plan_lookup"},

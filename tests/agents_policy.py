@@ -12,10 +12,10 @@ import time
 
 import redis
 
-from stepq.agents import AgentDefinition, Budget, LoopConfig
+from stepq.agents.definition import AgentDefinition, Budget, LoopConfig
+from stepq.agents.tools import ToolContext, tool
 from stepq.providers.function import FunctionModel, FunctionRequest, FunctionResponse
 from stepq.providers.scripted import ScriptStep, ScriptToolCall
-from stepq.tools import ToolContext, tool
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 _redis = redis.Redis.from_url(REDIS_URL, decode_responses=True)

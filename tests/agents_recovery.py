@@ -7,9 +7,9 @@ import time
 
 import redis
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.tools import ToolContext, tool
 from stepq.providers.scripted import ScriptStep, ScriptToolCall
-from stepq.tools import ToolContext, tool
 
 _redis = redis.Redis.from_url("redis://127.0.0.1:6379/0", decode_responses=True)
 

@@ -7,12 +7,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from stepq.agents import AgentDefinition, LoopConfig, StopWhen
+from stepq.agents.definition import AgentDefinition, LoopConfig, StopWhen
+from stepq.agents.step_control import StepContext, StepOverrides
+from stepq.agents.stops import StopContext, stop_condition
+from stepq.agents.tools import tool
 from stepq.providers.function import FunctionModel, FunctionRequest, FunctionResponse
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
-from stepq.step_control import StepContext, StepOverrides
-from stepq.stops import StopContext, stop_condition
-from stepq.tools import tool
 
 SEEN: dict[str, list[dict[str, Any]]] = {}  # what each stop condition was asked, by turn id (in-process tests)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from stepq.agents import AgentDefinition, LoopConfig
+from stepq.agents.definition import AgentDefinition, LoopConfig
+from stepq.agents.tools import tool
 from stepq.providers.scripted import ScriptStep, ScriptToolCall
-from stepq.tools import tool
 
 
 class StContact(BaseModel):

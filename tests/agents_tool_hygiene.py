@@ -14,9 +14,9 @@ import sys
 import redis
 
 from stepq import ToolCancelledError
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.tools import ToolContext, tool
 from stepq.providers.scripted import ScriptStep, ScriptToolCall
-from stepq.tools import ToolContext, tool
 
 _redis = redis.Redis.from_url(os.environ.get("STEPQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"), decode_responses=True)
 

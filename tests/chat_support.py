@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import redis
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from tests.agents_chat import gate_key
 from tests.conftest import REDIS_URL, WorkerProcess, make_settings
 from tests.gateway_support import serve

@@ -18,9 +18,9 @@ import pytest
 import redis
 from celery.contrib.testing.worker import start_worker
 
-from stepq.config import Settings
-from stepq.protocol import worker_queues
-from stepq.runtime import Runtime, get_runtime
+from stepq.config.settings import Settings
+from stepq.fleet.protocol import worker_queues
+from stepq.fleet.runtime import Runtime, get_runtime
 
 REDIS_URL = os.environ.get("STEPQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 AMQP_URL = os.environ.get("STEPQ_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # every tests/agents*.py module defines agents and tools for the tests; workers load them all
 TEST_AGENT_MODULES = [
     *sorted(f"tests.{p.stem}" for p in Path(__file__).parent.glob("agents*.py")),
-    "stepq.demo_agents",
+    "stepq.agents.demo",
 ]
 
 

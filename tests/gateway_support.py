@@ -19,7 +19,7 @@ import jwt
 import uvicorn
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.producer.gateway.app import create_app
 from stepq.producer.gateway.auth import AuthConfig
 

@@ -6,12 +6,12 @@ import threading
 
 import pytest
 
-from stepq.decisions import decide_approval, sweep
+from stepq.engine.decisions import decide_approval, sweep
 from stepq.engine.runner import StepRunner
 from stepq.errors import ApprovalError
+from stepq.fleet.runtime import get_runtime
 from stepq.models import EventType, ToolResultMessage, TurnStatus
-from stepq.runtime import get_runtime
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 from tests.conftest import eventually, make_settings
 from tests.test_durability import _side_effects
 

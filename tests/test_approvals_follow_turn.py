@@ -8,12 +8,12 @@ import time
 import pytest
 
 from stepq.approvals import ApprovalClaim
-from stepq.decisions import decide_approval
+from stepq.engine.decisions import decide_approval
 from stepq.engine.runner import StepRunner
 from stepq.errors import ApprovalError, ApprovalRefusal
 from stepq.models import EventType, TurnStatus
 from stepq.store.approvals import ApprovalRecord
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 from tests.test_durability import _side_effects
 
 

@@ -18,11 +18,11 @@ import redis
 from celery.contrib.testing.worker import start_worker
 
 from stepq import Attachment, Client
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.errors import SubmitError
+from stepq.fleet.protocol import worker_queues
+from stepq.fleet.runtime import Runtime
 from stepq.models import TurnStatus
-from stepq.protocol import worker_queues
-from stepq.runtime import Runtime
 from stepq.store.keys import Keys
 from stepq.workers.app import create_app
 from tests.chat_support import API_KEY, chat_stack, ui_chunks

@@ -8,11 +8,11 @@ import subprocess
 import sys
 import time
 
-from stepq import batch_driver
-from stepq.batch import BatchItem, item_idempotency_key
+from stepq.batches import driver as batch_driver
+from stepq.batches.items import BatchItem, item_idempotency_key
+from stepq.fleet.runtime import get_runtime
 from stepq.models import EventType, TurnStatus
-from stepq.runtime import get_runtime
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 from tests.conftest import ROOT, WorkerProcess, eventually, make_settings, settings_env
 
 
@@ -319,7 +319,7 @@ def test_a_turn_end_writes_its_result_and_the_tick_records_one_whose_worker_died
     """A driven batch turn's end writes the item's result line in the script that counts the turn (no pass
     collects it); a turn whose worker died between its final commit and that script is recorded by the tick.
     Each line equals `result_line` of the turn, written once, in input order."""
-    from stepq.batch import result_line
+    from stepq.batches.items import result_line
     from stepq.engine.runner import StepRunner
     from stepq.store.batch_runs import BatchRunStore, TurnEnd
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.models import TurnStatus
 from stepq.producer.batch import run_batch_command
 from stepq.producer.render import money

@@ -14,9 +14,9 @@ import pytest
 from celery.contrib.testing.worker import start_worker
 
 from stepq.engine.emitter import StepEmitter
+from stepq.fleet.protocol import worker_queues
+from stepq.fleet.runtime import get_runtime
 from stepq.models import EventType
-from stepq.protocol import worker_queues
-from stepq.runtime import get_runtime
 from tests.chat_support import API_KEY, chat_settings, ui_chunks
 from tests.conftest import eventually
 from tests.gateway_support import serve

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from tests.conftest import ROOT, settings_env
 
 TIMEOUT = 120

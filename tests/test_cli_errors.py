@@ -71,7 +71,7 @@ def unreachable_env(tmp_path: Path) -> dict[str, str]:
     return embedded_env(
         STEPQ_REDIS_URL=f"redis://:{PASSWORD}@127.0.0.1:{port}/0",
         STEPQ_REDIS_OUTAGE_S="0",
-        STEPQ_AGENT_MODULES="stepq.demo_agents",
+        STEPQ_AGENT_MODULES="stepq.agents.demo",
     )
 
 
@@ -127,10 +127,10 @@ def test_a_redis_never_reached_fails_a_one_shot_command_without_waiting_the_outa
 
 def test_store_unavailable_error_never_carries_the_redis_password():
     from stepq import Client, StoreUnavailableError
-    from stepq.config import Settings
+    from stepq.config.settings import Settings
 
     url = f"redis://:{PASSWORD}@127.0.0.1:{closed_port()}/0"
-    client = Client(Settings(redis_url=url, redis_outage_s=0, agent_modules=["stepq.demo_agents"]))
+    client = Client(Settings(redis_url=url, redis_outage_s=0, agent_modules=["stepq.agents.demo"]))
     with pytest.raises(StoreUnavailableError) as info:
         client.get("t_0123456789abcdef")
     assert PASSWORD not in str(info.value)
@@ -203,9 +203,9 @@ def test_version():
 AGENT_MODULE = '''
 import threading
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
 from stepq.providers.scripted import ScriptStep, ScriptToolCall
-from stepq.tools import tool
+from stepq.agents.tools import tool
 
 
 @tool(timeout_s=None)
@@ -378,9 +378,9 @@ def test_ctrl_c_twice_in_embedded_mode_exits_at_once(tmp_path):
 # --------------------------------------------------------------------------- an embedded run's terminal
 
 FAILING_TOOL_MODULE = '''
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
 from stepq.providers.scripted import ScriptStep, ScriptToolCall
-from stepq.tools import tool
+from stepq.agents.tools import tool
 
 
 @tool

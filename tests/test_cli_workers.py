@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from stepq.engine.runner import StepRunner
-from stepq.heartbeat import live_workers
+from stepq.fleet.heartbeat import live_workers
 from stepq.models import TurnStatus
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 from tests.conftest import eventually, settings_env
 from tests.test_cli import ROOT, stepq_cmd
 

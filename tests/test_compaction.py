@@ -6,8 +6,8 @@ whole; the compaction is stored with the turn; `context-compacted` says what was
 from __future__ import annotations
 
 from stepq.engine.compaction import context_window, view
+from stepq.fleet.runtime import get_runtime
 from stepq.models import AssistantMessage, ToolResultMessage, TurnStatus, UserMessage
-from stepq.runtime import get_runtime
 from tests.agents_engine import drive, start
 from tests.conftest import make_settings
 
@@ -86,7 +86,7 @@ def test_no_compaction_under_the_limit_or_when_turned_off(prefix):
 
 
 def test_a_long_thread_is_compacted_per_turn_and_keeps_its_whole_history(prefix):
-    from stepq.threads import continue_thread, create_thread, get_thread
+    from stepq.turns.threads import continue_thread, create_thread, get_thread
 
     rt = get_runtime(make_settings(prefix, context_windows={"scripted": 3000}))
     thread = create_thread(rt, "cp.thread_chat", metadata={"prefix": prefix})

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from stepq.engine.compaction import SUMMARY_INSTRUCTIONS
+from stepq.fleet.runtime import get_runtime
 from stepq.models import TurnStatus
-from stepq.runtime import get_runtime
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 from tests.agents_compaction import WIRE_MODELS, long_transcript
 from tests.agents_engine import drive
 from tests.conftest import make_settings

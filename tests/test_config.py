@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from stepq.config import Settings, get_settings, load_settings
+from stepq.config.settings import Settings, get_settings, load_settings
 from stepq.errors import ConfigurationError
-from stepq.ratelimit import RateLimit
+from stepq.fleet.ratelimit import RateLimit
 
 
 def test_to_env_round_trips_every_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,6 +53,19 @@ def test_comma_separated_modules_and_embedded_default(monkeypatch: pytest.Monkey
     settings = Settings()
     assert settings.agent_modules == ["x.y", "z"]
     assert settings.embedded and settings.effective_broker_url == "memory://"
+
+
+def test_the_demo_agents_old_module_name_still_loads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stepq.demo_agents` moved to `stepq.agents.demo`; a deployment's variable naming the old path loads the
+    demo agents once, from their one module."""
+    from stepq.agents.definition import AgentRegistry
+
+    monkeypatch.setenv("STEPQ_AGENT_MODULES", "stepq.demo_agents,stepq.agents.demo")
+    settings = Settings()
+    assert settings.agent_modules == ["stepq.agents.demo"]
+    agents = AgentRegistry()
+    agents.load_modules(settings.agent_modules)
+    assert "demo.support" in agents.ids()
 
 
 # --------------------------------------------------------------------------- validated at start, in one line

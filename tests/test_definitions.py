@@ -8,11 +8,11 @@ import textwrap
 import pytest
 from pydantic import ValidationError
 
-from stepq.agents import AgentDefinition, AgentRegistry
+from stepq.agents.definition import AgentDefinition, AgentRegistry
+from stepq.agents.tools import get_tool, tool
 from stepq.errors import DefinitionError
 from stepq.models import AssistantMessage, EventType, TurnStatus
 from stepq.providers.scripted import ScriptStep
-from stepq.tools import get_tool, tool
 from tests.agents_engine import drive, executions, start, tool_results
 
 
@@ -240,7 +240,7 @@ def test_module_with_an_unknown_tool_reference_fails_at_load(tmp_path, monkeypat
     (tmp_path / "eng_tmp_badmodule.py").write_text(
         textwrap.dedent(
             """
-            from stepq.agents import AgentDefinition
+            from stepq.agents.definition import AgentDefinition
             broken = AgentDefinition(id="eng_tmp.broken", allowed_tools=["eng_echo", "eng_missing_tool"])
             """
         )
@@ -254,7 +254,7 @@ def test_module_with_an_invalid_agent_fails_at_load(tmp_path, monkeypatch):
     (tmp_path / "eng_tmp_badobject.py").write_text(
         textwrap.dedent(
             """
-            from stepq.agents import AgentDefinition
+            from stepq.agents.definition import AgentDefinition
             broken = AgentDefinition(id="eng_tmp.object", execution_mode="object")
             """
         )

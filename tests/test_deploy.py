@@ -26,7 +26,7 @@ import pytest
 import redis
 import yaml
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "stepq"
@@ -255,7 +255,7 @@ def test_configmap_is_what_settings_reads(monkeypatch: pytest.MonkeyPatch) -> No
     assert settings.key_prefix == "stepq-prod"
     assert settings.queue == "steps"
     assert settings.visibility_timeout_s == 1200
-    assert settings.agent_modules == ["stepq.demo_agents"]
+    assert settings.agent_modules == ["stepq.agents.demo"]
     assert settings.coalesce_window_ms == 20.0
     assert settings.thread_ttl_s == 30 * 24 * 3600
 
@@ -417,7 +417,7 @@ def test_cpu_hpa_when_keda_is_off() -> None:
 
 def test_keda_list_name_is_where_the_broker_puts_steps(settings: Settings) -> None:
     """The ScaledObject watches "<prefix>:<queue>": send real messages through our Celery config and find them there."""
-    from stepq.protocol import RUN_STEP, queue_for
+    from stepq.fleet.protocol import RUN_STEP, queue_for
     from stepq.workers.app import create_app
 
     values = {
@@ -550,7 +550,7 @@ def test_compose_environment_is_what_settings_reads(monkeypatch: pytest.MonkeyPa
         monkeypatch.setenv(key, value)
     settings = Settings()
     assert settings.redis_url == "redis://redis:6379/0"  # the compose service name
-    assert settings.agent_modules == ["stepq.demo_agents"]
+    assert settings.agent_modules == ["stepq.agents.demo"]
 
 
 def test_compose_worker_command_is_accepted_by_the_cli() -> None:
@@ -763,7 +763,7 @@ def test_dockerignore_keeps_only_what_the_build_needs() -> None:
     context = build_context()
     tops = {p.split("/", 1)[0] for p in context}
     assert tops <= {"pyproject.toml", "README.md", "shared", "workers", "producer"}
-    assert {"pyproject.toml", "shared/config.py", "workers/celery_app.py", "producer/cli.py"} <= context
+    assert {"pyproject.toml", "shared/config/settings.py", "workers/celery_app.py", "producer/cli.py"} <= context
     assert not [p for p in context if "__pycache__" in p or p.endswith(".pyc")]
     rules = dockerignore_rules()
     for secret_or_bulk in (".venv/bin/python", ".git/HEAD", "tests/conftest.py", "bench/agents.py", "docker/.env"):
@@ -801,7 +801,12 @@ def test_build_context_builds_the_wheel_the_image_installs(tmp_path: Path) -> No
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         entry_points = next(zf.read(n).decode() for n in names if n.endswith("entry_points.txt"))
-    assert {"stepq/config.py", "stepq/workers/celery_app.py", "stepq/producer/cli.py", "stepq/py.typed"} <= names
+    assert {
+        "stepq/config/settings.py",
+        "stepq/workers/celery_app.py",
+        "stepq/producer/cli.py",
+        "stepq/py.typed",
+    } <= names
     top_level = {n.split("/", 1)[0] for n in names if not n.startswith("stepq-")}  # stepq-*.dist-info is metadata
     assert top_level == {"stepq"}
     assert re.search(r"^stepq\s*=\s*stepq\.producer\.cli:main$", entry_points, re.M)

@@ -10,8 +10,8 @@ import pytest
 import redis
 from kombu import Connection
 
+from stepq.fleet.protocol import RUN_STEP
 from stepq.models import EventType, TurnStatus
-from stepq.protocol import RUN_STEP
 from tests.conftest import AMQP_URL, REDIS_URL, WorkerProcess, eventually, make_settings
 
 
@@ -136,7 +136,7 @@ def test_sigkill_between_tool_calls_reuses_the_stored_result(prefix):
 def test_step_longer_than_visibility_timeout_runs_once(prefix):
     from celery.contrib.testing.worker import start_worker
 
-    from stepq.metrics import STEP_DELIVERIES
+    from stepq.fleet.metrics import STEP_DELIVERIES
     from stepq.producer.client import Client
     from stepq.workers.app import create_app
     from tests.agents_engine import gate_key

@@ -79,7 +79,7 @@ def test_following_a_turn_no_worker_can_run_raises_no_worker_error(tmp_path: Pat
     proc = run_python(
         """
         from stepq import Client, NoWorkerError, StepqError, embedded
-        from stepq.submit import create_turn
+        from stepq.turns.submit import create_turn
 
         embedded.NO_WORKER_AFTER_S = 1.0  # the bound under test; the default is 15 s
         client = Client()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from stepq.errors import OverrideError
+from stepq.fleet.runtime import get_runtime
 from stepq.models import (
     AssistantMessage,
     EventType,
@@ -17,7 +18,6 @@ from stepq.models import (
     Usage,
     UserMessage,
 )
-from stepq.runtime import get_runtime
 from tests.agents_engine import drive, executions, gate_key, start, stored_keys, tool_results
 from tests.conftest import make_settings
 

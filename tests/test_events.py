@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from stepq.fleet.runtime import get_runtime
 from stepq.models import EventType, FinishReason, TurnStatus
-from stepq.runtime import get_runtime
 from tests.agents_engine import CHATTY_TEXT, drive, executions, gate_key, start
 from tests.conftest import make_settings
 

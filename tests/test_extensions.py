@@ -17,11 +17,11 @@ import uuid
 
 import pytest
 
-from stepq.agents import AgentDefinition, AgentRegistry
+from stepq.agents.definition import AgentDefinition, AgentRegistry
+from stepq.agents.extensions import AgentExtension, ModuleExports, Suggestion, resolve
+from stepq.agents.tools import declared_tools, get_tool
 from stepq.errors import DefinitionError, UnknownAgentError
-from stepq.extensions import AgentExtension, ModuleExports, Suggestion, resolve
-from stepq.submit import create_turn
-from stepq.tools import declared_tools, get_tool
+from stepq.turns.submit import create_turn
 from tests.conftest import WorkerProcess, make_settings, settings_env
 from tests.extmods import catalog
 from tests.test_cli import stepq, stepq_cmd
@@ -115,7 +115,7 @@ def test_provenance_of_each_part():
 
 @pytest.mark.parametrize("order", [MODULES, MODULES[::-1]])
 def test_a_disabled_agent_is_never_resurrected_by_an_extension(order, caplog):
-    with caplog.at_level(logging.WARNING, logger="stepq.agents"):
+    with caplog.at_level(logging.WARNING, logger="stepq.agents.definition"):
         registry = _loaded(order)
     assert registry.get("ext.retired") is None
     assert "ext.retired" not in registry.ids()
@@ -126,7 +126,7 @@ def test_a_disabled_agent_is_never_resurrected_by_an_extension(order, caplog):
 
 
 def test_submitting_to_a_disabled_agent_is_refused_naming_the_module(prefix):
-    from stepq.runtime import Runtime
+    from stepq.fleet.runtime import Runtime
 
     rt = Runtime.build(make_settings(prefix))
     rt.agents = _loaded(MODULES)  # this test's own registry: the process-wide one stays as the other tests left it
@@ -147,7 +147,7 @@ def test_missing_targets_warn_and_are_skipped(tmp_path, monkeypatch, caplog):
         )
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    with caplog.at_level(logging.WARNING, logger="stepq.agents"):
+    with caplog.at_level(logging.WARNING, logger="stepq.agents.definition"):
         registry = _loaded([CATALOG, ALPHA, name])
     assert {
         f"agent_overrides in {name}: no agent 'ext.absent' to replace or disable; skipped",

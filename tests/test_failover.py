@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from stepq.agents import AgentDefinition
-from stepq.config import Settings
+from stepq.agents.definition import AgentDefinition
+from stepq.config.settings import Settings
+from stepq.engine.retry import next_fallback
 from stepq.models import EventType, Fallback, TurnStatus
 from stepq.producer.render import trace_table
-from stepq.retry import next_fallback
 from tests.conftest import make_settings
 from tests.fakes.anthropic_server import (
     ErrorReply,
@@ -181,8 +181,8 @@ def test_a_fatal_error_does_not_fail_over(worker, client, fake):
 def test_operator_fallbacks_from_settings(prefix, fake, monkeypatch):
     from celery.contrib.testing.worker import start_worker
 
+    from stepq.fleet.protocol import worker_queues
     from stepq.producer.client import Client
-    from stepq.protocol import worker_queues
     from stepq.workers.app import create_app
 
     monkeypatch.setenv("STEPQ_FALLBACKS", '["scripted/ops"]')

@@ -33,10 +33,10 @@ EVERY_METHOD = textwrap.dedent(
     """
     import sys
     from stepq import Client, StepqError
-    from stepq.config import Settings
+    from stepq.config.settings import Settings
 
     client = Client(Settings(redis_url=sys.argv[1], redis_outage_s=float(sys.argv[2]),
-                             agent_modules=["stepq.demo_agents"]))
+                             agent_modules=["stepq.agents.demo"]))
     calls = {
         "submit": lambda: client.submit("demo.support", prompt="hi"),
         "submit_batch": lambda: client.submit_batch("demo.support", [{"key": "a", "prompt": "hi"}]),
@@ -89,7 +89,7 @@ def test_stepq_worker_with_a_redis_never_reached_exits_with_one_line() -> None:
     env = embedded_env(
         STEPQ_REDIS_URL=f"redis://:{PASSWORD}@127.0.0.1:{port}/0",
         STEPQ_REDIS_OUTAGE_S=FOREVER_S,
-        STEPQ_AGENT_MODULES="stepq.demo_agents",
+        STEPQ_AGENT_MODULES="stepq.agents.demo",
         STEPQ_KEY_PREFIX="first-contact-worker",
     )
     proc = run(env, "worker", "--pool", "threads", "--concurrency", "1")

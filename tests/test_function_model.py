@@ -9,7 +9,7 @@ from typing import Any
 import jsonschema
 
 from stepq import FunctionModel, FunctionRequest, FunctionResponse, TestModel, TurnStatus
-from stepq.demo_agents import Lead
+from stepq.agents.demo import Lead
 from stepq.models import EventType, ToolSpec, UserMessage
 from stepq.providers.base import OUTPUT_TOOL, StepRequest
 from stepq.providers.function import build_object

@@ -16,7 +16,7 @@ from stepq.models import EventType
 from stepq.producer.gateway.app import create_app
 from stepq.producer.gateway.auth import AuthConfig
 from stepq.producer.gateway.routes_turns import describe
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 from tests.conftest import ROOT, make_settings, settings_env
 from tests.gateway_support import TIMEOUT, api_keys_setting, serve, sse_events, submit
 

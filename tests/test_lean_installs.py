@@ -84,7 +84,7 @@ def test_provider_without_its_extra_fails_at_agent_load(tmp_path: Path, provider
     script = textwrap.dedent(
         """
         from stepq import MissingExtraError
-        from stepq.agents import registry
+        from stepq.agents.definition import registry
         try:
             registry().load_modules(["lean_agents"])
         except MissingExtraError as exc:
@@ -179,7 +179,7 @@ def test_loading_agents_checks_their_tools_without_importing_the_sdk(tmp_path: P
     script = textwrap.dedent(
         """
         import sys
-        from stepq.agents import registry
+        from stepq.agents.definition import registry
         registry().load_modules(["lean_agents"])
         sdks = ("anthropic", "openai", "google.genai", "boto3", "botocore")
         print(sorted(name for name in sys.modules if name in sdks))
@@ -202,8 +202,8 @@ def test_a_worker_imports_its_agents_sdks_at_start_not_in_its_first_step(tmp_pat
         import sys
         from celery.contrib.testing.worker import start_worker
         from stepq.workers.app import create_app
-        from stepq.protocol import worker_queues
-        from stepq.config import get_settings
+        from stepq.fleet.protocol import worker_queues
+        from stepq.config.settings import get_settings
 
         app = create_app()
         before = "anthropic" in sys.modules

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from stepq.agents import AgentDefinition, AgentRegistry
+from stepq.agents.definition import AgentDefinition, AgentRegistry
+from stepq.agents.tools import tool
 from stepq.errors import DefinitionError
-from stepq.tools import tool
 
 
 @tool(name="lc bad name!")

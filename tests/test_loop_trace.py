@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 
-from stepq.decisions import decide_approval
+from stepq.engine.decisions import decide_approval
 from stepq.engine.runner import StepRunner
 from stepq.models import EventType, LoopStop, ToolCallTrace, ToolResultStatus, TurnStatus
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 from tests.agents_engine import drive, start, tool_results
 from tests.fakes import gemini_server as gem
 from tests.test_step_control import _run_to_end

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 
-from stepq.mcp_tools import McpServer, McpTool, schema_change, step_scope
+from stepq.agents.mcp import McpServer, McpTool, schema_change, step_scope
 from stepq.models import EventType, ToolResultMessage, TurnStatus
 from tests.conftest import REDIS_URL, ROOT, WorkerProcess
 

@@ -13,9 +13,9 @@ from typing import IO
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
+from stepq.fleet.runtime import Runtime
 from stepq.models import EventType, TurnStatus
-from stepq.runtime import Runtime
 from tests.conftest import ROOT, eventually, settings_env
 from tests.test_cli import stepq_cmd
 

@@ -8,11 +8,11 @@ import secrets
 
 import pytest
 
-from stepq.config import Settings
-from stepq.metrics import StateCollector, pending_approval_count
+from stepq.config.settings import Settings
+from stepq.fleet.metrics import StateCollector, pending_approval_count
+from stepq.fleet.runtime import Runtime
 from stepq.models import EventType, TurnStatus
 from stepq.producer.status import collect_status
-from stepq.runtime import Runtime
 from tests.conftest import settings_env
 from tests.test_cli import stepq
 from tests.test_metrics import TIMEOUT, StepqWorker
@@ -126,7 +126,7 @@ def test_json_logs_carry_step_context_and_no_secrets(settings: Settings, client,
     records = [json.loads(line) for line in lines if line.startswith("{")]
     assert all({"ts", "level", "logger", "message"} <= r.keys() for r in records)
 
-    tool_lines = [r for r in records if r["logger"] == "stepq.tools.mt_leak"]
+    tool_lines = [r for r in records if r["logger"] == "stepq.agents.tools.mt_leak"]
     assert [r["message"].split(" with ")[0] for r in tool_lines] == ["calling upstream for a", "upstream call failed"]
     assert all((r["turn_id"], r["step"], r["attempt"]) == (leaky.turn_id, 0, 0) for r in tool_lines)
     assert "x-api-key: ***" in tool_lines[0]["message"] and "Bearer ***" in tool_lines[0]["message"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kombu import Connection
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.models import EventType, TurnStatus
 from tests.conftest import AMQP_URL, WorkerProcess, eventually, make_settings
 from tests.outage_helpers import RedisServer, TcpProxy
@@ -163,7 +163,7 @@ def test_a_step_message_stranded_by_an_outage_is_sent_again_at_the_next_sweep(se
     worker's consumer has reconnected, the sweeper sends it again at its next tick, although the queued
     grace period (which would otherwise be the only rescue) is an hour."""
     from stepq.producer.client import Client
-    from stepq.submit import create_turn
+    from stepq.turns.submit import create_turn
 
     settings = make_settings(prefix, redis_url=server.url, queued_grace_s=3600.0)
     client = Client(settings)

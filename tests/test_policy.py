@@ -13,15 +13,15 @@ from typing import Any
 import httpx
 import pytest
 
-from stepq import threads
 from stepq.engine.runner import StepRunner
 from stepq.errors import OverrideError, PolicyError
+from stepq.fleet.runtime import get_runtime
 from stepq.models import EventType, FinishReason, Policy, PolicySource, TurnState, TurnStatus
-from stepq.policy import layers_for, resolve
+from stepq.policy.resolution import layers_for, resolve
 from stepq.producer.client import Client
 from stepq.producer.render import trace_table
-from stepq.runtime import get_runtime
-from stepq.submit import create_turn
+from stepq.turns import threads
+from stepq.turns.submit import create_turn
 from tests.agents_engine import drive, stored_keys
 from tests.agents_policy import fleet, gate_key
 from tests.conftest import ROOT, WorkerProcess, make_settings, settings_env

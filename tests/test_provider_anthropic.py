@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.errors import DefinitionError, SubmitError
 from stepq.models import (
     AssistantMessage,
@@ -26,10 +26,10 @@ from stepq.models import (
     TurnStatus,
     UserMessage,
 )
-from stepq.providers import anthropic as anthropic_provider
-from stepq.providers import anthropic_vertex
-from stepq.providers.anthropic_stream import map_finish_reason
-from stepq.providers.anthropic_wire import build_params, check_tools, tool_result_content
+from stepq.providers.anthropic import adapter as anthropic_provider
+from stepq.providers.anthropic import vertex as anthropic_vertex
+from stepq.providers.anthropic.stream import map_finish_reason
+from stepq.providers.anthropic.wire import build_params, check_tools, tool_result_content
 from stepq.providers.base import ProviderError, StepRequest
 from stepq.providers.registry import register_provider
 from tests.conftest import make_settings

@@ -12,16 +12,16 @@ from typing import Any
 
 import pytest
 
-from stepq import provider_batches
-from stepq.config import Prices, Settings
+from stepq.batches import provider as provider_batches
+from stepq.config.settings import Prices, Settings
 from stepq.engine.runner import StepRunner
 from stepq.errors import SubmitError
+from stepq.fleet.runtime import Runtime, get_runtime
 from stepq.models import EventType, TurnStatus
 from stepq.producer.render import trace_table
 from stepq.producer.status import collect_status
-from stepq.runtime import Runtime, get_runtime
 from stepq.store.pbatch import ProviderBatchStore
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 from tests.conftest import WorkerProcess, eventually, make_settings
 from tests.fakes.anthropic_server import (
     ErrorReply,

@@ -13,10 +13,10 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from stepq import provider_batches
-from stepq.config import Settings
+from stepq.batches import provider as provider_batches
+from stepq.config.settings import Settings
+from stepq.fleet.runtime import Runtime, get_runtime
 from stepq.models import EventType, TurnStatus
-from stepq.runtime import Runtime, get_runtime
 from tests.conftest import eventually, make_settings
 from tests.fakes.anthropic_server import ErrorReply, stream, text_reply, tool_use_block
 from tests.fakes.bedrock_batch_server import FakeBedrockBatch

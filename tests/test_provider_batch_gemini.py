@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from stepq import provider_batches
-from stepq.config import Settings
+from stepq.batches import provider as provider_batches
+from stepq.config.settings import Settings
+from stepq.fleet.runtime import Runtime, get_runtime
 from stepq.models import EventType, TurnStatus
-from stepq.runtime import Runtime, get_runtime
 from tests.conftest import eventually, make_settings
 from tests.fakes import gemini_server as g
 from tests.test_provider_batch import deliver, events, run_to_end, submit

@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 from botocore.eventstream import EventStreamBuffer
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.errors import DefinitionError, SubmitError
 from stepq.models import (
     AssistantMessage,
@@ -28,8 +28,9 @@ from stepq.models import (
     TurnStatus,
     UserMessage,
 )
-from stepq.providers import bedrock, bedrock_wire
 from stepq.providers.base import ProviderError, StepRequest
+from stepq.providers.bedrock import adapter as bedrock
+from stepq.providers.bedrock import wire as bedrock_wire
 from tests.agents_bedrock import BEDROCK_MODEL
 from tests.conftest import make_settings
 from tests.fakes.bedrock_server import (

@@ -14,10 +14,10 @@ from pydantic import BaseModel
 
 from stepq.errors import DefinitionError, SubmitError
 from stepq.models import EventType, FinishReason, ToolSpec, TurnStatus
-from stepq.providers import gemini
-from stepq.providers.gemini_errors import classify
-from stepq.providers.gemini_schema import check_tools, convert_parameters, wire_name
-from stepq.providers.gemini_wire import map_finish_reason
+from stepq.providers.gemini import adapter as gemini
+from stepq.providers.gemini.errors import classify
+from stepq.providers.gemini.schema import check_tools, convert_parameters, wire_name
+from stepq.providers.gemini.wire import map_finish_reason
 from tests.agents_gemini import ODD_TOOL
 from tests.conftest import make_settings
 from tests.fakes import gemini_server as g

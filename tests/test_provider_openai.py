@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
+from stepq.engine.pricing import step_cost
 from stepq.errors import DefinitionError, SubmitError
 from stepq.models import EventType, FinishReason, ToolSpec, TurnStatus
-from stepq.pricing import step_cost
 from tests.conftest import make_settings
 from tests.fakes.openai_server import (
     ErrorReply,
@@ -130,7 +130,7 @@ def test_tool_round_trip_with_cached_token_usage(worker, client, fake, settings)
 
 
 def test_cached_input_is_priced_at_the_cache_price(fake):
-    from stepq.config import Prices
+    from stepq.config.settings import Prices
     from stepq.models import Usage
 
     prices = {"openai/gpt-test": Prices(input_per_mtok=2.0, output_per_mtok=8.0, cache_read_per_mtok=0.5)}
@@ -338,7 +338,7 @@ def test_compatible_stream_ending_without_finish_reason_retries_before_content_a
 def test_compatible_needs_a_base_url(client, fake, monkeypatch):
     monkeypatch.delenv("STEPQ_OPENAI_COMPATIBLE_BASE_URL")
     monkeypatch.delenv("OPENAI_BASE_URL")
-    from stepq.agents import registry
+    from stepq.agents.definition import registry
     from stepq.providers.registry import create_adapter
 
     agent = registry().get("openai_t.compat")
@@ -382,7 +382,7 @@ def test_openai_unconfigured_fails_at_submit(client, fake, monkeypatch):
 
 
 def test_check_tools_rejects_what_openai_cannot_declare():
-    from stepq.providers.openai_wire import check_tools
+    from stepq.providers.openai.wire import check_tools
 
     with pytest.raises(DefinitionError, match="must match"):
         check_tools([ToolSpec(name="bad name", description="", input_schema={})])
@@ -393,7 +393,7 @@ def test_check_tools_rejects_what_openai_cannot_declare():
 def test_a_compatible_server_saying_stop_next_to_tool_calls_still_ends_in_tool_calls():
     from openai.types.chat import ChatCompletionChunk
 
-    from stepq.providers.openai_stream import ChatAccumulator
+    from stepq.providers.openai.stream import ChatAccumulator
 
     deltas: list[Any] = []
     acc = ChatAccumulator(deltas.append, schema_answer=False, step=0)

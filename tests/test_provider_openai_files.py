@@ -17,7 +17,7 @@ from stepq import Attachment, Client
 from stepq.errors import SubmitError
 from stepq.models import FilePart, TurnStatus, UserMessage
 from stepq.providers.base import ProviderError, StepRequest
-from stepq.providers.openai_wire import chat_params
+from stepq.providers.openai.wire import chat_params
 from tests.conftest import REDIS_URL
 from tests.fakes.openai_server import FakeOpenAI, chat_text, response_text
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from stepq.engine.runner import StepRunner
-from stepq.heartbeat import live_workers
+from stepq.fleet.heartbeat import live_workers
+from stepq.fleet.ratelimit import RateLimit
 from stepq.models import EventType, TurnStatus
-from stepq.ratelimit import RateLimit
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 from tests.agents_batch import anthropic_limited, limited
 from tests.conftest import WorkerProcess, eventually
 
@@ -90,7 +90,7 @@ def test_429_tightens_the_shared_limit_for_the_fleet(rt):
 def test_chat_turn_starts_before_queued_batch_items(settings, client):
     from celery.contrib.testing.worker import start_worker
 
-    from stepq.protocol import worker_queues
+    from stepq.fleet.protocol import worker_queues
     from stepq.workers.app import create_app
 
     batch = [client.submit("bt.batch_item", prompt=f"item {i}") for i in range(12)]

@@ -10,7 +10,7 @@ import pytest
 import redis
 from kombu import Connection
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.models import EventType, TurnStatus
 from tests.agents_recovery import execution_key, keys_seen
 from tests.conftest import AMQP_URL, REDIS_URL, WorkerProcess, eventually, make_settings
@@ -103,9 +103,9 @@ def test_kill_during_approved_mutation_rabbitmq_broker(prefix: str) -> None:
 
 def test_sweeper_leaves_a_parked_turn_alone_while_a_person_decides(prefix: str) -> None:
     """The sweeper watches a parked turn only once its approvals are decided: before that, nothing runs."""
-    from stepq.decisions import sweep
+    from stepq.engine.decisions import sweep
+    from stepq.fleet.runtime import get_runtime
     from stepq.producer.client import Client
-    from stepq.runtime import get_runtime
 
     settings = make_settings(prefix, **DEFAULTS)
     client = Client(settings)
@@ -127,9 +127,9 @@ def test_a_step_committed_but_never_sent_is_swept_at_once(rt, prefix: str) -> No
     """The worker died after committing step 1 and before sending its message (the broker then has no
     message for the turn at all): the sweeper re-enqueues it after one lease TTL, not after the
     queued grace period."""
-    from stepq.decisions import sweep
+    from stepq.engine.decisions import sweep
     from stepq.engine.runner import StepRunner
-    from stepq.submit import create_turn
+    from stepq.turns.submit import create_turn
 
     state, _ = create_turn(rt, "rt.basic", prompt="go", metadata={"prefix": prefix})
     decision = StepRunner(rt).deliver(state.turn_id, 0)
@@ -149,8 +149,8 @@ def test_a_queued_turn_older_than_a_broker_reconnect_is_sent_again_once(rt, pref
     before it is re-sent at the next sweep, once, and a turn listed after the mark is left to the broker."""
     import time
 
-    from stepq.decisions import sweep
-    from stepq.submit import create_turn
+    from stepq.engine.decisions import sweep
+    from stepq.turns.submit import create_turn
     from stepq.workers.reconnects import mark_reconnect
 
     before, _ = create_turn(rt, "rt.basic", prompt="queued before", metadata={"prefix": prefix})

@@ -19,10 +19,10 @@ import redis
 from kombu import Connection
 from redis.cluster import ClusterNode, RedisCluster
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.errors import ConfigurationError
+from stepq.fleet.runtime import get_runtime
 from stepq.models import EventType, TurnStatus
-from stepq.runtime import get_runtime
 from tests.conftest import AMQP_URL, WorkerProcess, eventually, make_settings
 from tests.test_durability import _amqp_available, _side_effects
 
@@ -208,8 +208,8 @@ def test_a_turn_with_tools_an_approval_and_streaming_runs_on_the_cluster(
 
 def test_turns_spread_over_every_master_and_each_turn_keeps_one_slot(cluster_settings: Settings, prefix: str) -> None:
     from stepq.engine.runner import StepRunner
-    from stepq.submit import create_turn
-    from stepq.threads import continue_thread, create_thread
+    from stepq.turns.submit import create_turn
+    from stepq.turns.threads import continue_thread, create_thread
 
     rt = get_runtime(cluster_settings)
     client = rt.redis
@@ -248,9 +248,9 @@ def test_turns_spread_over_every_master_and_each_turn_keeps_one_slot(cluster_set
 
 def test_the_sweeper_works_on_the_cluster_indexes(cluster_settings: Settings, prefix: str) -> None:
     """Turns in every shard, committed but their messages never sent: one sweep finds them all, shard by shard."""
-    from stepq.decisions import sweep
+    from stepq.engine.decisions import sweep
     from stepq.engine.runner import StepRunner
-    from stepq.submit import create_turn
+    from stepq.turns.submit import create_turn
 
     rt = get_runtime(cluster_settings)
     turn_ids = []
@@ -291,7 +291,7 @@ def test_kill_9_during_an_approved_mutation_recovers_on_the_cluster(cluster_url:
 def test_the_gateway_reads_events_through_the_async_cluster_client(cluster_settings: Settings, prefix: str) -> None:
     from stepq.producer.gateway.service import _cluster_clients
     from stepq.producer.gateway.streams import EventReader
-    from stepq.submit import create_turn
+    from stepq.turns.submit import create_turn
 
     rt = get_runtime(cluster_settings)
     state, _ = create_turn(rt, "rt.basic", prompt="go", metadata={"prefix": prefix})
@@ -488,7 +488,7 @@ def test_tenant_policies_are_written_and_read_by_steps_on_the_cluster(cluster_se
     """A policy write updates three keys in one script (they share a tag); a step reads the policies' version
     from their slot, next to its own begin script in the turn's slot."""
     from stepq.engine.runner import StepRunner
-    from stepq.submit import create_turn
+    from stepq.turns.submit import create_turn
 
     rt = get_runtime(cluster_settings)
     assert rt.policies.update("acme", "*", {"max_steps": 5}) is not None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from stepq.engine.retry import backoff_countdown
 from stepq.models import EventType, TurnStatus
-from stepq.retry import backoff_countdown
 
 
 def _events(handle):
@@ -94,8 +94,8 @@ def test_a_batch_turns_retry_stays_on_the_batch_queue(settings):
     one: here only a batch-queue worker runs, so the turn ends only if its retry lands there."""
     from celery.contrib.testing.worker import start_worker
 
+    from stepq.fleet.protocol import queue_for
     from stepq.producer.client import Client
-    from stepq.protocol import queue_for
     from stepq.workers.app import create_app
 
     client = Client(settings)

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.errors import ConfigurationError
+from stepq.fleet.protocol import celery_config
 from stepq.models import EventType, TurnStatus
-from stepq.protocol import celery_config
 from stepq.store.connection import parse_sentinel_url
 from tests.conftest import WorkerProcess, make_settings
 from tests.outage_helpers import SentinelSetup

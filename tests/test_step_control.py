@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from stepq.agents import AgentDefinition, AgentRegistry
+from stepq.agents.definition import AgentDefinition, AgentRegistry
 from stepq.engine.runner import StepRunner
 from stepq.errors import DefinitionError, OverrideError
 from stepq.models import FinishReason, ToolResultStatus, TurnStatus
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 from tests.agents_engine import drive, start, stored_keys, tool_results
 from tests.agents_stepctl import PLANS, PREPARED_STEPS, REQUESTS
 from tests.conftest import eventually

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from stepq.fleet.runtime import Runtime
 from stepq.models import EventType, TurnStatus
-from stepq.runtime import Runtime
 from tests.agents_crash import SECRET_VAR
 
 SECRET = "sk-ant-test-crash-Vb93kQ0x"

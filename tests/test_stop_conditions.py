@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from stepq.agents import AgentDefinition, AgentRegistry, LoopConfig, StopWhen
+from stepq.agents.definition import AgentDefinition, AgentRegistry, LoopConfig, StopWhen
+from stepq.agents.stops import stop_condition
 from stepq.errors import DefinitionError, OverrideError
 from stepq.models import EventType, FinishReason, LoopStop, TurnStatus
-from stepq.stops import stop_condition
 from tests.agents_engine import drive, start, stored_keys
 from tests.agents_stepctl import SEEN
 

@@ -9,9 +9,9 @@ import json
 import pytest
 import redis.asyncio as aioredis
 
+from stepq.fleet.runtime import Runtime
 from stepq.models import EventType
 from stepq.producer.gateway.streams import EventReader, RawEvent, StreamHub, follow_batches
-from stepq.runtime import Runtime
 from tests.conftest import REDIS_URL
 
 BURST = 400

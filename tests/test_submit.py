@@ -11,9 +11,9 @@ import pytest
 from celery.signals import task_prerun
 
 from stepq.errors import MissingFeaturesError, PolicyError, SubmitError, UnknownAgentError
+from stepq.fleet.protocol import RUN_STEP
 from stepq.models import EventType, TurnStatus
-from stepq.protocol import RUN_STEP
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 from tests.agents_engine import drive, start, stored_keys
 
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from stepq.decisions import decide_approval, sweep
+from stepq.engine.decisions import decide_approval, sweep
 from stepq.engine.runner import StepRunner
+from stepq.fleet.runtime import Runtime
 from stepq.models import EventType, FinishReason, TurnStatus
-from stepq.runtime import Runtime
 from stepq.store.indexes import ACTIVE, AWAITING
 from stepq.store.threads import ThreadStore
 from stepq.store.tool_results import ToolResultStore
 from stepq.store.turns import TurnStore
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 
 
 def separate_lists(rt: Runtime) -> Runtime:

@@ -8,9 +8,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.task_plan import PLAN_GUIDANCE, PLAN_TOOL
 from stepq.models import EventType, PlanStatus, ToolResultStatus, TurnStatus
-from stepq.task_plan import PLAN_GUIDANCE, PLAN_TOOL
 from tests.agents_engine import drive, start, tool_results
 
 

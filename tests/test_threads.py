@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import redis
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.engine.runner import StepRunner
 from stepq.errors import SubmitError, ThreadBusyError, ThreadNotFoundError
+from stepq.fleet.runtime import Runtime
 from stepq.models import AssistantMessage, Message, ToolResultMessage, TurnStatus, UserMessage
 from stepq.producer.client import Client
-from stepq.runtime import Runtime
-from stepq.threads import Thread, well_formed
+from stepq.turns.threads import Thread, well_formed
 from tests.agents_threads import GATE_TIMEOUT_S, gate_entered, gate_open
 from tests.conftest import REDIS_URL, eventually, make_settings
 
@@ -364,7 +364,7 @@ def test_thread_ttl_is_its_own_and_outlives_the_turn_ttl(prefix: str) -> None:
     settings = make_settings(prefix, event_ttl_s=3600, thread_ttl_s=7 * 24 * 3600)
     from celery.contrib.testing.worker import start_worker
 
-    from stepq.protocol import worker_queues
+    from stepq.fleet.protocol import worker_queues
     from stepq.workers.app import create_app
 
     with (

@@ -12,12 +12,12 @@ import sys
 
 import pytest
 
-from stepq.config import load_settings
+from stepq.config.module_models import ModuleModel
+from stepq.config.settings import load_settings
 from stepq.errors import ConfigurationError, SubmitError
+from stepq.fleet.runtime import get_runtime
 from stepq.models import EventType, TurnStatus
-from stepq.module_models import ModuleModel
-from stepq.runtime import get_runtime
-from stepq.submit import new_turn_state
+from stepq.turns.submit import new_turn_state
 from tests.conftest import ROOT, make_settings, settings_env
 
 

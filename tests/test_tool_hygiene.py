@@ -16,9 +16,9 @@ from prometheus_client import REGISTRY
 
 from stepq.engine.runner import StepRunner
 from stepq.engine.tool_exec import LINGERING
+from stepq.fleet.runtime import get_runtime
 from stepq.models import TurnStatus
-from stepq.runtime import get_runtime
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 from tests.agents_engine import drive, tool_results
 from tests.agents_tool_hygiene import HUGE_CHARS, mark_key
 from tests.conftest import REDIS_URL, eventually, make_settings
@@ -39,7 +39,7 @@ def _marks(prefix: str, turn_id: str, what: str) -> list[str]:
 
 def test_a_tool_exception_reaches_the_model_sanitised_and_the_log_whole(rt, prefix, caplog, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)  # a known secret: masked wherever it appears
-    caplog.set_level(logging.DEBUG, logger="stepq.tools")
+    caplog.set_level(logging.DEBUG, logger="stepq.agents.tools")
     turn_id = _start(rt, "th.leaky", prefix, secret=SECRET)
     state = drive(rt, turn_id)
     assert state.status == TurnStatus.COMPLETED

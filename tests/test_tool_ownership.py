@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stepq.agents import AgentRegistry
+from stepq.agents.definition import AgentRegistry
 from stepq.errors import DefinitionError
 from stepq.producer.cli_agents import explain_lines
 from tests.conftest import ROOT
@@ -76,7 +76,7 @@ def _readme_module(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize(
     "modules",
-    ["myagents.support,stepq.demo_agents", "stepq.demo_agents,myagents.support"],
+    ["myagents.support,stepq.agents.demo", "stepq.agents.demo,myagents.support"],
     ids=["mine-first", "demo-first"],
 )
 def test_the_readme_agent_runs_its_own_tools_beside_the_demo_agents(tmp_path: Path, modules: str):
@@ -96,4 +96,4 @@ def test_the_readme_agent_runs_its_own_tools_beside_the_demo_agents(tmp_path: Pa
     [row] = [line for line in explained.stdout.splitlines() if line.strip().startswith("lookup_order")]
     assert "definition declared in myagents.support" in row, explained.stdout
     demo = run(env, "agents", "--explain", "demo.support", cwd=folder).stdout
-    assert "definition declared in stepq.demo_agents" in demo and "myagents" not in demo
+    assert "definition declared in stepq.agents.demo" in demo and "myagents" not in demo

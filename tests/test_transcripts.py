@@ -7,7 +7,7 @@ import pytest
 
 from stepq.errors import TranscriptError
 from stepq.models import AssistantMessage, ToolResultMessage, TurnStatus
-from stepq.submit import create_turn
+from stepq.turns.submit import create_turn
 from tests.test_client_tools import _parked
 from tests.test_submit import stored_keys
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.models import EventType, TurnStatus
 from tests.conftest import make_settings
 from tests.fakes import anthropic_server as anth

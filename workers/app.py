@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from celery import Celery
 
-from stepq.config import Settings, get_settings
-from stepq.protocol import celery_config
+from stepq.config.settings import Settings, get_settings
+from stepq.fleet.protocol import celery_config
 from stepq.workers import kombu_fixes, reconnects
 
 

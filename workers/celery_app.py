@@ -12,7 +12,7 @@ import sys
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from stepq.config import get_settings
+from stepq.config.settings import get_settings
 from stepq.errors import ConfigurationError
 from stepq.logging import redact_url
 from stepq.store.connection import first_contact

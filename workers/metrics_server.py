@@ -27,8 +27,8 @@ from prometheus_client.core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
-from stepq.config import Settings
-from stepq.metrics import MULTIPROC_ENV, OWNED_MARKER, StateCollector
+from stepq.config.settings import Settings
+from stepq.fleet.metrics import MULTIPROC_ENV, OWNED_MARKER, StateCollector
 
 log = logging.getLogger("stepq.metrics")
 METRICS_PORT_SPAN = 32  # ports tried from STEPQ_METRICS_PORT up: workers on one host take one each

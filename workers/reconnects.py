@@ -21,8 +21,8 @@ from typing import Any
 
 from celery import Celery, bootsteps
 
-from stepq.config import Settings
-from stepq.runtime import get_runtime
+from stepq.config.settings import Settings
+from stepq.fleet.runtime import get_runtime
 
 log = logging.getLogger("stepq.worker")
 

@@ -16,13 +16,13 @@ from typing import Any
 
 from celery import signals
 
-from stepq.config import Settings
-from stepq.heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat
+from stepq.config.settings import Settings
+from stepq.fleet.heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat
+from stepq.fleet.metrics import PROCESS_POOLS
+from stepq.fleet.protocol import worker_queues
+from stepq.fleet.runtime import get_runtime
 from stepq.logging import install_on_logger
-from stepq.metrics import PROCESS_POOLS
-from stepq.protocol import worker_queues
 from stepq.providers.registry import preload
-from stepq.runtime import get_runtime
 from stepq.store.connection import get_redis
 from stepq.workers.lifeline import die_with_parent
 from stepq.workers.metrics_server import MetricsServer, child_exited, remove_owned_dir

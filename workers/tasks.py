@@ -13,14 +13,15 @@ from typing import Any
 
 from celery import Celery, Task
 
-from stepq import batch_driver, provider_batches
-from stepq.config import Settings
-from stepq.decisions import decide_approval, sweep
+from stepq.batches import driver as batch_driver
+from stepq.batches import provider as provider_batches
+from stepq.config.settings import Settings
+from stepq.engine.decisions import decide_approval, sweep
 from stepq.engine.runner import Decision, StepRunner
+from stepq.fleet.metrics import STEP_DELIVERIES
+from stepq.fleet.protocol import APPROVE, BATCH_DRIVE, PROVIDER_BATCH_TICK, RUN_STEP, SWEEP, queue_for
+from stepq.fleet.runtime import Runtime, get_runtime
 from stepq.logging import log_context
-from stepq.metrics import STEP_DELIVERIES
-from stepq.protocol import APPROVE, BATCH_DRIVE, PROVIDER_BATCH_TICK, RUN_STEP, SWEEP, queue_for
-from stepq.runtime import Runtime, get_runtime
 from stepq.store.batch_runs import BatchClaim
 
 log = logging.getLogger("stepq.worker")
@@ -160,7 +161,7 @@ def _interactive_waiting(task: Task) -> bool:
 
 
 def batch_drive(self: Task, batch_id: str) -> str:
-    """A driver pass for a submitted batch (sent by `stepq batch submit`); see stepq.batch_driver."""
+    """A driver pass for a submitted batch (sent by `stepq batch submit`); see stepq.batches.driver."""
     batch_driver.wake(_runtime(self), batch_id)
     plan, _ = _drive(self, batch_id, full_check=True)
     return "finished" if plan.finished else "busy" if plan.busy else f"sent {len(plan.send)}"
@@ -222,7 +223,7 @@ def provider_batch_tick(self: Task, force_flush: bool = False) -> str:
     report = provider_batches.tick(_runtime(self), force_flush=force_flush)
     for turn_id, step in report.resume:
         _enqueue_step(self, turn_id, step, "batch")
-    if report.collected or report.expired:  # sent batches are logged as they go (stepq.provider_batches)
+    if report.collected or report.expired:  # sent batches are logged as they go (stepq.batches.provider)
         log.info("provider batches: %d requests collected, %d past their deadline", report.collected, report.expired)
     return "busy" if report.busy else f"sent {report.sent}, collected {report.collected}, expired {report.expired}"
 

@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.errors import ConfigurationError
 from stepq.producer.gateway import routes_approvals, routes_meta, routes_tool_results, routes_turns
 from stepq.producer.gateway.auth import AuthConfig

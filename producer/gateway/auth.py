@@ -20,7 +20,7 @@ import jwt
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.errors import ConfigurationError
 from stepq.models import Policy
 from stepq.producer.gateway.errors import GatewayError
@@ -51,7 +51,9 @@ class ApiKeyEntry(BaseModel):
     tenant: str = Field(min_length=1)
     subject: str = Field(min_length=1)
     scopes: list[str] = Field(default_factory=lambda: sorted(SCOPES))
-    policy: Policy | None = None  # what this key's turns may do, tightening only (stepq.policy's caller layer)
+    policy: Policy | None = (
+        None  # what this key's turns may do, tightening only (stepq.policy.resolution's caller layer)
+    )
 
     @field_validator("scopes")
     @classmethod

@@ -28,7 +28,6 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from stepq.client_tools import client_results_in
 from stepq.errors import ThreadBusyError, ThreadNotFoundError
 from stepq.models import Event, EventType
 from stepq.producer.gateway import chat_tool_outputs, routes_approvals, sse
@@ -39,7 +38,8 @@ from stepq.producer.gateway.service import Gateway
 from stepq.producer.gateway.streams import RawEvent, follow_batches
 from stepq.producer.gateway.ui_history import ui_messages
 from stepq.producer.gateway.ui_stream import DONE, UI_STREAM_HEADERS, UIMessageTranslator, sse_frame
-from stepq.threads import Thread
+from stepq.turns.client_results import client_results_in
+from stepq.turns.threads import Thread
 
 router = APIRouter(prefix="/v1/chat", tags=["chat"])
 

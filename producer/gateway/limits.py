@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 
+from stepq.fleet.ratelimit import RateLimit
 from stepq.producer.gateway.auth import Principal
 from stepq.producer.gateway.errors import GatewayError
 from stepq.producer.gateway.service import Gateway
-from stepq.ratelimit import RateLimit
 
 
 class RequestLimiter:

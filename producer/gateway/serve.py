@@ -6,12 +6,12 @@ import logging
 import socket
 import sys
 
-from stepq.config import GENERATED_SECRET_NOTICE, NEW_SECRET_COMMAND, Settings
+from stepq.config.settings import GENERATED_SECRET_NOTICE, NEW_SECRET_COMMAND, Settings
 from stepq.errors import ConfigurationError, MissingExtraError
 from stepq.store.connection import first_contact
 
 log = logging.getLogger("stepq.gateway")
-DEMO_AGENTS = "stepq.demo_agents"
+DEMO_AGENTS = "stepq.agents.demo"
 BACKLOG = 2048  # uvicorn's default
 
 

@@ -20,8 +20,9 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.errors import ConfigurationError
+from stepq.fleet.runtime import Runtime
 from stepq.models import TurnState
 from stepq.producer.client import Client
 from stepq.producer.gateway.auth import Principal
@@ -29,7 +30,6 @@ from stepq.producer.gateway.errors import GatewayError
 from stepq.producer.gateway.health import RedisHealth
 from stepq.producer.gateway.metrics import GatewayMetrics
 from stepq.producer.gateway.streams import EventReader, StreamHub
-from stepq.runtime import Runtime
 from stepq.store.connection import BACKOFF_BASE_S, BACKOFF_CAP_S, CLUSTER_SCHEME, parse_cluster_url
 
 CLIENT_NAME = "stepq-gateway"

@@ -2,7 +2,7 @@
 
 Every thread belongs to the creator's tenant; another tenant's thread id answers 404, exactly like an
 unknown one. Continuing a thread while one of its turns runs follows `multitask`: `reject` (409),
-`enqueue` or `interrupt` (see `stepq.threads`).
+`enqueue` or `interrupt` (see `stepq.turns.threads`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from stepq.producer.gateway.auth import Principal, require
 from stepq.producer.gateway.service import Gateway
-from stepq.threads import Multitask, Thread
+from stepq.turns.threads import Multitask, Thread
 
 router = APIRouter(prefix="/v1/threads", tags=["threads"])
 

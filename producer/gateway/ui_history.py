@@ -20,7 +20,7 @@ from stepq.models import (
     TurnState,
     UserMessage,
 )
-from stepq.threads import Thread
+from stepq.turns.threads import Thread
 
 UIMessage = dict[str, Any]
 _TERMINAL = {"completed", "failed", "cancelled", "expired"}

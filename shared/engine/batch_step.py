@@ -2,7 +2,7 @@
 
 A turn submitted with `provider_batch=True` (batch priority) does not call the model while a worker
 waits. Its step stores the built request in the collector (`stepq.store.pbatch`) and parks; the
-periodic tick (`stepq.provider_batches`) sends it in a batch, records the answer and sends the step
+periodic tick (`stepq.batches.provider`) sends it in a batch, records the answer and sends the step
 again. That delivery finds the answer here and the step goes on exactly as a streamed one would.
 
 Answers arrive whole, so a failed request has no before/after-content distinction: it is a failed
@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
 from stepq.engine.emitter import StepEmitter
+from stepq.fleet.runtime import Runtime
 from stepq.models import Delta, ReasoningPart, StepOutput, TextPart, TurnState, TurnStatus
 from stepq.providers.base import ProviderAdapter, ProviderError, StepRequest
-from stepq.runtime import Runtime
 from stepq.store.pbatch import ProviderBatchStore, custom_id
 
 

@@ -2,7 +2,7 @@
 
 A tool declared `client=True` (or with `client_tool`) has no implementation on the workers. When the model
 calls one, the step parks (status `awaiting_tool_results`, a `tool-results-request` event listing the open
-calls) and holds no worker; `Client.resume` stores the results once (stepq.client_tools) and re-enqueues the
+calls) and holds no worker; `Client.resume` stores the results once (stepq.turns.client_results) and re-enqueues the
 step, which reads them here as it reads any stored result. Calls still open at their expiry resolve as
 errors the model reads, exactly as an expired approval resolves as a denial.
 """

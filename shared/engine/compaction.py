@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.models import (
     AssistantMessage,
     Compaction,

@@ -17,16 +17,16 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.tools import ToolContext, ToolDefinition
 from stepq.approvals import canonical_args_hash
 from stepq.engine import step_plan
 from stepq.engine.tool_exec import ToolExecution
 from stepq.errors import ToolArgumentError
+from stepq.fleet.metrics import record_tool_call
 from stepq.jsonsafe import finite, non_finite_path
-from stepq.metrics import record_tool_call
 from stepq.models import ToolCall, ToolResult, ToolResultStatus, TurnState
 from stepq.store.tool_results import ToolResultStore
-from stepq.tools import ToolContext, ToolDefinition
 
 log = logging.getLogger("stepq.tools")
 

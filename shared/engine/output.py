@@ -9,7 +9,7 @@ from typing import Any
 import jsonschema
 from pydantic import BaseModel, ValidationError
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
 from stepq.errors import InvalidOutputError
 
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL)

@@ -18,20 +18,21 @@ from typing import Any, Literal
 
 import redis
 
-from stepq import attachments, edits, mcp_tools, task_plan, threads
-from stepq.agents import AgentDefinition
+from stepq.agents import mcp as mcp_tools
+from stepq.agents import task_plan
+from stepq.agents.definition import AgentDefinition
 from stepq.approvals import ApprovalClaim
-from stepq.batch import result_line
-from stepq.engine import batch_step, client_tools, step_plan, stopping, structured, tracing
+from stepq.batches.items import result_line
+from stepq.engine import batch_step, client_tools, edits, step_plan, stopping, structured, tracing
 from stepq.engine.compaction import Compactor, view
 from stepq.engine.dispatch import PreparedCall, StepDispatcher
 from stepq.engine.emitter import StepEmitter
 from stepq.engine.output import parse_object, repair_note
+from stepq.engine.pricing import add_costs, step_cost
+from stepq.engine.retry import next_fallback, retry_countdown
 from stepq.engine.tool_exec import ToolExecution
 from stepq.errors import InvalidOutputError, StoreUnavailableError
-from stepq.logging import Redactor, describe_exception, secret_values
-from stepq.logging import bind as bind_log_context
-from stepq.metrics import (
+from stepq.fleet.metrics import (
     RATE_LIMIT_WAITS,
     TURNS,
     FirstChunkProbe,
@@ -42,6 +43,10 @@ from stepq.metrics import (
     track_pending,
     untrack_pending,
 )
+from stepq.fleet.ratelimit import RateLimit, estimate_tokens
+from stepq.fleet.runtime import Runtime
+from stepq.logging import Redactor, describe_exception, secret_values
+from stepq.logging import bind as bind_log_context
 from stepq.models import (
     Delta,
     EventType,
@@ -71,19 +76,16 @@ from stepq.models import (
     UserMessage,
     new_approval_id,
 )
-from stepq.policy import Effective, layers_for, resolve, tenant_of
-from stepq.pricing import add_costs, step_cost
+from stepq.policy.resolution import Effective, layers_for, resolve, tenant_of
 from stepq.providers.base import OUTPUT_TOOL, ProviderAdapter, ProviderError, StepRequest
 from stepq.providers.registry import create_adapter
-from stepq.ratelimit import RateLimit, estimate_tokens
-from stepq.retry import next_fallback, retry_countdown
-from stepq.runtime import Runtime
 from stepq.store.approvals import ApprovalRecord
 from stepq.store.batch_runs import BatchClaim, TurnEnd
 from stepq.store.keys import home
 from stepq.store.leases import StepLease
 from stepq.store.tool_results import ToolResultStore
 from stepq.store.turns import LeaseHeld, PreparedWrite, StepStart
+from stepq.turns import attachments, threads
 
 log = logging.getLogger("stepq.engine")
 # Redis unreachable: a step that meets one is left to the sweeper (DESIGN.md §4.6), never failed for it
@@ -242,7 +244,7 @@ class StepRunner:
         )
         return decision
 
-    # ------------------------------------------------------------------ the resolution chain (stepq.policy)
+    # ------------------------------------------------------------------ the resolution chain (stepq.policy.resolution)
 
     def _apply_policy(self, state: TurnState, agent: AgentDefinition, version: int) -> Effective:
         """This step's limits and agent under the policies now: the turn's caller policy, its tenant's (read

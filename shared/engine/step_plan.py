@@ -14,12 +14,12 @@ from collections.abc import Mapping
 
 from pydantic import ValidationError
 
-from stepq.agents import AgentDefinition
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.step_control import StepContext, StepOverrides, check_choice, tightest
+from stepq.agents.tools import ToolDefinition
 from stepq.errors import StepqError
 from stepq.models import AssistantMessage, Fallback, StepPlan, ToolCall, TurnState
 from stepq.providers.registry import known_providers, split_shorthand
-from stepq.step_control import StepContext, StepOverrides, check_choice, tightest
-from stepq.tools import ToolDefinition
 
 log = logging.getLogger("stepq.engine")
 

@@ -1,16 +1,16 @@
 """Stop conditions after a tool step, by kind, and where the loop records which one fired.
 
 `step_count` and `has_tool_call` are data; `custom` names a predicate registered with
-`stop_condition` (stepq.stops) and is asked here with a `StopContext` of the step that just ran.
+`stop_condition` (stepq.agents.stops) and is asked here with a `StopContext` of the step that just ran.
 """
 
 from __future__ import annotations
 
 import logging
 
+from stepq.agents.stops import StopContext, get_stop_condition, unknown_message
 from stepq.errors import StepqError
 from stepq.models import LoopStop, ToolCall, ToolResultMessage, TurnState
-from stepq.stops import StopContext, get_stop_condition, unknown_message
 
 log = logging.getLogger("stepq.engine")
 

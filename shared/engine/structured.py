@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from stepq.agents import OUTPUT_WRAPPER, AgentDefinition
+from stepq.agents.definition import OUTPUT_WRAPPER, AgentDefinition
 from stepq.models import AssistantMessage, FinishReason, StepOutput, TextPart, ToolSpec, TurnState, UserMessage
 from stepq.providers.base import OUTPUT_TOOL
 

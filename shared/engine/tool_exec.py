@@ -1,7 +1,7 @@
 """Running one tool function: on the shared executor, bounded, cancellable, its failure sanitised.
 
 - A tool's exception reaches the model as `<ExceptionType>: <message>`, the message on one line, cut to
-  `STEPQ_TOOL_ERROR_CHARS` and with secrets masked (the log redaction's rules); no stack. The `stepq.tools`
+  `STEPQ_TOOL_ERROR_CHARS` and with secrets masked (the log redaction's rules); no stack. The `stepq.agents.tools`
   log has the same one line at WARNING (an embedded `stepq run` prints it on the terminal) and the
   traceback at DEBUG.
 - A call that outlives its timeout is told to stop (`ctx.cancelled`): an `async def` tool's task is
@@ -26,12 +26,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from stepq.agents.tools import ToolContext, ToolDefinition
 from stepq.cancel import CancelSignal, ToolCancelledError
-from stepq.config import Settings
+from stepq.config.settings import Settings
+from stepq.fleet.metrics import TOOL_CALLS_LINGERING, TOOL_CALLS_REFUSED, TOOL_TIMEOUTS
 from stepq.logging import Redactor, describe_exception, secret_values
-from stepq.metrics import TOOL_CALLS_LINGERING, TOOL_CALLS_REFUSED, TOOL_TIMEOUTS
 from stepq.models import ToolCall
-from stepq.tools import ToolContext, ToolDefinition
 
 log = logging.getLogger("stepq.tools")
 EXECUTOR_THREADS = 64

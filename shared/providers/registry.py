@@ -15,7 +15,7 @@ from stepq.providers.function import TestModel
 from stepq.providers.scripted import ScriptedAdapter
 
 if TYPE_CHECKING:
-    from stepq.agents import AgentDefinition
+    from stepq.agents.definition import AgentDefinition
 
 AdapterFactory = Callable[["AgentDefinition", str], ProviderAdapter]
 ConfigCheck = Callable[[], None]  # raises SubmitError naming the variable to set
@@ -46,13 +46,13 @@ _FACTORIES: dict[str, AdapterFactory] = {"scripted": _scripted, "function": _fun
 _CHECKS: dict[str, ConfigCheck] = {}
 # Official-SDK adapters, imported on first use: "name" -> "module:factory[:check]"
 _LAZY: dict[str, str] = {
-    "anthropic": "stepq.providers.anthropic:create_adapter:check_configured",
-    "anthropic-vertex": "stepq.providers.anthropic_vertex:create_adapter:check_configured",
-    "gemini": "stepq.providers.gemini:create_adapter:check_configured",
-    "bedrock": "stepq.providers.bedrock:create_adapter:check_configured",
-    "openai": "stepq.providers.openai:create_adapter:check_configured",
-    "openai-compatible": "stepq.providers.openai:create_compatible_adapter:check_compatible_configured",
-    "azure-openai": "stepq.providers.openai:create_azure_adapter:check_azure_configured",
+    "anthropic": "stepq.providers.anthropic.adapter:create_adapter:check_configured",
+    "anthropic-vertex": "stepq.providers.anthropic.vertex:create_adapter:check_configured",
+    "gemini": "stepq.providers.gemini.adapter:create_adapter:check_configured",
+    "bedrock": "stepq.providers.bedrock.adapter:create_adapter:check_configured",
+    "openai": "stepq.providers.openai.adapter:create_adapter:check_configured",
+    "openai-compatible": "stepq.providers.openai.adapter:create_compatible_adapter:check_compatible_configured",
+    "azure-openai": "stepq.providers.openai.adapter:create_azure_adapter:check_azure_configured",
 }
 # The pip extra that installs each adapter's SDK, and the SDK's top-level modules (how a missing extra shows).
 _EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -95,13 +95,13 @@ def _load_lazy(name: str) -> None:
 # Each SDK adapter's tool check lives in an SDK-free module: loading agents (every CLI command, every
 # worker start) must not import the SDKs, which costs seconds. The SDK is only looked for, not imported.
 _TOOL_CHECKS: dict[str, str] = {
-    "anthropic": "stepq.providers.anthropic_wire",
-    "anthropic-vertex": "stepq.providers.anthropic_wire",
-    "gemini": "stepq.providers.gemini_schema",
-    "bedrock": "stepq.providers.bedrock_wire",
-    "openai": "stepq.providers.openai_wire",
-    "openai-compatible": "stepq.providers.openai_wire",
-    "azure-openai": "stepq.providers.openai_wire",
+    "anthropic": "stepq.providers.anthropic.wire",
+    "anthropic-vertex": "stepq.providers.anthropic.wire",
+    "gemini": "stepq.providers.gemini.schema",
+    "bedrock": "stepq.providers.bedrock.wire",
+    "openai": "stepq.providers.openai.wire",
+    "openai-compatible": "stepq.providers.openai.wire",
+    "azure-openai": "stepq.providers.openai.wire",
 }
 # the modules whose presence shows the provider's SDK is installed (a namespace like `google` is not enough)
 _SDK_PROBES: dict[str, tuple[str, ...]] = {

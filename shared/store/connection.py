@@ -39,7 +39,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from stepq.config import Settings
+from stepq.config.settings import Settings
 from stepq.errors import ConfigurationError, MissingExtraError
 
 if TYPE_CHECKING:

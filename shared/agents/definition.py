@@ -1,0 +1,501 @@
+"""Agent definitions and the registry that loads them from `STEPQ_AGENT_MODULES`.
+
+An agent is a contract: which tools the model may see, what it may change, who may
+call it, how long its loop may run, and what shape its answer must have.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import logging
+import re
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Literal
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from stepq.agents.extensions import (
+    Explanation,
+    ModuleExports,
+    Origin,
+    Resolution,
+    Suggestion,
+    check_section_names,
+    resolve,
+)
+from stepq.agents.mcp import McpTool, check_mcp_names
+from stepq.agents.step_control import StepContext, StepOverrides, check_choice
+from stepq.agents.stops import NAME as STOP_NAME
+from stepq.agents.stops import get_stop_condition, unknown_message
+from stepq.agents.task_plan import PLAN_GUIDANCE, PLAN_TOOL, plan_tool
+from stepq.agents.tools import ToolDefinition, declared_tools, get_tool, set_tool_overrides, tool_overrides
+from stepq.errors import DefinitionError
+from stepq.fleet.ratelimit import RateLimit
+from stepq.models import Fallback, LoopLimits, MutationPolicy, ToolSpec
+from stepq.providers.base import OUTPUT_TOOL
+from stepq.providers.function import FunctionModel
+from stepq.providers.registry import check_tool_schemas, known_providers, split_shorthand
+from stepq.providers.scripted import ScriptStep
+
+ExecutionMode = Literal["chat", "object"]
+_AGENT_ID = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
+REGISTERED = "(registered)"  # the provenance of agents given to AgentRegistry.register rather than found in a module
+log = logging.getLogger("stepq.agents")
+
+# An object-mode agent answers through one extra tool, `OUTPUT_TOOL`. Tool inputs must be objects,
+# so any other output schema rides wrapped as {OUTPUT_WRAPPER: ...}.
+OUTPUT_WRAPPER = "value"
+OUTPUT_TOOL_DESCRIPTION = (
+    "Return your final answer by calling this tool exactly once, with arguments that match its schema. "
+    "Call it only when you are done using other tools."
+)
+
+
+class StopWhen(BaseModel):
+    """One stop condition: after `step_count` steps, after a step that called `has_tool_call`, or when the
+    registered predicate `custom` (see `stop_condition`) answers True after a tool step."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    step_count: int | None = Field(default=None, ge=1)
+    """End the turn (finish reason `step-count`) once this many steps have run their tools."""
+    has_tool_call: str | None = None
+    """End the turn (finish reason `has-tool-call`) after the step in which the model called this tool
+    (e.g. `hand_over`), once it ran."""
+    custom: str | None = None
+    """End the turn (finish reason `custom-stop`) when the stop condition registered under this name
+    (`@stop_condition("billing.paid")`) answers True after a tool step. JSON, so callers may send it too."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StopWhen:
+        given = [v for v in (self.step_count, self.has_tool_call, self.custom) if v is not None]
+        if len(given) != 1:
+            raise ValueError("a stop condition sets exactly one of step_count, has_tool_call or custom")
+        if self.custom is not None and not STOP_NAME.match(self.custom):
+            raise ValueError(
+                f"custom stop condition {self.custom!r} must be dotted lowercase words, e.g. 'billing.paid'"
+            )
+        return self
+
+
+class Budget(BaseModel):
+    """Spending caps for one turn; crossing one ends the turn with finish reason `budget`."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    max_tool_calls: int | None = Field(default=None, ge=0)
+    """Most tool calls over the whole turn; a step that would exceed it ends the turn instead."""
+    max_wall_clock_s: float | None = Field(default=None, gt=0)
+    """Seconds since the turn's first step started, checked before each step (approval waits count)."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Most input plus output tokens over the whole turn, checked after each step."""
+    answer_reserve_tokens: int | None = Field(default=None, ge=0)
+    """Object mode: tokens of `max_tokens` held back for the reserved answer step. Tool steps stop once
+    the turn's tokens plus this reserve reach `max_tokens`; unset, the reserve is the last step's tokens
+    (the answer step reads the same transcript plus the last tool results)."""
+
+
+class LoopConfig(BaseModel):
+    """How long an agent's loop may run. A caller's `LoopOverrides` may only tighten it."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    max_steps: int = Field(default=10, ge=1, le=1000)
+    """Most model calls in one turn; reaching it ends the turn with finish reason `max-steps`."""
+    stop_when: list[StopWhen] = Field(default_factory=list)
+    """Extra stop conditions; the first one met ends the turn."""
+    budget: Budget = Field(default_factory=Budget)
+    """Caps on tool calls, wall-clock time and tokens."""
+
+    def limits(self) -> LoopLimits:
+        step_counts = [s.step_count for s in self.stop_when if s.step_count is not None]
+        return LoopLimits(
+            max_steps=self.max_steps,
+            stop_after_steps=min(step_counts) if step_counts else None,
+            stop_on_tool=[s.has_tool_call for s in self.stop_when if s.has_tool_call],
+            stop_custom=[s.custom for s in self.stop_when if s.custom],
+            max_tool_calls=self.budget.max_tool_calls,
+            max_wall_clock_s=self.budget.max_wall_clock_s,
+            max_tokens=self.budget.max_tokens,
+            answer_reserve_tokens=self.budget.answer_reserve_tokens,
+        )
+
+
+class AgentDefinition(BaseModel):
+    """An agent: a module-level instance in a module listed in STEPQ_AGENT_MODULES is loaded by id.
+
+    It is checked when its module loads (tool names, output schema, what its provider can take),
+    so a bad definition fails at start, never inside a running turn.
+    """
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, use_attribute_docstrings=True)
+
+    id: str
+    """`<module>.<name>`, lowercase with underscores: what callers submit to."""
+    description: str = ""
+    """For people (the CLI, the gateway's agent list); the model never sees it."""
+    system_prompt: str = ""
+    """The system message of every step (its first paragraph, before `prompt_sections`)."""
+    prompt_sections: dict[str, str] = Field(default_factory=dict)
+    """Named paragraphs of the system message after `system_prompt`, in this order: the parts another module's
+    `AgentExtension` replaces, deletes or appends by name."""
+    allowed_tools: list[str] = Field(default_factory=list)
+    """Whitelist of tool names (registered with `@tool`) the model may be shown; nothing else is."""
+    suggestions: list[Suggestion] = Field(default_factory=list)
+    """Starter prompts a chat launcher offers before the first message (`Suggestion(label=..., prompt=...)`; a
+    label alone is its prompt too), listed by `stepq agents` and `GET /v1/agents`. The model never sees them."""
+    task_plan: bool = False
+    """Show the model the read-only `update_task_plan` tool and tell it to state its plan with it: the plan
+    streams as `plan-update` events and is stored with the turn (see `stepq.agents.task_plan`). Not listed in
+    `allowed_tools`: this flag adds it."""
+    mcp_tools: list[McpTool] = Field(default_factory=list)
+    """Tools of MCP servers the model may be shown, each pinned to its input schema (`McpTool`); policy applies
+    to them exactly as to `allowed_tools`."""
+    read_only: bool = True
+    """True hides every mutation or destructive tool from the model, whatever `allowed_tools` says."""
+    mutation_policy: MutationPolicy = "confirm-required"
+    """With writes allowed: `confirm-required` gates every mutation tool on a person's approval,
+    `destructive-confirm-required` gates mutation and destructive tools, `read-only` hides writes."""
+    required_features: list[str] = Field(default_factory=list)
+    """Features a caller must pass at submit (`features=[...]`); a caller without them is refused."""
+    execution_mode: ExecutionMode = "chat"
+    """`chat` answers with text; `object` answers with one JSON value validated against `output`."""
+    output: Any = None
+    """Object mode: a pydantic model class or a JSON schema dict the answer must match."""
+    output_repairs: int = Field(default=1, ge=0, le=5)
+    """Object mode: repair steps allowed after an invalid answer (each names what was wrong)."""
+    default_provider: str | None = None
+    """Provider when the caller chooses none (`anthropic`, `anthropic-vertex`, `gemini`, `bedrock`,
+    `scripted`, `function`, `test`); unset falls back to STEPQ_PROVIDER, or `scripted` when the agent has a
+    `script` (`function` when it has a `function_model`)."""
+    default_model: str | None = None
+    """Model when the caller chooses none (`provider/model` sets both); unset falls back to STEPQ_MODEL."""
+    loop: LoopConfig = Field(default_factory=LoopConfig)
+    """Step limit, stop conditions and budget."""
+    allow_runtime_override: bool = True
+    """Whether a submit may choose the provider and model per turn and send loop overrides (`loop=`); False
+    refuses both (the caller's, tenant's and environment's policies still apply). A policy may turn it off."""
+    fallbacks: list[Fallback] = Field(default_factory=list)
+    """Where a step goes, in order, when its attempts are exhausted with retryable errors before any content
+    streamed: `[{"provider": "bedrock", "model": "..."}, "anthropic-vertex/claude-..."]`. The turn stays on
+    the provider that answered; unset uses STEPQ_FALLBACKS."""
+    retry_after_emission: bool = False
+    """Retry a failed model call even after it streamed content (subscribers see a `step-reset`);
+    by default only failures before the first chunk are retried."""
+    tool_failure_breaker: int | None = Field(default=None, ge=1)
+    """Failures after which a tool is blocked for the rest of the turn (`permanently_failed`);
+    unset uses the provider's preference (on for Gemini and Anthropic on Vertex, off otherwise)."""
+    tool_choice: str | None = None
+    """Every step's tool choice: `auto` (the model decides), `none` (no tool calls), `required` (at least one
+    call) or a tool's name (that tool); each adapter maps it to its API's own. Unset: the provider default."""
+    active_tools: list[str] | None = None
+    """The tools shown on every step, a subset of `allowed_tools` (unset: all the allowlist shows).
+    `prepare_step` may change it per step, within the allowlist and the mutation gate; callers narrow it."""
+    prepare_step: Callable[[StepContext], StepOverrides | dict[str, Any] | None] | None = Field(
+        default=None, exclude=True
+    )
+    """`fn(StepContext) -> StepOverrides | dict | None`, called on the worker before each step: overrides
+    for that step only (`model`, `active_tools`, `tool_choice`, `max_output_tokens`, extra `system` text)."""
+    max_output_tokens: int | None = None
+    """Cap on one model call's output tokens (provider default when unset)."""
+    temperature: float | None = None
+    """Sampling temperature (provider default when unset)."""
+    stop_sequences: list[str] = Field(default_factory=list)
+    """Strings that end a model call's output."""
+    approval_ttl_s: float | None = None
+    """How long this agent's approvals stay open before they resolve as a denial (default STEPQ_APPROVAL_TTL_S)."""
+    provider_options: dict[str, Any] = Field(default_factory=dict)
+    """Provider-specific options, e.g. `{"thinking_budget": 2048}` (see docs/providers/)."""
+    rate_limit: RateLimit | None = None
+    """Fleet-wide limit for this agent's provider/model; overrides STEPQ_RATE_LIMITS."""
+    priority: Literal["interactive", "batch"] = "interactive"
+    """`batch` sends this agent's turns to the batch queue, which workers drain after interactive turns."""
+    accepted_media_types: list[str] = Field(default_factory=list)
+    """Files callers may attach (`image/png`, `image/*`, `application/pdf`, `text/plain`...); none by default."""
+    script: list[ScriptStep] | None = None
+    """The offline `scripted` provider's steps: step N of a turn plays `script[N]` (the last repeats)."""
+    function_model: FunctionModel | None = None
+    """The offline `function` provider's model: `FunctionModel(fn)` (answers computed from each request)
+    or `TestModel()`; the default provider when set and no `script` is."""
+
+    _tool_modules: dict[str, str] = PrivateAttr(default_factory=dict)  # tool name -> the module declaring it
+
+    @field_validator("accepted_media_types")
+    @classmethod
+    def _check_media_types(cls, value: list[str]) -> list[str]:
+        from stepq.turns.attachments import SUPPORTED_TYPES
+
+        families = {t.split("/")[0] + "/*" for t in SUPPORTED_TYPES}
+        for media_type in value:
+            if media_type.lower() not in SUPPORTED_TYPES | families:
+                raise ValueError(
+                    f"accepted_media_types: {media_type!r} is not a type stepq carries; use any of "
+                    f"{', '.join(sorted(SUPPORTED_TYPES | families))}"
+                )
+        return [t.lower() for t in value]
+
+    @field_validator("fallbacks")
+    @classmethod
+    def _check_fallbacks(cls, value: list[Fallback]) -> list[Fallback]:
+        unknown = [f.provider for f in value if f.provider not in known_providers()]
+        if unknown:
+            raise ValueError(f"fallbacks name unknown providers {unknown}; known: {', '.join(known_providers())}")
+        return value
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str) -> str:
+        if not _AGENT_ID.match(value):
+            raise ValueError(f"agent id {value!r} must look like '<module>.<name>' (lowercase, underscores)")
+        return value
+
+    @field_validator("prompt_sections")
+    @classmethod
+    def _check_section_names(cls, value: dict[str, str]) -> dict[str, str]:
+        check_section_names(value, "prompt_sections")
+        return value
+
+    @field_validator("allowed_tools")
+    @classmethod
+    def _check_plan_tool(cls, value: list[str]) -> list[str]:
+        if PLAN_TOOL in value:
+            raise ValueError(f"allowed_tools: {PLAN_TOOL!r} is added by task_plan=True; remove it from the list")
+        return value
+
+    @model_validator(mode="after")
+    def _check_output(self) -> AgentDefinition:
+        if self.execution_mode == "object":
+            if self.output is None:
+                raise ValueError("execution_mode='object' needs an `output` schema (pydantic model or JSON schema)")
+            if isinstance(self.output, dict):
+                try:
+                    jsonschema.Draft202012Validator.check_schema(self.output)
+                except jsonschema.SchemaError as exc:
+                    raise ValueError(f"output JSON schema is invalid: {exc.message}") from None
+            elif not (isinstance(self.output, type) and issubclass(self.output, BaseModel)):
+                raise ValueError("output must be a pydantic model class or a JSON schema dict")
+        return self
+
+    @property
+    def module(self) -> str:
+        return self.id.split(".", 1)[0]
+
+    def output_schema(self) -> dict[str, Any] | None:
+        if self.output is None:
+            return None
+        if isinstance(self.output, dict):
+            return self.output
+        return copy.deepcopy(_model_schema(self.output))  # a copy: callers may edit theirs
+
+    def output_tool(self) -> ToolSpec:
+        """The tool an object-mode step answers through, declared to the model beside the agent's own."""
+        schema = dict(self.output_schema() or {})
+        if schema.get("type") == "object":
+            schema.pop("title", None)
+        else:
+            schema = {"type": "object", "properties": {OUTPUT_WRAPPER: schema}, "required": [OUTPUT_WRAPPER]}
+        return ToolSpec(name=OUTPUT_TOOL, description=OUTPUT_TOOL_DESCRIPTION, input_schema=schema)
+
+    def bind_tools(self, modules: Mapping[str, str]) -> None:
+        """Pin each tool name to the module whose declaration this agent runs (the registry does, at load), so
+        another module's tool of the same name never stands in for it."""
+        self._tool_modules = dict(modules)
+
+    def tool(self, name: str) -> ToolDefinition | None:
+        """The tool this agent runs under `name` (an override's, if a module replaced it; None: unknown,
+        disabled, or declared by several modules and not bound to one)."""
+        return get_tool(name, self._tool_modules.get(name))
+
+    def visible_tools(self, features: Collection[str] | None = None) -> list[ToolDefinition]:
+        """The tools the model is shown: the whitelist and the MCP tools, minus writes unless writes are unlocked,
+        minus the tools whose `required_features` the caller lacks (`features=None`: any caller)."""
+        tools = [t for t in map(self.tool, self.allowed_tools) if t is not None]
+        tools += [t.definition() for t in self.mcp_tools]
+        tools = [t for t in tools if t.available_to(features)]
+        if not self.writes_allowed:
+            tools = [t for t in tools if not (t.is_mutation or t.destructive)]
+        if self.task_plan:
+            tools.append(plan_tool())
+        return tools
+
+    @property
+    def instructions(self) -> str | None:
+        """The system text of every step: the agent's prompt and its sections, then the plan guidance when it has a
+        plan; paragraphs apart."""
+        plan = PLAN_GUIDANCE if self.task_plan else ""
+        parts = [p for p in (self.system_prompt, *self.prompt_sections.values(), plan) if p]
+        return "\n\n".join(parts) or None
+
+    @property
+    def writes_allowed(self) -> bool:
+        return not self.read_only and self.mutation_policy != "read-only"
+
+    def call_needs_approval(self, definition: ToolDefinition, args: dict[str, Any]) -> bool:
+        if definition.requires_approval(args):
+            return True
+        if self.mutation_policy == "confirm-required":
+            return definition.is_mutation
+        if self.mutation_policy == "destructive-confirm-required":
+            return definition.is_mutation or definition.destructive
+        return False
+
+
+def check_step_tools(agent: AgentDefinition) -> None:
+    """`active_tools` and `tool_choice` must name tools the agent can show: refused at load, not mid-turn."""
+    shown = [t.name for t in agent.visible_tools()]
+    for name in agent.active_tools or []:
+        if name not in agent.allowed_tools:
+            raise DefinitionError(f"agent {agent.id}: active_tools names {name!r}, which allowed_tools does not list")
+        if name not in shown:
+            raise DefinitionError(
+                f"agent {agent.id}: active_tools names {name!r}, a write tool the agent hides (read_only=True or "
+                "mutation_policy='read-only')"
+            )
+    if agent.tool_choice is not None:
+        active = shown if agent.active_tools is None else [n for n in shown if n in agent.active_tools]
+        problem = check_choice(agent.tool_choice, active)
+        if problem:
+            raise DefinitionError(f"agent {agent.id}: {problem}")
+
+
+def check_agent(agent: AgentDefinition) -> None:
+    """What loading refuses: unknown tools and stop conditions, tool names that clash, schemas a provider cannot take."""
+    unknown = [name for name in agent.allowed_tools if agent.tool(name) is None]
+    if unknown:
+        raise DefinitionError(f"agent {agent.id}: allowed_tools names unknown tools: {', '.join(unknown)}")
+    check_step_tools(agent)
+    for stop in agent.loop.stop_when:
+        if stop.custom is not None and get_stop_condition(stop.custom) is None:
+            raise DefinitionError(f"agent {agent.id}: loop.stop_when: {unknown_message(stop.custom)}")
+    check_mcp_names(agent.id, agent.allowed_tools, agent.mcp_tools)
+    provider, _ = split_shorthand(agent.default_provider, agent.default_model)
+    providers = [p for p in (provider, *(f.provider for f in agent.fallbacks)) if p]
+    if providers:
+        specs = [
+            ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema) for t in agent.visible_tools()
+        ]
+        if agent.execution_mode == "object":
+            specs.append(agent.output_tool())
+        for name in dict.fromkeys(providers):  # the fallbacks must take the tools too
+            check_tool_schemas(name, specs)
+
+
+class AgentRegistry:
+    """Agents by id, loaded from modules: their own agents with the other modules' overrides and extensions
+    applied (stepq.agents.extensions), whatever order the modules load in. Loading validates every effective agent."""
+
+    def __init__(self) -> None:
+        self._modules: dict[str, ModuleExports] = {}
+        self._registered: dict[str, AgentDefinition] = {}
+        self._resolution = Resolution({}, {}, {}, {}, {}, [])
+        self._checked: dict[int, AgentDefinition] = {}  # by id(); holds the object so its id is not reused
+        self._warned: set[str] = set()
+
+    def register(self, agent: AgentDefinition) -> None:
+        """Add one agent outside any module (its provenance reads `(registered)`)."""
+        existing = self._registered.get(agent.id) or self._declared(agent.id)
+        if existing is not None and existing is not agent:
+            raise DefinitionError(f"agent {agent.id!r} is defined twice")
+        registered = {**self._registered, agent.id: agent}
+        self._apply(self._modules, registered)
+        self._registered = registered
+
+    def load_modules(self, modules: list[str]) -> None:
+        """Import these modules and recompute the effective agents of every module loaded so far."""
+        new: dict[str, ModuleExports] = {}
+        for name in modules:
+            if name in self._modules or name in new:
+                continue
+            try:
+                module = importlib.import_module(name)
+            except ImportError as exc:
+                raise DefinitionError(f"cannot import agent module {name!r}: {exc}") from exc
+            new[name] = ModuleExports.of(module, AgentDefinition)
+        if new:
+            every = {**self._modules, **new}
+            self._apply(every, self._registered)
+            self._modules = every
+
+    def _declared(self, agent_id: str) -> AgentDefinition | None:
+        for exports in self._modules.values():
+            for agent in exports.agents:
+                if agent.id == agent_id:
+                    return agent
+        return None
+
+    def _apply(self, modules: dict[str, ModuleExports], registered: dict[str, AgentDefinition]) -> None:
+        """Resolve, set the tool overrides, check every new or patched agent; on a refusal nothing changes."""
+        exports = [*modules.values()]
+        if registered:
+            exports.append(ModuleExports(REGISTERED, tuple(registered.values())))
+        resolution = resolve(exports, declared_tools())
+        before = tool_overrides()
+        after = {**before, **resolution.tool_overrides}
+        if after.keys() != before.keys() or any(after[k] is not v for k, v in before.items()):
+            self._checked.clear()  # an agent's tools changed under it: check every agent again
+        set_tool_overrides(after)
+        try:
+            for agent_id, agent in resolution.agents.items():
+                agent.bind_tools(resolution.tool_modules.get(agent_id, {}))
+                if id(agent) not in self._checked:
+                    check_agent(agent)
+        except Exception:
+            set_tool_overrides(before)
+            raise
+        self._checked = {id(agent): agent for agent in resolution.agents.values()}
+        for message in resolution.warnings:
+            if message not in self._warned:
+                self._warned.add(message)
+                log.warning(message)
+        self._resolution = resolution
+
+    def get(self, agent_id: str) -> AgentDefinition | None:
+        """The effective agent (None when unknown or disabled by an override)."""
+        return self._resolution.agents.get(agent_id)
+
+    def ids(self) -> list[str]:
+        return sorted(self._resolution.agents)
+
+    def named_providers(self) -> list[str]:
+        """Every provider an effective agent names, as its default or a fallback."""
+        named: dict[str, None] = {}
+        for agent in self._resolution.agents.values():
+            provider, _ = split_shorthand(agent.default_provider, agent.default_model)
+            for name in (provider, *(f.provider for f in agent.fallbacks)):
+                if name:
+                    named[name] = None
+        return list(named)
+
+    def disabled(self) -> dict[str, str]:
+        """Agents an override disabled: id -> the module that did."""
+        return dict(self._resolution.disabled)
+
+    def explain(self, agent_id: str) -> Explanation | None:
+        """The effective definition and where each of its parts came from (None when no module declares it)."""
+        return self._resolution.explanations.get(agent_id)
+
+    def tool_origin(self, name: str) -> Origin | None:
+        """Which module replaced or disabled this tool (None: it is as declared)."""
+        return self._resolution.tool_origins.get(name)
+
+    def warnings(self) -> list[str]:
+        """What loading skipped: overrides and extensions whose targets are missing."""
+        return list(self._resolution.warnings)
+
+
+_REGISTRY = AgentRegistry()
+
+
+def registry() -> AgentRegistry:
+    return _REGISTRY
+
+
+@functools.lru_cache(maxsize=256)
+def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """A model's JSON schema, built once: pydantic rebuilds it on every call, and every step of an
+    object-mode turn asks for it several times (about a millisecond each, a large part of a batch step)."""
+    schema: dict[str, Any] = model.model_json_schema()
+    return schema

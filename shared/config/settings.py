@@ -1,0 +1,382 @@
+"""Runtime configuration from `STEPQ_*` environment variables, validated when a process starts.
+
+One `Settings` object is read per process; tests and the demo pass their own
+instance instead of mutating the environment. Every entry point (the CLI, the
+Celery app a worker or beat loads, `Client()`) reads the environment through
+`load_settings()`, so a bad value stops the process at start with one line naming
+the variable and the problem, instead of surfacing later inside a running step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from functools import lru_cache
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
+
+from stepq.config import module_models
+from stepq.config.module_models import ModuleModel
+from stepq.errors import ConfigurationError
+from stepq.fleet.ratelimit import RateLimit
+from stepq.models import Fallback, Policy
+
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")  # +sentinel: failover, +cluster
+# Values never echoed in an error message (the variable is named, the value is not): these, and every
+# SecretStr setting.
+# Agent modules bundled with stepq that moved, by their old names (still accepted in STEPQ_AGENT_MODULES).
+MOVED_AGENT_MODULES = {"stepq.demo_agents": "stepq.agents.demo"}
+SECRET_SETTINGS = frozenset({"approval_secret", "approval_old_secrets", "jwt_secret", "api_keys"})
+# HMAC-SHA256 keys shorter than its 32-byte output are guessable sooner than the MAC itself
+MIN_APPROVAL_SECRET_BYTES = 32
+NEW_SECRET_COMMAND = "export STEPQ_APPROVAL_SECRET=$(openssl rand -hex 32)"
+GENERATED_SECRET_NOTICE = (
+    "STEPQ_APPROVAL_SECRET is not set: approval tokens are signed with a generated secret kept in Redis, which "
+    f"anyone who can read Redis can use to forge approvals; set a real one, the same on every process: {NEW_SECRET_COMMAND}"
+)
+
+
+class Prices(BaseModel):
+    """One model's prices in `STEPQ_PRICES`, in currency units per million tokens."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_per_mtok: float = Field(default=0.0, ge=0)
+    output_per_mtok: float = Field(default=0.0, ge=0)
+    cache_read_per_mtok: float | None = Field(default=None, ge=0)  # unset: billed as input
+    cache_write_per_mtok: float | None = Field(default=None, ge=0)  # unset: billed as input
+    batch_factor: float = Field(default=0.5, ge=0, le=1)  # a provider-batch call's price as a share of online
+
+
+class Settings(BaseSettings):
+    """Every knob stepq reads. Unset `redis_url` means the embedded default (no services)."""
+
+    model_config = SettingsConfigDict(env_prefix="STEPQ_", extra="ignore")
+
+    redis_url: str | None = None  # redis://, rediss:// or unix://; unset: embedded mode
+    broker_url: str | None = None  # any Celery broker URL; unset: redis_url
+    key_prefix: str = "stepq"
+    # the sweeper's worklists are split into this many keys, each in its own Redis Cluster slot (see keys.py)
+    redis_index_shards: int = Field(default=16, ge=1, le=1024)
+    agent_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    approval_secret: SecretStr | None = None
+    approval_old_secrets: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    approval_ttl_s: float = Field(default=3600.0, gt=0)
+
+    provider: str | None = None
+    model: str | None = None
+    # STEPQ_<MODULE>_PROVIDER / STEPQ_<MODULE>_MODEL, by module (the part of an agent id before the dot);
+    # read from the environment unless given (see stepq.config.module_models)
+    module_models: dict[str, ModuleModel] = Field(default=None, validate_default=True)
+
+    # the environment layer of the resolution chain (stepq.policy.resolution): JSON, one Policy for every agent
+    # ({"max_steps": 5, "models": ["anthropic/*"]}) or policies by scope ({"*": {...}, "support.refunds": {...}})
+    policy: dict[str, Policy] = Field(default_factory=dict)
+
+    # Celery / durability
+    redis_outage_s: float = Field(default=60.0, ge=0)  # how long Redis calls retry through an outage before failing
+    redis_socket_timeout_s: float = Field(default=10.0, gt=0)  # per Redis read/write; a stalled call then retries
+    visibility_timeout_s: int = Field(default=3600, ge=1)
+    # a dead worker's step is taken over within about lease_ttl_s + sweep_interval_s (renewed every third of it)
+    lease_ttl_s: float = Field(default=6.0, gt=0)
+    sweep_interval_s: float = Field(default=1.5, gt=0)
+    reschedule_countdown_s: float | None = Field(default=None, ge=0)  # default: lease_ttl_s / 2
+    queue: str = Field(default="stepq", min_length=1)
+    broker_transport_options: dict[str, Any] = Field(default_factory=dict)
+    # JSON {"provider/model" | "provider": {rpm, tpm, concurrency, ...}}; an agent's own rate_limit wins
+    rate_limits: dict[str, RateLimit] = Field(default_factory=dict)
+    prices: dict[str, Prices] = Field(default_factory=dict)  # JSON {"provider/model": {input_per_mtok, ...}}
+    metrics_tenant_key: str | None = None  # metadata key whose value labels token/cost metrics as `tenant`
+    queued_grace_s: float = Field(default=300.0, gt=0)  # a queued turn untouched this long lost its message
+    beat: bool = True  # `stepq worker` runs the sweeper's schedule unless --no-beat
+    memory_polling_interval_s: float = Field(default=0.01, gt=0)
+
+    # Observability
+    metrics_port: int = Field(default=9464, ge=0, le=65535)  # each worker serves /metrics here; 0 disables
+    metrics_host: str = "0.0.0.0"
+    log_json: bool = False  # one JSON object per log line
+
+    # Retry before the first chunk
+    retry_base_s: float = Field(default=1.0, ge=0)
+    retry_cap_s: float = Field(default=30.0, ge=0)
+    retry_max_attempts: int = Field(default=5, ge=0)
+    # JSON list of {provider, model} (or "provider/model") a step fails over to, in order, when its attempts
+    # are exhausted before any content streamed; an agent's own `fallbacks` win
+    fallbacks: list[Fallback] = Field(default_factory=list)
+
+    # Provider batch APIs (turns submitted with provider_batch=True; see docs/operations.md)
+    provider_batch_window_s: float = Field(default=60.0, ge=0)  # a group is sent once its oldest request waited this
+    provider_batch_max_size: int = Field(default=1000, ge=1)  # ...or once it holds this many requests
+    provider_batch_poll_s: float = Field(default=30.0, gt=0)  # the flush-and-poll tick's period
+    provider_batch_deadline_s: float = Field(default=24 * 3600.0, gt=0)  # then a pending request runs online
+    provider_batch_online_fallback: bool = True  # a request whose batch attempts all failed runs online
+    # s3://bucket/prefix for Bedrock batch inference input and output (the provider reads the same variable)
+    bedrock_batch_bucket: str | None = Field(default=None, pattern=r"^s3://[a-z0-9][a-z0-9.-]+(/.*)?$")
+    bedrock_batch_role_arn: str | None = None  # the IAM role Bedrock assumes to read and write that bucket
+
+    # Streams
+    coalesce_window_ms: float = Field(default=10.0, ge=0)
+    event_ttl_s: int = Field(default=24 * 3600, ge=1)  # a finished turn's state and events are kept this long
+    thread_ttl_s: int = Field(default=30 * 24 * 3600, ge=1)  # a thread outlives its turns; renewed on each use
+    event_maxlen: int = Field(default=100_000, ge=1)
+    cancel_poll_s: float = Field(default=0.05, gt=0)
+
+    # Input limits
+    max_prompt_chars: int = Field(default=200_000, ge=1)
+    max_messages: int = Field(default=500, ge=1)
+    max_tool_result_chars: int = Field(default=20_000, ge=1)
+    compact_at: float = Field(default=0.8, ge=0, le=1)  # of the context window; 0 turns compaction off
+    context_windows: dict[str, Annotated[int, Field(gt=0)]] = Field(
+        default_factory=dict
+    )  # {"provider/model" | "model": tokens}
+    compact_keep_recent: int = Field(default=4, ge=1)  # latest messages whose tool results are never cut
+    compact_tool_result_chars: int = Field(default=500, ge=0)  # what an older tool result is cut to
+    tool_max_lingering: int = Field(default=4, ge=1)  # per tool: calls still running past their timeout
+    tool_error_chars: int = Field(default=300, ge=20)  # a tool exception's message as the model reads it
+
+    # Attachments: files in user messages, checked at submit and stored once per turn
+    attachment_max_bytes: int = Field(default=32 * 2**20, ge=1)  # one file
+    attachment_turn_max_bytes: int = Field(default=64 * 2**20, ge=1)  # every file of one turn together
+    attachment_redis_max_bytes: int = Field(default=32 * 2**20, ge=0)  # a larger file goes to the object store
+    # s3://bucket/prefix: where files above attachment_redis_max_bytes go (through boto3)
+    attachment_store_url: str | None = Field(default=None, pattern=r"^s3://[a-z0-9][a-z0-9.-]+(/.*)?$")
+    # URL prefixes (scheme://host[:port][/path]) whose files a worker may fetch; empty: URLs are refused
+    attachment_url_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    # HTTP gateway (`stepq serve`); with no API keys and no JWT settings it starts only with --insecure-dev
+    api_keys: list[dict[str, Any]] = Field(default_factory=list)  # JSON: [{sha256, tenant, subject, scopes}]
+    api_keys_file: str | None = None  # the same JSON list in a file (a mounted secret)
+    jwt_secret: SecretStr | None = None  # HS256
+    jwt_jwks_file: str | None = None  # RS256: a JWKS document on disk
+    jwt_audience: str | None = None
+    jwt_issuer: str | None = None
+    jwt_tenant_claim: str = "tenant"
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = Field(default=8000, ge=0, le=65535)
+    gateway_cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    gateway_max_body_bytes: int = Field(default=1_000_000, ge=1)
+    gateway_rate_limit_rpm: int = Field(default=600, ge=0)  # per credential; 0 turns it off
+    gateway_keepalive_s: float = Field(default=15.0, gt=0, le=15.0)
+    gateway_redis_pool: int = Field(default=16, ge=2)  # async connections besides the one pub/sub connection
+    gateway_chat_agent: str | None = None  # POST /v1/chat's agent when the request names none
+
+    @field_validator("redis_url", "broker_url", mode="before")
+    @classmethod
+    def _check_url(cls, value: object, info: ValidationInfo) -> object:
+        if not isinstance(value, str):
+            return value
+        value = value.strip()
+        if not value:
+            return None  # set but empty: the same as unset
+        shown = _without_password(value)
+        scheme, sep, _ = value.partition("://")
+        if not sep or not scheme:
+            example = (
+                "redis://host:port/db" if info.field_name == "redis_url" else "redis://host:port/db or amqp://host"
+            )
+            raise ValueError(f"{shown!r} has no scheme; use {example}")
+        if info.field_name == "redis_url" and scheme.lower() not in REDIS_SCHEMES:
+            raise ValueError(
+                f"{shown!r}: the scheme must be redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://"
+            )
+        if info.field_name == "broker_url" and scheme.lower() == "redis+cluster":
+            raise ValueError(f"{shown!r}: Celery cannot use a Redis Cluster as its broker; use amqp://host (RabbitMQ)")
+        return value
+
+    @field_validator("approval_secret")
+    @classmethod
+    def _check_approval_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        """A short key makes every approval token forgeable by guessing it: refuse it at start, not in production.
+
+        Former secrets (STEPQ_APPROVAL_OLD_SECRETS) are not checked: rotating away from a short one must work."""
+        if value is None or not value.get_secret_value():  # set but empty (`X=${X}` in compose): unset
+            return None
+        size = len(value.get_secret_value().encode())
+        if size < MIN_APPROVAL_SECRET_BYTES:
+            raise ValueError(
+                f"{size} bytes is too short to sign approval tokens; use at least {MIN_APPROVAL_SECRET_BYTES} "
+                f"bytes, e.g. {NEW_SECRET_COMMAND}"
+            )
+        return value
+
+    @field_validator("fallbacks")
+    @classmethod
+    def _check_fallbacks(cls, value: list[Fallback]) -> list[Fallback]:
+        """An unknown provider would surface only when a step fails over, mid-outage: refuse it at start."""
+        from stepq.providers.registry import known_providers  # lazy: the registry is not needed otherwise
+
+        known = known_providers()
+        for n, fallback in enumerate(value):
+            if fallback.provider not in known:
+                raise ValueError(f"entry {n} names unknown provider {fallback.provider!r}; known: {', '.join(known)}")
+        return value
+
+    @field_validator("module_models", mode="before")
+    @classmethod
+    def _module_models(cls, value: object) -> object:
+        """Variables named after modules cannot be declared fields: they are found by scanning the environment."""
+        if value is None:
+            return module_models.from_environ(os.environ)
+        if isinstance(value, dict):
+            return module_models.check({k: ModuleModel.model_validate(v) for k, v in value.items()})
+        return value
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_scopes(cls, value: object) -> object:
+        """One policy's fields apply to every agent (scope `*`); otherwise the keys are scopes."""
+        from stepq.policy.resolution import (  # lazy: stepq.policy.resolution imports the agent definitions
+            SCOPE_ALL,
+            check_scope,
+        )
+
+        if not isinstance(value, dict):
+            return value
+        if value and set(value) <= set(Policy.model_fields):
+            return {SCOPE_ALL: value}
+        for scope in value:
+            check_scope(str(scope))
+        return value
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        if not value or re.search(r"[\s{}]", value):
+            raise ValueError(f"{value!r}: a key prefix is non-empty, without spaces or braces")
+        return value
+
+    @field_validator("agent_modules", mode="before")
+    @classmethod
+    def _split_modules(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list):  # a module that moved keeps its old name: deployments name it in variables
+            return list(dict.fromkeys(MOVED_AGENT_MODULES.get(name, name) for name in value))
+        return value
+
+    @field_validator("approval_old_secrets", "gateway_cors_origins", "attachment_url_allow", mode="before")
+    @classmethod
+    def _split_secrets(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    def to_env(self) -> dict[str, str]:
+        """The `STEPQ_*` variables that give another process (a worker, the CLI) exactly these settings."""
+        env: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            if value is None:
+                continue
+            if name == "module_models":  # one variable pair per module, as an operator sets them
+                env.update(module_models.to_env(self.module_models))
+                continue
+            key = f"STEPQ_{name.upper()}"
+            if name == "approval_secret":
+                env[key] = self.approval_secret.get_secret_value() if self.approval_secret else ""
+            elif name == "jwt_secret":
+                env[key] = self.jwt_secret.get_secret_value() if self.jwt_secret else ""
+            elif name == "approval_old_secrets":
+                env[key] = ",".join(s.get_secret_value() for s in self.approval_old_secrets)
+            elif name in ("agent_modules", "gateway_cors_origins", "attachment_url_allow"):
+                env[key] = ",".join(value)
+            elif isinstance(value, dict | list):
+                env[key] = json.dumps(value)
+            else:
+                env[key] = str(value)
+        return env
+
+    @property
+    def embedded(self) -> bool:
+        """True when no Redis is configured: fakeredis + Celery's memory transport in one process."""
+        return not self.redis_url
+
+    @property
+    def redis_cluster(self) -> bool:
+        """True when `redis_url` names a Redis Cluster (`redis+cluster://host:port[,host:port...]`)."""
+        return bool(self.redis_url) and str(self.redis_url).lower().startswith("redis+cluster://")
+
+    @property
+    def state_prefix(self) -> str:
+        """The prefix of stepq's Redis keys: the same on a single Redis and a Redis Cluster (the keys carry their
+        own hash tags, see stepq.store.keys, so a cluster spreads them over its masters)."""
+        return self.key_prefix
+
+    @property
+    def effective_broker_url(self) -> str:
+        if self.broker_url:
+            return self.broker_url
+        if self.redis_cluster:
+            raise ConfigurationError(
+                "STEPQ_REDIS_URL is a Redis Cluster, which cannot be Celery's broker: set STEPQ_BROKER_URL=amqp://host"
+            )
+        return self.redis_url or "memory://"
+
+    @property
+    def effective_reschedule_countdown_s(self) -> float:
+        if self.reschedule_countdown_s is not None:
+            return self.reschedule_countdown_s
+        return max(self.lease_ttl_s / 2, 0.05)
+
+
+def load_settings() -> Settings:
+    """Settings from the environment, or ConfigurationError with one line naming each bad variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise ConfigurationError("; ".join(_describe(e) for e in exc.errors())) from None
+    except SettingsError as exc:  # a JSON-valued variable that is not JSON (pydantic-settings decodes those)
+        raise ConfigurationError(_describe_undecodable(exc)) from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment (see `load_settings`)."""
+    return load_settings()
+
+
+def _variable(field: str) -> str:
+    return f"STEPQ_{field.upper()}"
+
+
+def _describe(error: ErrorDetails) -> str:
+    field, *inside = [str(part) for part in error["loc"]] or [""]  # a model-level check has no location
+    where = (_variable(field) if field else "STEPQ_* settings") + "".join(f": {part}" for part in inside)
+    if error["type"] == "value_error" and field == "module_models":  # the message names the variable itself
+        return str(error["ctx"]["error"])
+    if error["type"] == "value_error":  # our own validators: the message already says it all
+        return f"{where}: {error['ctx']['error']}"
+    if error["type"] == "extra_forbidden":
+        return f"{where}: unknown field"
+    message = error["msg"][:1].lower() + error["msg"][1:]
+    value = error.get("input")
+    if not _is_secret(field) and isinstance(value, str | int | float) and len(str(value)) <= 80:
+        message += f" (got {value!r})"
+    return f"{where}: {message}"
+
+
+def _is_secret(field: str) -> bool:
+    declared = Settings.model_fields.get(field)
+    return field in SECRET_SETTINGS or declared is None or "SecretStr" in repr(declared.annotation)
+
+
+def _describe_undecodable(exc: SettingsError) -> str:
+    found = re.search(r'field "(\w+)"', str(exc))
+    where = _variable(found.group(1)) if found else "a STEPQ_ variable"
+    cause = exc.__cause__
+    if isinstance(cause, json.JSONDecodeError):
+        return f"{where}: not valid JSON ({cause.msg} at line {cause.lineno} column {cause.colno})"
+    return f"{where}: {cause or exc}"
+
+
+def _without_password(url: str) -> str:
+    """The URL as it may appear in an error message: any user:password part masked."""
+    head, at, host = url.rpartition("@")
+    if not at:
+        return url
+    scheme, sep, _ = head.partition("://")
+    return f"{scheme}://***@{host}" if sep else f"***@{host}"

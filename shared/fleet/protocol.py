@@ -1,0 +1,94 @@
+"""What producers and workers agree on without importing each other: task names and Celery settings.
+
+This module builds plain dicts and does not import Celery, so the library layer stays free of it.
+
+Internal (not part of the `stepq` API).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepq.config.settings import Settings
+from stepq.store.connection import SENTINEL_SCHEME, kombu_sentinel_broker
+from stepq.store.keys import Keys
+
+REDIS_BROKER_SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
+
+RUN_STEP = "stepq.run_step"
+APPROVE = "stepq.approve"
+SWEEP = "stepq.sweep"
+BATCH_DRIVE = "stepq.batch_drive"
+PROVIDER_BATCH_TICK = "stepq.provider_batch_tick"
+
+
+def queue_for(settings: Settings, priority: str) -> str:
+    """Interactive turns and batch turns go to separate queues, so a big batch never delays a chat."""
+    return f"{settings.queue}.batch" if priority == "batch" else settings.queue
+
+
+def worker_queues(settings: Settings) -> list[str]:
+    """What a worker serves by default, most urgent first (the Redis transport honours this order)."""
+    return [settings.queue, f"{settings.queue}.batch"]
+
+
+def publish_retry_policy(settings: Settings) -> dict[str, Any]:
+    """kombu's publish retry covering the outage window (its default gives up after about half a second)."""
+    interval_max = 1.0
+    return {
+        "max_retries": max(3, int(settings.redis_outage_s / interval_max) + 3),
+        "interval_start": 0.0,
+        "interval_step": 0.2,
+        "interval_max": interval_max,
+    }
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """Celery settings for at-least-once steps: late acks, requeue on worker loss, prefetch 1, JSON only."""
+    url = settings.effective_broker_url
+    transport: dict[str, Any] = {}
+    if url.startswith(SENTINEL_SCHEME):  # the broker on the same Sentinels, in kombu's spelling
+        url, transport = kombu_sentinel_broker(url)
+    if url.startswith(REDIS_BROKER_SCHEMES):
+        transport.update(
+            visibility_timeout=settings.visibility_timeout_s,
+            global_keyprefix=Keys(settings.key_prefix).broker_prefix,
+            queue_order_strategy="priority",  # drain the interactive queue before the batch queue
+        )
+    elif url.startswith("memory://"):
+        transport = {"polling_interval": settings.memory_polling_interval_s}
+    if url.startswith(REDIS_BROKER_SCHEMES):
+        # bounded socket waits, so a stalled broker connection is noticed and re-established
+        transport.update(socket_timeout=settings.redis_socket_timeout_s, socket_connect_timeout=5.0)
+    transport.update(settings.broker_transport_options)
+    return {
+        "broker_url": url,
+        "broker_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,  # a worker waits out a broker outage of any length
+        # AMQP heartbeats every 10 s: a half-open connection (a dead host, a partition) is noticed within
+        # ~30 s on both sides, and RabbitMQ requeues the unacked step at once (the 120 s default took minutes)
+        "broker_heartbeat": 10,
+        # sending a task (the next step, a retry) waits out a broker outage instead of failing the step
+        "task_publish_retry_policy": publish_retry_policy(settings),
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "task_ignore_result": True,
+        "result_backend": None,
+        "task_default_queue": settings.queue,
+        "task_create_missing_queues": True,
+        "worker_hijack_root_logger": False,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "beat_schedule": {
+            "stepq-sweep": {"task": SWEEP, "schedule": settings.sweep_interval_s, "options": {"queue": settings.queue}},
+            "stepq-provider-batch": {
+                "task": PROVIDER_BATCH_TICK,
+                "schedule": settings.provider_batch_poll_s,
+                "options": {"queue": queue_for(settings, "batch")},
+            },
+        },
+    }

@@ -1,0 +1,244 @@
+"""The resolution chain: what one step of a turn may do, layer by layer, each layer only tightening.
+
+Precedence, highest first: request > caller > tenant > environment > agent > default.
+
+- request: what a submit asks for itself (`provider`, `model`, `loop=`), only while every layer allows
+  runtime overrides; asking wider than the layers below allow is refused, naming the layer that binds;
+- caller: the `Policy` a trusted caller passes (`Client.submit(policy=...)`, a gateway credential's policy);
+- tenant: the tenant's policy in Redis (`stepq policy set --tenant T ...`), read again for every step, so a
+  change reaches running turns at their next step;
+- environment: `STEPQ_POLICY` of the process (the submitter at submit, the worker at each step);
+- agent / default: the definition, and the library's defaults where it sets nothing.
+
+A policy never widens: a limit looser than a lower layer's does nothing, a mutation policy only
+downgrades, allowlists (tools, models) only remove. The effective value of each axis is the tightest one,
+credited to the highest layer that holds it; the step's trace records each (`StepTrace.policy`).
+
+A policy document maps scopes to policies: `*` (every agent), a module (`support`), an agent id
+(`support.refunds`); every scope that matches an agent applies.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepq.agents.definition import AgentDefinition
+from stepq.models import LoopLimits, Policy, PolicySource
+
+LAYERS = ("request", "caller", "tenant", "environment", "agent", "default")
+SCOPE_ALL = "*"
+NUMBERS = ("max_steps", "max_tool_calls", "max_tokens", "max_wall_clock_s")
+# loosest to tightest: a policy may move an agent right, never left
+MUTATION_ORDER = ("confirm-required", "destructive-confirm-required", "read-only")
+KILL_ORDER = ("off", "collapse", "refuse")
+_SCOPE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)?")
+TENANT_KEY = "tenant"  # the metadata key naming a turn's tenant (the gateway and threads set it)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One policy of one layer, with the words an error uses for it."""
+
+    name: str  # caller | tenant | environment
+    label: str  # e.g. "tenant acme's policy (support.*)"
+    policy: Policy
+
+
+def tenant_of(metadata: Mapping[str, Any]) -> str | None:
+    """The turn's tenant: its metadata's `tenant` string, if any."""
+    value = metadata.get(TENANT_KEY)
+    return value if isinstance(value, str) and value else None
+
+
+def matching(doc: Mapping[str, Policy], agent_id: str) -> list[tuple[str, Policy]]:
+    """The scopes of a document that apply to an agent, widest first."""
+    module = agent_id.split(".", 1)[0]
+    return [(scope, doc[scope]) for scope in (SCOPE_ALL, module, agent_id) if scope in doc]
+
+
+def check_scope(scope: str) -> str:
+    """A scope is `*`, a module or an agent id (lowercase, underscores): ValueError naming the problem."""
+    if scope == SCOPE_ALL or _SCOPE.fullmatch(scope):
+        return scope
+    raise ValueError(f"policy scope {scope!r} must be '*', a module ('support') or an agent id ('support.refunds')")
+
+
+def layers_for(
+    agent_id: str,
+    *,
+    caller: Policy | None = None,
+    tenant: str | None = None,
+    tenant_doc: Mapping[str, Policy] | None = None,
+    environment: Mapping[str, Policy] | None = None,
+) -> list[Layer]:
+    """Every policy that applies to one turn of `agent_id`, highest layer first."""
+    layers: list[Layer] = []
+    if caller is not None:
+        layers.append(Layer("caller", "the caller's policy", caller))
+    for scope, policy in matching(tenant_doc or {}, agent_id):
+        layers.append(Layer("tenant", f"tenant {tenant}'s policy ({scope})", policy))
+    for scope, policy in matching(environment or {}, agent_id):
+        layers.append(Layer("environment", f"STEPQ_POLICY ({scope})", policy))
+    return layers
+
+
+def base_sources(agent: AgentDefinition, overrides: Any = None) -> dict[str, str]:
+    """The layer of each base limit: the request's override, the agent's own value, or the default."""
+    sources: dict[str, str] = {}
+    asked: dict[str, Any] = {}
+    if overrides is not None:
+        asked = {"max_steps": overrides.max_steps, **overrides.budget.model_dump()}
+    budget = agent.loop.budget.model_fields_set
+    for axis in NUMBERS:
+        if asked.get(axis) is not None:
+            sources[axis] = "request"
+        elif axis == "max_steps":
+            sources[axis] = "agent" if "max_steps" in agent.loop.model_fields_set else "default"
+        elif axis in budget:
+            sources[axis] = "agent"
+    return sources
+
+
+@dataclass
+class Effective:
+    """What one step (or a submit) runs with once every layer has spoken."""
+
+    agent: AgentDefinition  # the agent as the step sees it: tools and mutation policy tightened
+    limits: LoopLimits
+    sources: dict[str, PolicySource] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # axis -> who set it, in words (for errors)
+    kill_switch: str = "off"
+    kill_label: str = ""
+    runtime_override: bool = True
+    runtime_override_label: str = ""
+    layers: list[Layer] = field(default_factory=list)
+
+    def model_refusal(self, provider: str, model: str) -> str | None:
+        """Why no layer's model allowlist takes `provider/model`, or None when every one does."""
+        for layer in self.layers:
+            patterns = layer.policy.models
+            if patterns is not None and not any(model_matches(p, provider, model) for p in patterns):
+                shown = ", ".join(patterns) or "none"
+                return f"model {provider}/{model} is not allowed by {layer.label} (allowed: {shown})"
+        return None
+
+    def kill_message(self, agent_id: str) -> str:
+        return f"agent {agent_id} is switched off by {self.kill_label} (kill switch: refuse)"
+
+
+def model_matches(pattern: str, provider: str, model: str) -> bool:
+    """`provider/model` (glob allowed: `anthropic/claude-*`), a bare provider, or `*`."""
+    return pattern == provider or fnmatch.fnmatchcase(f"{provider}/{model}", pattern)
+
+
+def resolve(
+    agent: AgentDefinition,
+    base: LoopLimits,
+    sources: Mapping[str, str],
+    layers: Iterable[Layer],
+    step: int = 0,
+) -> Effective:
+    """Walk the layers over the agent and its request-tightened `base` limits; see the module docstring."""
+    layers = list(layers)
+    eff = Effective(agent=agent, limits=base.model_copy(), layers=layers)
+    _numbers(eff, agent, base, sources, layers)
+    _runtime_override(eff, agent, layers)
+    update: dict[str, Any] = {}
+    _mutation(eff, agent, layers, update)
+    _tools(eff, agent, layers, update)
+    _kill_switch(eff, layers, step, update)
+    if update:
+        eff.agent = agent.model_copy(update=update)
+    return eff
+
+
+def _numbers(
+    eff: Effective, agent: AgentDefinition, base: LoopLimits, sources: Mapping[str, str], layers: list[Layer]
+) -> None:
+    for axis in NUMBERS:
+        own = getattr(base, axis)
+        layer = sources.get(axis, "agent")
+        words = {"request": "the request", "default": "the default"}.get(layer, f"agent {agent.id}")
+        candidates = [(layer, own, words)] if own is not None else []
+        candidates += [
+            (x.name, getattr(x.policy, axis), x.label) for x in layers if getattr(x.policy, axis) is not None
+        ]
+        if not candidates:
+            continue
+        value = min(c[1] for c in candidates)
+        name, _, label = min((c for c in candidates if c[1] == value), key=lambda c: LAYERS.index(c[0]))
+        setattr(eff.limits, axis, value)
+        eff.sources[axis] = PolicySource(value=value, layer=name)
+        eff.labels[axis] = label
+
+
+def _runtime_override(eff: Effective, agent: AgentDefinition, layers: list[Layer]) -> None:
+    layer = "agent" if "allow_runtime_override" in agent.model_fields_set else "default"
+    eff.runtime_override = agent.allow_runtime_override
+    eff.runtime_override_label = f"agent {agent.id} (allow_runtime_override=False)"
+    if eff.runtime_override:
+        for x in layers:  # highest first: the highest layer that turns it off is the one named
+            if x.policy.allow_runtime_override is False:
+                eff.runtime_override, layer = False, x.name
+                eff.runtime_override_label = f"{x.label} (allow_runtime_override=false)"
+                break
+    eff.sources["allow_runtime_override"] = PolicySource(value=eff.runtime_override, layer=layer)
+
+
+def _mutation(eff: Effective, agent: AgentDefinition, layers: list[Layer], update: dict[str, Any]) -> None:
+    own = "read-only" if agent.read_only else agent.mutation_policy
+    value, layer = own, "agent" if {"read_only", "mutation_policy"} & agent.model_fields_set else "default"
+    for x in reversed(layers):  # lowest first: a higher layer takes the credit for an equal value
+        asked = x.policy.mutation_policy
+        if asked is not None and MUTATION_ORDER.index(asked) >= MUTATION_ORDER.index(value):
+            value, layer = asked, x.name
+    if value != own:
+        update["mutation_policy"] = value
+    eff.sources["mutation_policy"] = PolicySource(value=value, layer=layer)
+
+
+def _tools(eff: Effective, agent: AgentDefinition, layers: list[Layer], update: dict[str, Any]) -> None:
+    names = [*agent.allowed_tools, *(t.exposed_name for t in agent.mcp_tools)]
+    kept, layer = list(names), "agent"
+    for x in reversed(layers):
+        allowed = x.policy.allowed_tools
+        if allowed is None:
+            continue
+        narrower = [n for n in kept if n in allowed]
+        if narrower != kept:  # lowest first: the last layer to remove a tool is the highest that did
+            layer, kept = x.name, narrower
+    if kept != names:
+        update["allowed_tools"] = [n for n in agent.allowed_tools if n in kept]
+        update["mcp_tools"] = [t for t in agent.mcp_tools if t.exposed_name in kept]
+        if agent.active_tools is not None:
+            update["active_tools"] = [n for n in agent.active_tools if n in kept]
+    eff.sources["allowed_tools"] = PolicySource(value=kept, layer=layer)
+
+
+def _kill_switch(eff: Effective, layers: list[Layer], step: int, update: dict[str, Any]) -> None:
+    strongest: Layer | None = None
+    for x in layers:  # highest first; a stronger switch lower down still wins
+        if KILL_ORDER.index(x.policy.kill_switch or "off") > KILL_ORDER.index(_mode(strongest)):
+            strongest = x
+    if strongest is None:
+        return
+    eff.kill_switch = strongest.policy.kill_switch or "off"
+    eff.kill_label = strongest.label
+    eff.sources["kill_switch"] = PolicySource(value=eff.kill_switch, layer=strongest.name)
+    if eff.kill_switch == "collapse":  # this step is the turn's last model call, and it shows no tools
+        if eff.limits.max_steps > step + 1:
+            eff.limits.max_steps = step + 1
+            eff.sources["max_steps"] = PolicySource(value=step + 1, layer=strongest.name)
+            eff.labels["max_steps"] = f"{strongest.label} (kill switch: collapse)"
+        update.update(
+            allowed_tools=[], mcp_tools=[], task_plan=False, active_tools=None, tool_choice=None, prepare_step=None
+        )
+        eff.sources["allowed_tools"] = PolicySource(value=[], layer=strongest.name)
+
+
+def _mode(layer: Layer | None) -> str:
+    return (layer.policy.kill_switch if layer is not None else None) or "off"
