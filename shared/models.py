@@ -6,6 +6,7 @@ crosses process boundaries. Adapters translate these to and from wire formats.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -56,6 +57,13 @@ AssistantPart = Annotated[TextPart | ReasoningPart | ToolCall, Field(discriminat
 class SystemMessage(BaseModel):
     role: Literal["system"] = "system"
     content: str
+
+
+# The media types a FilePart may carry (attachments check uploads against them, definitions their
+# `accepted_media_types`): data, so both read it here and neither imports the other.
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})
+DOCUMENT_TYPES = frozenset({"application/pdf", "text/plain"})
+SUPPORTED_TYPES = IMAGE_TYPES | DOCUMENT_TYPES
 
 
 class FilePart(BaseModel):
@@ -431,6 +439,19 @@ class Policy(BaseModel):
     """`collapse`: one model call with no tools, then the turn ends; `refuse`: no new submits or steps."""
 
 
+# A policy document's scopes: the syntax is the document's, so settings (STEPQ_POLICY), the CLI and the
+# resolution chain (`stepq.policy.resolution`, which matches scopes to agents) all check it here.
+SCOPE_ALL = "*"
+_SCOPE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)?")
+
+
+def check_scope(scope: str) -> str:
+    """A scope is `*`, a module or an agent id (lowercase, underscores): ValueError naming the problem."""
+    if scope == SCOPE_ALL or _SCOPE.fullmatch(scope):
+        return scope
+    raise ValueError(f"policy scope {scope!r} must be '*', a module ('support') or an agent id ('support.refunds')")
+
+
 class PolicySource(BaseModel):
     """One effective value of a step and the layer that set it (`request`, `caller`, `tenant`, `environment`,
     `agent` or `default`)."""
@@ -537,6 +558,38 @@ class LoopLimits(BaseModel):
     answer_reserve_tokens: int | None = None  # object mode's hold-back for the answer step (see Budget)
     active_tools: list[str] | None = None  # the caller's narrowing of the tools shown on every step
     tool_choice: str | None = None  # the caller's tool choice (as tight as the agent's or tighter)
+
+
+RATE_WINDOW_S = 60.0
+RATE_MARGIN_S = 1.0  # covers grant-to-provider delays that vary by up to a second (a busy worker, a slow network)
+
+
+class RateLimit(BaseModel):
+    """Limits for one provider/model. 0 or None means unlimited.
+
+    Data that agents (`rate_limit=`) and settings (`STEPQ_RATE_LIMITS`) both hold, so it lives here, below
+    both; `stepq.fleet.ratelimit` enforces it (and re-exports it under its documented path)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rpm: int | None = Field(default=None, ge=0)
+    tpm: int | None = Field(default=None, ge=0)
+    concurrency: int | None = Field(default=None, ge=0)
+    window_s: float = Field(default=RATE_WINDOW_S, gt=0)  # rpm/tpm count over this sliding window
+    # each request and token charge counts for window_s + margin_s: the slack for the varying delay between
+    # a grant and the request reaching the provider, which counts at its side
+    margin_s: float = Field(default=RATE_MARGIN_S, ge=0)
+    penalty_factor: float = Field(default=0.5, gt=0, le=1)
+    penalty_s: float = Field(default=60.0, ge=0)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.rpm or self.tpm or self.concurrency)
+
+    @property
+    def counting_window_s(self) -> float:
+        """How long a grant counts against rpm/tpm: grants of `rpm` requests are at least this far apart."""
+        return self.window_s + self.margin_s
 
 
 class Fallback(BaseModel):

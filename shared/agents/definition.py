@@ -33,8 +33,7 @@ from stepq.agents.stops import get_stop_condition, unknown_message
 from stepq.agents.task_plan import PLAN_GUIDANCE, PLAN_TOOL, plan_tool
 from stepq.agents.tools import ToolDefinition, declared_tools, get_tool, set_tool_overrides, tool_overrides
 from stepq.errors import DefinitionError
-from stepq.fleet.ratelimit import RateLimit
-from stepq.models import Fallback, LoopLimits, MutationPolicy, ToolSpec
+from stepq.models import SUPPORTED_TYPES, Fallback, LoopLimits, MutationPolicy, RateLimit, ToolSpec
 from stepq.providers.base import OUTPUT_TOOL
 from stepq.providers.function import FunctionModel
 from stepq.providers.registry import check_tool_schemas, known_providers, split_shorthand
@@ -226,8 +225,6 @@ class AgentDefinition(BaseModel):
     @field_validator("accepted_media_types")
     @classmethod
     def _check_media_types(cls, value: list[str]) -> list[str]:
-        from stepq.turns.attachments import SUPPORTED_TYPES
-
         families = {t.split("/")[0] + "/*" for t in SUPPORTED_TYPES}
         for media_type in value:
             if media_type.lower() not in SUPPORTED_TYPES | families:

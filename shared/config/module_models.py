@@ -7,17 +7,42 @@ turn come before the fleet-wide `STEPQ_PROVIDER` / `STEPQ_MODEL`. `STEPQ_SUPPORT
 sets both at once. A provider and its model go together: a module provider needs the module's model too
 (except the offline providers, whose model is their own name), so it is never paired with a model id the
 agent wrote for another provider. Read and checked when a process starts, like every `STEPQ_*` variable.
+
+Provider names belong to the registry (`stepq.providers.registry`), a layer above configuration, which
+installs its `known_providers` here when it is imported (`use_provider_names`); the package facade imports
+it, so it is in place before any settings are read. Configuration checks names without importing providers.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
 _VARIABLE = re.compile(r"^STEPQ_([A-Z][A-Z0-9_]*)_(PROVIDER|MODEL)$")
 _OFFLINE = frozenset({"scripted", "function", "test"})  # providers whose model is their own name
+_provider_names: Callable[[], Iterable[str]] = tuple  # until the registry installs itself: no name is known
+
+
+def use_provider_names(names: Callable[[], Iterable[str]]) -> None:
+    """Where settings look provider names up: the registry installs its `known_providers` at import."""
+    global _provider_names
+    _provider_names = names
+
+
+def known_providers() -> list[str]:
+    """Every provider name the registry knows (built in, lazily loaded, registered)."""
+    return sorted(_provider_names())
+
+
+def split_shorthand(provider: str | None, model: str | None) -> tuple[str | None, str | None]:
+    """`provider/model` shorthand in the model field fills the provider when it is not given."""
+    if model and "/" in model and provider is None:
+        head, tail = model.split("/", 1)
+        if head in known_providers():
+            return head, tail
+    return provider, model
 
 
 class ModuleModel(BaseModel):
@@ -46,8 +71,6 @@ def from_environ(environ: Mapping[str, str]) -> dict[str, ModuleModel]:
 
 def check(models: Mapping[str, ModuleModel]) -> dict[str, ModuleModel]:
     """Refuse an unknown provider, and a provider without its model, naming the variable to fix."""
-    from stepq.providers.registry import known_providers, split_shorthand  # lazy: only when some are set
-
     known = known_providers()
     for module, choice in models.items():
         provider, model = split_shorthand(choice.provider, choice.model)
@@ -78,6 +101,4 @@ def for_agent(models: Mapping[str, ModuleModel], agent_id: str) -> tuple[str | N
     choice = models.get(agent_id.split(".", 1)[0])
     if choice is None:
         return None, None
-    from stepq.providers.registry import split_shorthand
-
     return split_shorthand(choice.provider, choice.model)

@@ -22,8 +22,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, Settin
 from stepq.config import module_models
 from stepq.config.module_models import ModuleModel
 from stepq.errors import ConfigurationError
-from stepq.fleet.ratelimit import RateLimit
-from stepq.models import Fallback, Policy
+from stepq.models import SCOPE_ALL, Fallback, Policy, RateLimit, check_scope
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")  # +sentinel: failover, +cluster
 # Values never echoed in an error message (the variable is named, the value is not): these, and every
@@ -208,9 +207,7 @@ class Settings(BaseSettings):
     @classmethod
     def _check_fallbacks(cls, value: list[Fallback]) -> list[Fallback]:
         """An unknown provider would surface only when a step fails over, mid-outage: refuse it at start."""
-        from stepq.providers.registry import known_providers  # lazy: the registry is not needed otherwise
-
-        known = known_providers()
+        known = module_models.known_providers()
         for n, fallback in enumerate(value):
             if fallback.provider not in known:
                 raise ValueError(f"entry {n} names unknown provider {fallback.provider!r}; known: {', '.join(known)}")
@@ -230,11 +227,6 @@ class Settings(BaseSettings):
     @classmethod
     def _policy_scopes(cls, value: object) -> object:
         """One policy's fields apply to every agent (scope `*`); otherwise the keys are scopes."""
-        from stepq.policy.resolution import (  # lazy: stepq.policy.resolution imports the agent definitions
-            SCOPE_ALL,
-            check_scope,
-        )
-
         if not isinstance(value, dict):
             return value
         if value and set(value) <= set(Policy.model_fields):

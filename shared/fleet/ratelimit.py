@@ -24,12 +24,13 @@ import uuid
 from dataclasses import dataclass
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field
 
+from stepq.models import RATE_MARGIN_S, RATE_WINDOW_S
+from stepq.models import RateLimit as RateLimit  # the data lives below agents and settings; enforced here
 from stepq.store.keys import Keys
 
-WINDOW_S = 60.0
-MARGIN_S = 1.0  # covers grant-to-provider delays that vary by up to a second (a busy worker, a slow network)
+WINDOW_S = RATE_WINDOW_S
+MARGIN_S = RATE_MARGIN_S
 
 # Redis's own clock, in seconds, as the scripts' `now`
 _NOW = """
@@ -113,31 +114,6 @@ end
 return 1
 """
 )
-
-
-class RateLimit(BaseModel):
-    """Limits for one provider/model. 0 or None means unlimited."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    rpm: int | None = Field(default=None, ge=0)
-    tpm: int | None = Field(default=None, ge=0)
-    concurrency: int | None = Field(default=None, ge=0)
-    window_s: float = Field(default=WINDOW_S, gt=0)  # rpm/tpm count over this sliding window
-    # each request and token charge counts for window_s + margin_s: the slack for the varying delay between
-    # a grant and the request reaching the provider, which counts at its side
-    margin_s: float = Field(default=MARGIN_S, ge=0)
-    penalty_factor: float = Field(default=0.5, gt=0, le=1)
-    penalty_s: float = Field(default=60.0, ge=0)
-
-    @property
-    def active(self) -> bool:
-        return bool(self.rpm or self.tpm or self.concurrency)
-
-    @property
-    def counting_window_s(self) -> float:
-        """How long a grant counts against rpm/tpm: grants of `rpm` requests are at least this far apart."""
-        return self.window_s + self.margin_s
 
 
 @dataclass(frozen=True)

@@ -21,21 +21,20 @@ A policy document maps scopes to policies: `*` (every agent), a module (`support
 from __future__ import annotations
 
 import fnmatch
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from stepq.agents.definition import AgentDefinition
+from stepq.models import SCOPE_ALL as SCOPE_ALL  # a policy document's syntax, kept with its model
 from stepq.models import LoopLimits, Policy, PolicySource
+from stepq.models import check_scope as check_scope
 
 LAYERS = ("request", "caller", "tenant", "environment", "agent", "default")
-SCOPE_ALL = "*"
 NUMBERS = ("max_steps", "max_tool_calls", "max_tokens", "max_wall_clock_s")
 # loosest to tightest: a policy may move an agent right, never left
 MUTATION_ORDER = ("confirm-required", "destructive-confirm-required", "read-only")
 KILL_ORDER = ("off", "collapse", "refuse")
-_SCOPE = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)?")
 TENANT_KEY = "tenant"  # the metadata key naming a turn's tenant (the gateway and threads set it)
 
 
@@ -58,13 +57,6 @@ def matching(doc: Mapping[str, Policy], agent_id: str) -> list[tuple[str, Policy
     """The scopes of a document that apply to an agent, widest first."""
     module = agent_id.split(".", 1)[0]
     return [(scope, doc[scope]) for scope in (SCOPE_ALL, module, agent_id) if scope in doc]
-
-
-def check_scope(scope: str) -> str:
-    """A scope is `*`, a module or an agent id (lowercase, underscores): ValueError naming the problem."""
-    if scope == SCOPE_ALL or _SCOPE.fullmatch(scope):
-        return scope
-    raise ValueError(f"policy scope {scope!r} must be '*', a module ('support') or an agent id ('support.refunds')")
 
 
 def layers_for(

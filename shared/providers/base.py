@@ -7,7 +7,9 @@ fatal, with an optional retry-after) and never retries by itself: the engine's
 retry is the only one.
 
 The data an adapter trades in (`ToolSpec`, `Delta`, `StepOutput`) is defined in
-`stepq.models`, so the store can checkpoint a step's output without importing providers.
+`stepq.models`, so the store can checkpoint a step's output without importing providers. What an adapter
+factory reads of an agent is `AdapterAgent`, a protocol `AgentDefinition` satisfies structurally: providers
+sit below the definitions and never import them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -42,6 +44,16 @@ class StepRequest(BaseModel):
     attempt: int = 0
     options: dict[str, Any] = Field(default_factory=dict)
     purpose: Literal["step", "summary"] = "step"  # summary: compaction's call that summarises older turns
+
+
+class AdapterAgent(Protocol):
+    """What an adapter factory reads of the agent it builds an adapter for (`AgentDefinition` has it)."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def provider_options(self) -> dict[str, Any]: ...
 
 
 Emit = Callable[[Delta], None]

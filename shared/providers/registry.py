@@ -1,4 +1,8 @@
-"""Provider names -> adapter factories, and model resolution for a turn."""
+"""Provider names -> adapter factories, and model resolution for a turn.
+
+The registry reads an agent through `ProviderAgent`, the few fields model resolution and the offline
+providers need; `AgentDefinition` satisfies it structurally, so providers never import the definitions.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +10,44 @@ import importlib
 import importlib.util
 from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from stepq.config import module_models
+from stepq.config.module_models import split_shorthand as split_shorthand  # the one rule, read by settings too
 from stepq.errors import MissingExtraError, SubmitError
 from stepq.models import ToolSpec
-from stepq.providers.base import ProviderAdapter
-from stepq.providers.function import TestModel
-from stepq.providers.scripted import ScriptedAdapter
+from stepq.providers.base import AdapterAgent, ProviderAdapter
+from stepq.providers.function import FunctionModel, TestModel
+from stepq.providers.scripted import ScriptedAdapter, ScriptStep
 
-if TYPE_CHECKING:
-    from stepq.agents.definition import AgentDefinition
 
-AdapterFactory = Callable[["AgentDefinition", str], ProviderAdapter]
+class ProviderAgent(AdapterAgent, Protocol):
+    """What the registry reads of an agent: its model defaults and its offline providers' script/function."""
+
+    @property
+    def default_provider(self) -> str | None: ...
+
+    @property
+    def default_model(self) -> str | None: ...
+
+    @property
+    def script(self) -> list[ScriptStep] | None: ...
+
+    @property
+    def function_model(self) -> FunctionModel | None: ...
+
+
+AdapterFactory = Callable[[ProviderAgent, str], ProviderAdapter]
 ConfigCheck = Callable[[], None]  # raises SubmitError naming the variable to set
 
 
-def _scripted(agent: AgentDefinition, model: str) -> ProviderAdapter:
+def _scripted(agent: ProviderAgent, model: str) -> ProviderAdapter:
     if not agent.script:
         raise SubmitError(f"agent {agent.id} has no `script`, so it cannot run on the scripted provider")
     return ScriptedAdapter(agent.script)
 
 
-def _function(agent: AgentDefinition, model: str) -> ProviderAdapter:
+def _function(agent: ProviderAgent, model: str) -> ProviderAdapter:
     if agent.function_model is None:
         raise SubmitError(
             f"agent {agent.id} has no `function_model`, so it cannot run on the function provider "
@@ -36,7 +56,7 @@ def _function(agent: AgentDefinition, model: str) -> ProviderAdapter:
     return agent.function_model
 
 
-def _test(agent: AgentDefinition, model: str) -> ProviderAdapter:
+def _test(agent: ProviderAgent, model: str) -> ProviderAdapter:
     return TestModel()
 
 
@@ -155,7 +175,10 @@ def known_providers() -> list[str]:
     return sorted({*_FACTORIES, *_LAZY})
 
 
-def create_adapter(provider: str, agent: AgentDefinition, model: str) -> ProviderAdapter:
+module_models.use_provider_names(known_providers)  # settings check provider names against this registry
+
+
+def create_adapter(provider: str, agent: ProviderAgent, model: str) -> ProviderAdapter:
     _load_lazy(provider)
     factory = _FACTORIES.get(provider)
     if factory is None:
@@ -163,17 +186,8 @@ def create_adapter(provider: str, agent: AgentDefinition, model: str) -> Provide
     return factory(agent, model)
 
 
-def split_shorthand(provider: str | None, model: str | None) -> tuple[str | None, str | None]:
-    """`provider/model` shorthand in the model field fills the provider when it is not given."""
-    if model and "/" in model and provider is None:
-        head, tail = model.split("/", 1)
-        if head in _FACTORIES or head in _LAZY:
-            return head, tail
-    return provider, model
-
-
 def resolve_model(
-    agent: AgentDefinition,
+    agent: ProviderAgent,
     provider: str | None,
     model: str | None,
     env_provider: str | None,
@@ -211,7 +225,7 @@ def resolve_model(
 
 
 def model_layer(
-    agent: AgentDefinition,
+    agent: ProviderAgent,
     provider: str | None,
     model: str | None,
     env_provider: str | None,

@@ -27,11 +27,9 @@ from urllib.request import HTTPRedirectHandler, Request, build_opener
 
 from stepq.config.settings import Settings
 from stepq.errors import AttachmentError, StepqError, SubmitError
+from stepq.models import SUPPORTED_TYPES as SUPPORTED_TYPES  # data, read by definitions too
 from stepq.models import FilePart, Message, UserMessage
 
-IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif"})
-DOCUMENT_TYPES = frozenset({"application/pdf", "text/plain"})
-SUPPORTED_TYPES = IMAGE_TYPES | DOCUMENT_TYPES
 GCS_PROVIDERS = frozenset({"gemini"})  # providers that read a gs:// object themselves
 # providers whose adapters send files (any other would drop them silently: refused at submit instead)
 FILE_PROVIDERS = frozenset(
