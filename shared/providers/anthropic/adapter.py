@@ -19,7 +19,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import anthropic
 import httpx2
@@ -30,10 +30,7 @@ from stepq.providers.anthropic.batch import AnthropicBatchAPI
 from stepq.providers.anthropic.stream import AUTH_HINT, CREDENTIAL_VARS, RawEvent, StreamAccumulator, classify_error
 from stepq.providers.anthropic.wire import build_params
 from stepq.providers.anthropic.wire import check_tools as _check_tools
-from stepq.providers.base import BatchAPI, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
-
-if TYPE_CHECKING:
-    from stepq.agents.definition import AgentDefinition
+from stepq.providers.base import AdapterAgent, BatchAPI, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
 
 DEFAULT_STALL_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
@@ -157,6 +154,6 @@ class AnthropicAdapter(ProviderAdapter):
         return acc.output()
 
 
-def create_adapter(agent: AgentDefinition, model: str) -> ProviderAdapter:
+def create_adapter(agent: AdapterAgent, model: str) -> ProviderAdapter:
     check_configured()  # a worker without the key fails the turn clearly, without a call
     return AnthropicAdapter(model)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from typing import TYPE_CHECKING
 
 from anthropic import AnthropicVertex
 
@@ -20,10 +19,8 @@ from stepq.errors import SubmitError
 from stepq.models import ToolSpec
 from stepq.providers.anthropic.adapter import AnthropicAdapter
 from stepq.providers.anthropic.stream import scrub
-from stepq.providers.base import ProviderAdapter, ProviderError
-
-if TYPE_CHECKING:
-    from stepq.agents.definition import AgentDefinition
+from stepq.providers.anthropic.wire import check_tools as wire_check_tools
+from stepq.providers.base import AdapterAgent, ProviderAdapter, ProviderError
 
 REQUIRED_VARS = ("CLOUD_ML_REGION", "ANTHROPIC_VERTEX_PROJECT_ID")
 ADC_HINT = (
@@ -43,9 +40,7 @@ def check_configured() -> None:
 
 
 def check_tools(specs: list[ToolSpec]) -> None:
-    from stepq.providers.anthropic.wire import check_tools as _check
-
-    _check(specs)
+    wire_check_tools(specs)
 
 
 _clients: dict[str, AnthropicVertex] = {}
@@ -93,6 +88,6 @@ def _classify_google_auth(exc: BaseException) -> ProviderError | None:
     return None
 
 
-def create_adapter(agent: AgentDefinition, model: str) -> ProviderAdapter:
+def create_adapter(agent: AdapterAgent, model: str) -> ProviderAdapter:
     check_configured()
     return AnthropicVertexAdapter(model, vertex_client)

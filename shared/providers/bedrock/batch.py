@@ -24,6 +24,7 @@ from stepq.models import StepOutput
 from stepq.providers.anthropic.batch import message_output
 from stepq.providers.anthropic.wire import build_params
 from stepq.providers.base import BatchAPI, BatchState, ProviderError, StepRequest
+from stepq.providers.bedrock.errors import classify_exception  # the streamed path's classification
 from stepq.providers.errors import classify_status
 
 ENDED = frozenset({"Completed", "PartiallyCompleted", "Failed", "Stopped", "Expired"})
@@ -55,8 +56,6 @@ class BedrockBatchAPI(BatchAPI):
         return "/".join(p for p in (self.prefix, *parts) if p)
 
     def _call(self, fn: Any) -> Any:
-        from stepq.providers.bedrock.adapter import classify_exception  # the streamed path's classification
-
         try:
             return fn()
         except ProviderError:

@@ -20,6 +20,7 @@ from stepq.models import StepOutput
 from stepq.providers.base import BatchAPI, BatchState, ProviderError, StepRequest
 from stepq.providers.errors import classify_status
 from stepq.providers.gemini import schema as gemini_schema
+from stepq.providers.gemini.client import answers_with_schema, build_config, get_client  # the streamed path's
 from stepq.providers.gemini.errors import classify, scrub
 from stepq.providers.gemini.wire import StreamParser, to_contents
 
@@ -42,8 +43,6 @@ class GeminiBatchAPI(BatchAPI):
 
     @staticmethod
     def _client() -> Any:
-        from stepq.providers.gemini.adapter import get_client  # the adapter's shared client (and its environment)
-
         try:
             return get_client()
         except Exception as exc:
@@ -58,8 +57,6 @@ class GeminiBatchAPI(BatchAPI):
             raise classify(exc) from exc
 
     def submit(self, local_id: str, requests: list[tuple[str, StepRequest]]) -> str:
-        from stepq.providers.gemini.adapter import answers_with_schema, build_config
-
         inlined = []
         for custom, request in requests:
             contents, system_in_transcript = to_contents(request.messages)

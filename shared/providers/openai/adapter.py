@@ -29,19 +29,16 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import openai
 
 from stepq.errors import SubmitError
 from stepq.models import StepOutput, ToolSpec
-from stepq.providers.base import Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
+from stepq.providers.base import AdapterAgent, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
 from stepq.providers.openai.stream import ChatAccumulator, ResponsesAccumulator, classify_error, without_secrets
 from stepq.providers.openai.wire import answers_with_schema, chat_params, responses_params
 from stepq.providers.openai.wire import check_tools as _check_tools
-
-if TYPE_CHECKING:
-    from stepq.agents.definition import AgentDefinition
 
 DEFAULT_STALL_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
@@ -205,13 +202,13 @@ class OpenAIAdapter(ProviderAdapter):
         return acc.output()
 
 
-def create_adapter(agent: AgentDefinition, model: str) -> ProviderAdapter:
+def create_adapter(agent: AdapterAgent, model: str) -> ProviderAdapter:
     check_configured()  # a worker without the key fails the turn clearly, without a call
     api = str(agent.provider_options.get("api", "responses"))
     return OpenAIAdapter(model, openai_client, api, "OpenAI", "set OPENAI_API_KEY to a valid key")
 
 
-def create_compatible_adapter(agent: AgentDefinition, model: str) -> ProviderAdapter:
+def create_compatible_adapter(agent: AdapterAgent, model: str) -> ProviderAdapter:
     options = dict(agent.provider_options)
     base_url, _ = compatible_settings(options)
     if not base_url:
@@ -231,7 +228,7 @@ def create_compatible_adapter(agent: AgentDefinition, model: str) -> ProviderAda
     return adapter
 
 
-def create_azure_adapter(agent: AgentDefinition, model: str) -> ProviderAdapter:
+def create_azure_adapter(agent: AdapterAgent, model: str) -> ProviderAdapter:
     check_azure_configured()
     options = dict(agent.provider_options)
     if not (options.get("api_version") or os.environ.get("OPENAI_API_VERSION")):
