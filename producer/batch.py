@@ -16,7 +16,9 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
@@ -30,11 +32,14 @@ from stepq.batches.items import (
     parse_item,
     result_line,
 )
+from stepq.embedded import local_worker
 from stepq.engine.pricing import add_costs
-from stepq.errors import SubmitError
+from stepq.errors import ApprovalError, SubmitError, WaitTimeoutError
 from stepq.fleet.protocol import BATCH_DRIVE, queue_for
 from stepq.models import TurnState, TurnStatus
+from stepq.producer.cli_start import load_settings, reach_redis
 from stepq.producer.client import Client
+from stepq.producer.failures import UsageError
 from stepq.producer.render import money
 from stepq.store.connection import get_many
 
@@ -493,10 +498,6 @@ def parked_approvals(client: Client, batch_id: str, filters: list[str]) -> list[
 def approve_batch_command(client: Client, args: Any) -> int:
     """`stepq approve --batch ID --all|--filter … --yes|--no`: every decision goes through the `approve`
     task's own checks (token, single use, turn still waiting), as one `stepq approve` would."""
-    from collections import Counter
-
-    from stepq.errors import ApprovalError, WaitTimeoutError
-
     if not args.all and not args.filter:
         print("stepq approve --batch: say which approvals: --all, or --filter tool=NAME / key=GLOB", file=sys.stderr)
         return 2
@@ -567,8 +568,6 @@ def _follow_main(command: str, args_list: list[str]) -> int:
         print(f"stepq batch {command}: no folder {output.parent} for --output {output}: create it first",
               file=sys.stderr)  # fmt: skip
         return 2
-    from stepq.producer.cli import UsageError, load_settings, reach_redis
-
     try:
         settings = load_settings()
         reach_redis(settings)  # never reached: one line within seconds, not after STEPQ_REDIS_OUTAGE_S
@@ -619,11 +618,6 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(args_list)
     if ns.concurrency < 1:
         parser.error("--concurrency must be at least 1")
-    from contextlib import nullcontext
-
-    from stepq.embedded import local_worker
-    from stepq.producer.cli import UsageError, load_settings, reach_redis
-
     try:
         settings = load_settings()
     except UsageError as exc:

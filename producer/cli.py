@@ -22,15 +22,19 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from stepq.config.settings import Settings
-from stepq.config.settings import load_settings as settings_from_env
-from stepq.embedded import local_worker, with_demo_agents
+from stepq.embedded import local_worker
 from stepq.errors import ApprovalError, MissingExtraError
 from stepq.fleet.metrics import prepare_multiprocess_dir
 from stepq.fleet.protocol import worker_queues
 from stepq.logging import configure_logging
 from stepq.models import Event, EventType, TurnResult, TurnStatus
+from stepq.producer import batch as batch_cli
 from stepq.producer import cli_agents, cli_policy, cli_tool_results
+from stepq.producer.cli_start import load_settings as load_settings
+from stepq.producer.cli_start import reach_redis as reach_redis
 from stepq.producer.client import Client
+from stepq.producer.demo import run_demo
+from stepq.producer.demo_serve import serve_demo
 from stepq.producer.failures import (
     EMBEDDED_STATE_HINT,
     INTERRUPTED_EXIT,
@@ -44,25 +48,9 @@ from stepq.producer.failures import (
 )
 from stepq.producer.render import LiveView, Style, compact, event_summary, result_lines, state_lines, trace_table
 from stepq.producer.status import collect_status, status_lines
-from stepq.store.connection import first_contact
 
 NO_WORKER_AFTER_S = 15.0
 BEAT_SCHEDULER = "celery.beat:Scheduler"  # in-memory; the default PersistentScheduler writes a shelve file
-
-
-def load_settings() -> Settings:
-    """The environment's settings; the embedded mode also loads the bundled demo agents.
-
-    A bad value raises ConfigurationError naming the variable: one line, exit 2."""
-    settings = settings_from_env()
-    return with_demo_agents(settings) if settings.embedded else settings
-
-
-def reach_redis(settings: Settings) -> None:
-    """A one-shot command whose Redis never answered fails within seconds (see `first_contact`), with the
-    same one line as any unreachable Redis; once it answered, later calls wait outages out as usual."""
-    if not settings.embedded:
-        first_contact(settings)
 
 
 def importable_cwd() -> None:
@@ -385,9 +373,7 @@ def cmd_approve(args: argparse.Namespace, settings: Settings) -> int:
         )
     client = Client(settings)
     if args.batch is not None:
-        from stepq.producer.batch import approve_batch_command
-
-        return approve_batch_command(client, args)
+        return batch_cli.approve_batch_command(client, args)
     if args.approval_id is None or args.all or args.filter:
         raise UsageError("`stepq approve` takes an APPROVAL_ID, or --batch ID with --all or --filter")
     edited = cli_tool_results.json_object(args.args, "--args")
@@ -476,18 +462,14 @@ def default_node_name() -> str:
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    from stepq.producer.gateway.serve import serve
+    from stepq.producer.gateway.serve import serve  # lazy: the gateway extra (FastAPI, uvicorn, pyjwt)
 
     return serve(settings, host=args.host, port=args.port, insecure_dev=args.insecure_dev)
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     if args.serve:
-        from stepq.producer.demo_serve import serve_demo
-
         return serve_demo(settings, host=args.host, port=args.port)
-    from stepq.producer.demo import run_demo
-
     return run_demo(settings)
 
 
@@ -637,9 +619,7 @@ def _main(raw: list[str]) -> int:
     settings: Settings | None = None
     try:
         if raw[:1] == ["batch"]:  # its own parser (and settings): `stepq batch --help`
-            from stepq.producer.batch import main as batch_main
-
-            return batch_main(raw[1:])
+            return batch_cli.main(raw[1:])
         args = build_parser().parse_args(raw)
         settings = load_settings()
         configure_logging(settings)  # secrets redacted, JSON lines with STEPQ_LOG_JSON

@@ -23,6 +23,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError as BrokerConnectionError
 
 from stepq import embedded
+from stepq.batches.items import BatchItem, check_batch_id, derive_batch_id, item_idempotency_key
 from stepq.config.settings import Settings, get_settings
 from stepq.errors import (
     ApprovalError,
@@ -316,8 +317,6 @@ class Client:
         Items are `{"key": ..., "prompt"|"messages"|"input": ...}`. Submitting the same batch again
         returns the existing turns instead of creating (and paying for) new ones.
         """
-        from stepq.batches.items import BatchItem, check_batch_id, derive_batch_id, item_idempotency_key
-
         parsed = [BatchItem.model_validate(item) for item in items]
         batch_id = check_batch_id(key) if key else derive_batch_id(agent, json.dumps([i.key for i in parsed]))
         record = self.runtime.keys.batch(batch_id)

@@ -20,7 +20,7 @@ DEMO_AGENT = "demo.support"
 
 def serve_demo(settings: Settings | None = None, host: str = "127.0.0.1", port: int = 8000) -> int:
     """Run gateway + worker until interrupted; prints the chat page's URL once it is ready."""
-    try:
+    try:  # the gateway extra (FastAPI, uvicorn, pyjwt): imported only for --serve, named when missing
         import uvicorn
 
         from stepq.producer.gateway.app import create_app

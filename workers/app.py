@@ -7,6 +7,8 @@ from celery import Celery
 from stepq.config.settings import Settings, get_settings
 from stepq.fleet.protocol import celery_config
 from stepq.workers import kombu_fixes, reconnects
+from stepq.workers.signals import install_signals
+from stepq.workers.tasks import register_tasks
 
 
 def create_app(settings: Settings | None = None) -> Celery:
@@ -15,9 +17,6 @@ def create_app(settings: Settings | None = None) -> Celery:
     app = Celery("stepq")
     app.conf.update(celery_config(settings))
     app.conf.stepq_settings = settings
-    from stepq.workers.signals import install_signals
-    from stepq.workers.tasks import register_tasks
-
     register_tasks(app)
     reconnects.install(app)  # what an outage strands is re-sent at the next sweep
     install_signals()  # logs, /metrics and heartbeat; they act only in a `celery worker` program
