@@ -49,6 +49,8 @@ class _Worker:
         self._app: Celery | None = None
 
     def start(self) -> None:
+        # lazy: Celery and the worker code load only when an in-process worker starts (the library imports
+        # no Celery; see the embedded-lazy rule of tests/test_import_graph.py)
         from celery.contrib.testing.worker import start_worker
 
         from stepq.workers.app import create_app

@@ -1,9 +1,11 @@
 """What a user writes: agent definitions, tools, extensions and overrides, MCP tools, task plans,
 stop conditions, per-step control, per-module model defaults, and the bundled demo agents.
 
-May import: the package root's leaves (`errors`, `models`, `config`, `logging`, `cancel`), the providers'
-interface and registry (`providers.base`, `providers.registry`, the offline models). Never the engine, the
-store, the fleet, policy, turns, batches, the workers or the producer: definitions sit below all of them.
+May import: `stepq.errors`, `stepq.models`, `stepq.jsonsafe`, `stepq.cancel`, `stepq.config`, `stepq.logging`,
+`stepq.providers`.
+Definitions sit below the engine, the store, the fleet, policy, turns, batches, the workers and the producer;
+the providers sit below them (they read an agent through protocols). What a definition checks against
+that lives higher up is data in `stepq.models` (the media types an attachment may carry).
 
 `from stepq.agents import AgentDefinition` is the documented import path; the names below are re-exported
 from `stepq.agents.definition`, where they live.

@@ -3,6 +3,7 @@ transcript checks (`transcripts`), attachments (`attachments`) and a caller's an
 calls (`client_results`).
 
 Used by the producer (Client, gateway) and by the workers (a batch driver submits, a thread continues).
-May import: the package root, `agents`, `policy`, `providers.registry`, `store` and `fleet`. Never the
-engine, batches, the workers or the producer.
+May import: `stepq.errors`, `stepq.models`, `stepq.jsonsafe`, `stepq.config`, `stepq.providers`, `stepq.agents`,
+`stepq.policy`, `stepq.store`, `stepq.fleet`.
+Turns are submitted and read here, never stepped: never the engine, batches, the workers or the producer.
 """
