@@ -687,5 +687,5 @@ def test_graph_covers_the_installed_package(graph: list[Edge]) -> None:
     assert {"stepq", "stepq.engine.runner", "stepq.store.turns", "stepq.workers.tasks", "stepq.producer.cli"} <= (
         importers
     )
-    assert any(e.importer == "stepq.engine.runner" and e.target == "stepq.providers.registry" for e in graph)
+    assert any(e.importer == "stepq.engine.begin" and e.target == "stepq.providers.registry" for e in graph)
     assert any(e.importer == "stepq.workers.tasks" and e.target == "stepq.engine.runner" for e in graph)

@@ -1,0 +1,109 @@
+"""What every stage of a step shares: the delivery it runs in, the step's context, and the `Decision` it ends in.
+
+A delivery (`Delivery`) is the lease, the turn's state and the step's event buffer: all a fenced commit
+needs, so the endings (engine/finish.py) take one even before the agent is known. Once the agent is
+loaded the step runs on a `StepContext`, which adds what the stages read and write along the way (the
+agent as the policies leave it, the resolved policies, a checkpointed answer). One context object per
+delivery replaces the long argument lists the stages would otherwise pass each other.
+
+The commit here is the one the engine always made: compare-and-set on the turn's version, fenced on the
+lease token, sent in the same round trip as the step's pending events.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Literal
+
+from stepq.agents.definition import AgentDefinition
+from stepq.engine.emitter import StepEmitter
+from stepq.fleet.runtime import Runtime
+from stepq.logging import Redactor, describe_exception, secret_values
+from stepq.models import StepOutput, TurnState
+from stepq.policy.resolution import Effective
+from stepq.store.batch_runs import BatchClaim
+from stepq.store.leases import StepLease
+from stepq.store.turns import PreparedWrite
+
+
+def worker_id() -> str:
+    """Host and pid of the process running a step (computed per call: prefork children differ)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the task shell must do after a delivery."""
+
+    action: Literal["none", "next", "retry", "reschedule"]
+    step: int = 0
+    countdown: float = 0.0
+    attempt: int = 0
+    reason: str = ""
+    priority: str = "interactive"  # picks the queue the next message goes to
+    start: tuple[str, ...] = ()  # other turns whose first step to send now (a thread's next turn)
+    batch: str = ""  # the driven batch of a batch turn that just ended: its driver makes a pass now
+    claim: BatchClaim | None = None  # ...or the batch's next item, claimed for this worker to run
+
+
+def none(reason: str) -> Decision:
+    """Nothing for the task shell to send: the step ended here (committed, lost, parked or waiting)."""
+    return Decision("none", reason=reason)
+
+
+def maybe(turn_id: str | None) -> tuple[str, ...]:
+    """`Decision.start` for at most one turn to start."""
+    return (turn_id,) if turn_id else ()
+
+
+def emitter_text(emitter: StepEmitter) -> str:
+    """The text the step streamed so far (kept as the turn's text when it ends mid-stream)."""
+    return "".join(emitter.text_parts)
+
+
+@dataclass(slots=True, kw_only=True)
+class Delivery:
+    """One delivery's lease, turn state and event buffer: what a fenced commit needs."""
+
+    rt: Runtime
+    state: TurnState
+    lease: StepLease
+    emitter: StepEmitter
+    pending_checkpoint: PreparedWrite | None = None  # the step's checkpoint while it still rides the next write
+
+    def commit(self, release: bool = True) -> bool:
+        """A fenced commit: only while this delivery's lease is held; the step's last commit releases it."""
+        lease = self.lease
+        prepared = self.rt.turns.prepare_commit(self.state, lease_token=lease.token, release=release)
+        checkpoint, self.pending_checkpoint = self.pending_checkpoint, None
+        if checkpoint is not None:  # not written yet, and moot once this commits
+            self.emitter.discard_write(checkpoint.script, checkpoint.keys)
+        # the step's events go out just before its commit, in the same round trip
+        [reply] = self.emitter.flush_with((prepared.script, prepared.keys, prepared.args))
+        ok = self.rt.turns.finish_commit(prepared, reply)
+        if ok and release:
+            lease.released = True
+        return ok
+
+    def describe(self, exc: BaseException) -> str:
+        """An unexpected exception as events and the turn's error show it: one line, bounded, secrets masked."""
+        settings = self.rt.settings
+        return describe_exception(exc, Redactor(secret_values(settings)), settings.tool_error_chars)
+
+    def tenant(self) -> str:
+        """The `tenant` label of token and cost metrics: the turn's metadata value under the configured key."""
+        key = self.rt.settings.metrics_tenant_key
+        value = self.state.metadata.get(key) if key else None
+        return str(value)[:64] if value is not None else ""
+
+
+@dataclass(slots=True, kw_only=True)
+class StepContext(Delivery):
+    """A delivery whose agent is loaded: what the stages of the step share."""
+
+    agent: AgentDefinition  # as this step's policies leave it (tools, mutation policy), once begin resolved them
+    checkpoint: StepOutput | None = None  # the model's answer to this step, stored before a crash: replayed
+    effective: Effective | None = None  # this step's policies resolved (see begin.apply_policy)
+    tools_refused: list[dict[str, str]] = field(default_factory=list)  # MCP tools not offered this step, and why

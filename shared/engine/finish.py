@@ -1,0 +1,120 @@
+"""How a step ends the turn or hands on to the next step: each ending is one fenced commit.
+
+`finish` is the one way a turn ends (completed, failed, cancelled): the step's failed attempts still get
+their trace, a parked step's approvals are cancelled, the commit goes out with the step's events, and
+only then do the hooks that act on a finished turn run (a thread's next turn, a batch's count and next
+item), so a crash between the two runs them again on the redelivery (both are idempotent).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from stepq.batches.items import result_line
+from stepq.engine import batch_step, stopping, tracing
+from stepq.engine.context import Decision, Delivery, StepContext, maybe, none
+from stepq.engine.pricing import add_costs
+from stepq.fleet.metrics import TURNS, untrack_pending
+from stepq.models import EventType, FinishReason, LoopStop, StepLoss, StepTrace, TurnStatus
+from stepq.store.batch_runs import TurnEnd
+from stepq.turns import threads
+
+
+def advance(d: Delivery) -> Decision:
+    """The step is done and the turn goes on: commit it and send the next step."""
+    state = d.state
+    state.step += 1
+    state.parked = None
+    state.status = TurnStatus.RUNNING
+    if not d.commit():
+        return none(StepLoss.COMMIT_LOST)
+    return Decision("next", step=state.step)
+
+
+def fail(d: Delivery, message: str) -> Decision:
+    """The turn fails with a message that says what went wrong."""
+    d.state.error = message
+    d.emitter.publish(EventType.ERROR, {"message": message})
+    return finish(d, TurnStatus.FAILED, FinishReason.ERROR)
+
+
+def finish_limit(ctx: StepContext, stop: LoopStop) -> Decision:
+    """A loop limit ends the turn: completed, unless object mode has no valid object yet."""
+    state = ctx.state
+    state.stopped_by = stop
+    stopping.mark(state, stop)
+    if ctx.agent.execution_mode == "object" and state.object is None:
+        return fail(ctx, f"no valid object before the loop stopped ({stop.value})")
+    return finish(ctx, TurnStatus.COMPLETED, stop.finish_reason)
+
+
+def finish(d: Delivery, status: TurnStatus, reason: FinishReason) -> Decision:
+    """End the turn: commit its end, then start what waits on it and announce `turn-finish`."""
+    state, rt = d.state, d.rt
+    _trace_failed_attempts(d, reason)
+    state.status = status
+    state.finish_reason = reason
+    state.finished_at = time.time()
+    parked, state.parked = state.parked, None
+    batch_step.forget(rt, state)  # a request it left parked for a provider batch is not sent
+    if parked is not None:  # ended while parked: a decision arriving from now on is refused
+        tracing.resume_trace(state, parked.step_trace)
+        ids = [a.approval_id for a in parked.approvals]
+        rt.approvals.cancel(ids, time.time(), f"turn {status.value}")
+    if not d.commit():
+        return none(StepLoss.COMMIT_LOST)
+    start_next = threads.turn_finished(rt, state)  # before turn-finish: a reader may continue at once
+    TURNS.labels(state.agent, status.value).inc()
+    if parked is not None:  # cancelled while parked: its approvals no longer wait for anyone
+        untrack_pending(rt, *[a.approval_id for a in parked.approvals])
+    batch = state.metadata.get("batch_id")
+    ended = TurnEnd(drive=False)
+    if isinstance(batch, str):  # counted, a driven batch's result written, its next item claimed for us
+        item_key = str(state.metadata.get("item_key", ""))
+        ended = rt.batches.turn_ended(batch, state, result_line(item_key, state))
+    _publish_turn_finish(d, status, reason)
+    return replace(
+        none(f"turn {status.value}"),
+        start=maybe(start_next),
+        batch=batch if ended.drive and isinstance(batch, str) else "",
+        claim=ended.claim,
+    )
+
+
+def _trace_failed_attempts(d: Delivery, reason: FinishReason) -> None:
+    """The step ended on its failed attempts: they still get their trace."""
+    state = d.state
+    if not state.failed_attempts:
+        return
+    failed, state.failed_attempts = state.failed_attempts, []
+    state.trace.steps.append(
+        StepTrace(
+            step=state.step,
+            provider=state.provider,
+            model=state.model,
+            cost=add_costs(*(f.cost for f in failed)),
+            failed_attempts=failed,
+            retries=state.attempt,
+            stop_reason=reason.value,
+        )
+    )
+
+
+def _publish_turn_finish(d: Delivery, status: TurnStatus, reason: FinishReason) -> None:
+    state = d.state
+    d.emitter.publish(
+        EventType.TURN_FINISH,
+        {
+            "status": status.value,
+            "finish_reason": reason.value,
+            "stopped_by": state.stopped_by.value if state.stopped_by else None,
+            "stop_detail": state.stop_detail,
+            "text": state.text,
+            "object": state.object,
+            "usage": state.usage.model_dump(),
+            "cost": state.cost,
+            "error": state.error,
+            "trace": state.trace.summary(),
+        },
+    )
