@@ -6,12 +6,13 @@ itself while another worker holds the lease, or nothing). Everything durable
 happens here, against Redis, so it runs the same in-process with no broker.
 
 A step reads as its stages, each a module of its own sharing one `StepContext` (engine/context.py):
-  begin (engine/begin.py)            the lease's checks, the policies, the planned model call;
-  resume (engine/resume.py)          instead of a model call, when the step was parked on its tools;
-  call the model (engine/model_call.py)  compaction, then a replay, a provider batch or the online call;
-  decide (engine/decide.py)          trace the answer; a malformed retry or the final answer ...
-  run tools (engine/tools_stage.py)  ... or the tool calls (parked on those that wait: engine/park.py);
-  endings (engine/finish.py)         advance, finish, fail: each one fenced commit.
+  begin           engine/begin.py       the lease's checks, the policies, the planned model call;
+  resume          engine/resume.py      instead of a model call, when the step was parked on its tools;
+  call the model  engine/model_call.py  compaction, then a replay, a provider batch or the online call
+                                        (a failed call: engine/failure.py retries, fails over or fails);
+  decide          engine/decide.py      trace the answer; a malformed retry or the final answer ...
+  run tools       engine/tools_stage.py ... or the tool calls (parked on those that wait: engine/park.py);
+  endings         engine/finish.py      advance, finish, fail: each one fenced commit.
 Every stage returns the `Decision` the delivery ends on, or what the next stage needs.
 """
 
