@@ -27,7 +27,6 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from stepq.config.settings import Settings
-from stepq.fleet.protocol import PROVIDER_BATCH_TICK, SWEEP
 
 CONTEXT_FIELDS = ("turn_id", "step", "attempt")
 SECRET_ENV_VARS = (
@@ -48,7 +47,6 @@ SECRET_ENV_VARS = (
 URL_ENV_VARS = ("STEPQ_REDIS_URL", "STEPQ_BROKER_URL")  # their passwords are secrets too
 MASK = "***"
 MIN_SECRET_LEN = 6  # shorter values would mask ordinary words
-QUIET_TASKS = frozenset({SWEEP, PROVIDER_BATCH_TICK})  # periodic: Celery's lines about each run are noise
 
 _context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("stepq_log_context", default=None)
 
@@ -222,36 +220,14 @@ class ContextTextFormatter(logging.Formatter):
         return self.redact(text)
 
 
-class RoutineTaskFilter(logging.Filter):
-    """Drops Celery's INFO bookkeeping (beat's "Sending due task", the worker's "received" and "succeeded")
-    for the periodic tasks: at one sweep every 1.5 s it was nine lines in ten of a worker's log. The tasks
-    log what they did themselves, and nothing when they did nothing."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno > logging.INFO or _celery_task_of(record) not in QUIET_TASKS
-
-
-def _celery_task_of(record: logging.LogRecord) -> str | None:
-    """The task a Celery bookkeeping record is about (its format arguments name it), or None."""
-    if not record.name.startswith("celery"):
-        return None
-    args = record.args
-    if isinstance(args, dict):  # the worker's "Task %(name)s[%(id)s] received" / "... succeeded in ..."
-        return str(args.get("name"))
-    if record.name == "celery.beat" and isinstance(args, tuple) and len(args) == 2:  # "Sending due task %s (%s)"
-        return str(args[1])
-    return None
-
-
 # --------------------------------------------------------------------------- installation
 
 
 def install(handler: logging.Handler, redactor: Redactor, json_lines: bool) -> None:
     """Add the context and redaction filters to `handler` and set its formatter (idempotent)."""
     for existing in list(handler.filters):
-        if isinstance(existing, ContextFilter | RedactFilter | RoutineTaskFilter):
+        if isinstance(existing, ContextFilter | RedactFilter):
             handler.removeFilter(existing)
-    handler.addFilter(RoutineTaskFilter())
     handler.addFilter(ContextFilter())
     handler.addFilter(RedactFilter(redactor))
     current = handler.formatter

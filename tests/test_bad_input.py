@@ -95,7 +95,7 @@ def test_tool_returning_nan_gives_valid_json_everywhere(rt, prefix):
 def test_timed_out_tool_is_told_to_stop_and_its_late_result_is_discarded(rt, prefix, caplog):
     import redis
 
-    caplog.set_level(logging.WARNING, logger="stepq.agents.tools")
+    caplog.set_level(logging.WARNING, logger="stepq.tools")
     state, _ = create_turn(rt, "rc.timing_out", prompt="go", metadata={"prefix": prefix})
     _run_to_end(rt, state.turn_id)
     final = rt.turns.load(state.turn_id)

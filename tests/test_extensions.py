@@ -115,7 +115,7 @@ def test_provenance_of_each_part():
 
 @pytest.mark.parametrize("order", [MODULES, MODULES[::-1]])
 def test_a_disabled_agent_is_never_resurrected_by_an_extension(order, caplog):
-    with caplog.at_level(logging.WARNING, logger="stepq.agents.definition"):
+    with caplog.at_level(logging.WARNING, logger="stepq.agents"):
         registry = _loaded(order)
     assert registry.get("ext.retired") is None
     assert "ext.retired" not in registry.ids()
@@ -147,7 +147,7 @@ def test_missing_targets_warn_and_are_skipped(tmp_path, monkeypatch, caplog):
         )
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    with caplog.at_level(logging.WARNING, logger="stepq.agents.definition"):
+    with caplog.at_level(logging.WARNING, logger="stepq.agents"):
         registry = _loaded([CATALOG, ALPHA, name])
     assert {
         f"agent_overrides in {name}: no agent 'ext.absent' to replace or disable; skipped",

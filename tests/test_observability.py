@@ -126,7 +126,7 @@ def test_json_logs_carry_step_context_and_no_secrets(settings: Settings, client,
     records = [json.loads(line) for line in lines if line.startswith("{")]
     assert all({"ts", "level", "logger", "message"} <= r.keys() for r in records)
 
-    tool_lines = [r for r in records if r["logger"] == "stepq.agents.tools.mt_leak"]
+    tool_lines = [r for r in records if r["logger"] == "stepq.tools.mt_leak"]
     assert [r["message"].split(" with ")[0] for r in tool_lines] == ["calling upstream for a", "upstream call failed"]
     assert all((r["turn_id"], r["step"], r["attempt"]) == (leaky.turn_id, 0, 0) for r in tool_lines)
     assert "x-api-key: ***" in tool_lines[0]["message"] and "Bearer ***" in tool_lines[0]["message"]

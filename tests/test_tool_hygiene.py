@@ -39,7 +39,7 @@ def _marks(prefix: str, turn_id: str, what: str) -> list[str]:
 
 def test_a_tool_exception_reaches_the_model_sanitised_and_the_log_whole(rt, prefix, caplog, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", SECRET)  # a known secret: masked wherever it appears
-    caplog.set_level(logging.DEBUG, logger="stepq.agents.tools")
+    caplog.set_level(logging.DEBUG, logger="stepq.tools")
     turn_id = _start(rt, "th.leaky", prefix, secret=SECRET)
     state = drive(rt, turn_id)
     assert state.status == TurnStatus.COMPLETED

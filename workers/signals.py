@@ -25,6 +25,7 @@ from stepq.logging import install_on_logger
 from stepq.providers.registry import preload
 from stepq.store.connection import get_redis
 from stepq.workers.lifeline import die_with_parent
+from stepq.workers.log_filters import quiet_routine_tasks
 from stepq.workers.metrics_server import MetricsServer, child_exited, remove_owned_dir
 
 log = logging.getLogger("stepq.worker")
@@ -79,6 +80,7 @@ def _on_beat_embedded_init(**_: Any) -> None:
 def _on_setup_logger(logger: logging.Logger | None = None, **_: Any) -> None:
     if _program is not None and logger is not None:
         install_on_logger(logger, _program.settings)
+        quiet_routine_tasks(logger)
 
 
 def _pool_name(pool: Any) -> str:

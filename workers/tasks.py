@@ -207,7 +207,7 @@ def sweep_turns(self: Task) -> int:
     """Re-enqueue turns whose step died (lease expired without a commit) or whose approvals expired.
 
     `sweep` logs each turn it finds (at INFO, with why); a sweep that finds nothing logs nothing, and
-    Celery's own lines for this task are filtered out (stepq.logging.RoutineTaskFilter)."""
+    Celery's own lines for this task are filtered out (stepq.workers.log_filters)."""
     found = sweep(_runtime(self), _settings(self).queued_grace_s)
     for turn_id, step, priority in found:
         _enqueue_step(self, turn_id, step, priority)

@@ -1,4 +1,13 @@
-"""The agent loop, one step at a time: model call, tool dispatch, stop conditions, commits.
+"""The agent loop, one step at a time, as named stages sharing one `StepContext` (`context`):
+begin (`begin`: lease checks, policies, the planned call) -> resume a parked step (`resume`) or call the
+model (`model_call`: compaction, replay, provider batch, the online call; `failure`: retries and failover)
+-> decide (`decide`: trace, malformed retry, final answer) or run tools (`tools_stage`, `dispatch`,
+`tool_exec`; `park` for the calls that wait) -> the endings (`finish`: each one fenced commit).
+`runner.StepRunner.deliver` reads as that sequence; `decisions` is the approve and sweep tasks' work.
+
+May import: `stepq.errors`, `stepq.models`, `stepq.jsonsafe`, `stepq.cancel`, `stepq.approvals`, `stepq.config`,
+`stepq.logging`, `stepq.providers`, `stepq.agents`, `stepq.policy`, `stepq.store`, `stepq.fleet`, `stepq.turns`,
+`stepq.batches`. Providers only through their interface and registry; never the workers or the producer.
 
 Internal: import the public names from `stepq`; what is in here may change without notice.
 """
