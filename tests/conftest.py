@@ -38,7 +38,7 @@ def make_settings(prefix: str, **overrides: object) -> Settings:
         "key_prefix": prefix,
         "queue": f"{prefix}.steps",
         "agent_modules": TEST_AGENT_MODULES,
-        "approval_secret": "test-approval-secret-" + prefix,  # 32+ bytes, as Settings requires
+        "approval_secret": f"test-approval-secret-{prefix}".ljust(32, "0"),  # 32+ bytes, as Settings requires
         # long enough that a heartbeat starved on a loaded machine does not lose it (a lost lease re-runs
         # the step, and a scripted fake has no reply for the re-run); short enough that kill tests recover fast
         "lease_ttl_s": 10.0,

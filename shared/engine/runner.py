@@ -30,6 +30,7 @@ from stepq.engine.context import Decision, Delivery, StepContext, emitter_text, 
 from stepq.engine.emitter import StepEmitter
 from stepq.engine.finish import fail
 from stepq.engine.resume import resume
+from stepq.engine.tool_exec import ProcessExitingError
 from stepq.engine.tools_stage import run_tools
 from stepq.errors import StoreUnavailableError
 from stepq.fleet.metrics import record_step
@@ -43,8 +44,9 @@ from stepq.turns import threads
 __all__ = ["Decision", "StepRunner", "emitter_text", "worker_id"]
 
 log = logging.getLogger("stepq.engine")
-# Redis unreachable: a step that meets one is left to the sweeper (DESIGN.md §4.6), never failed for it
-STORE_OUTAGES = (StoreUnavailableError, redis.ConnectionError, redis.TimeoutError)
+# Redis unreachable, or the process exiting under the step: such a step is left unfinished for the sweeper
+# (DESIGN.md §4.6) and another worker, never failed for it
+STORE_OUTAGES = (StoreUnavailableError, redis.ConnectionError, redis.TimeoutError, ProcessExitingError)
 
 
 class StepRunner:
@@ -93,7 +95,7 @@ class StepRunner:
                 ctx = StepContext(rt=rt, state=state, lease=lease, emitter=emitter, agent=agent)
                 return self._run_step(ctx, start)
         except STORE_OUTAGES:
-            raise  # nothing can be stored now: the sweeper runs the step again once Redis is back
+            raise  # nothing can be stored now, or this process is going: the sweeper sends the step again
         except Exception as exc:  # a bug (ours, a tool's, an adapter's) must not leave the turn leased and running
             return self._crashed(Delivery(rt=rt, state=state, lease=lease, emitter=emitter), exc)
         finally:

@@ -29,6 +29,7 @@ from typing import Any
 from stepq.agents.tools import ToolContext, ToolDefinition
 from stepq.cancel import CancelSignal, ToolCancelledError
 from stepq.config.settings import Settings
+from stepq.errors import StepqError
 from stepq.fleet.metrics import TOOL_CALLS_LINGERING, TOOL_CALLS_REFUSED, TOOL_TIMEOUTS
 from stepq.logging import Redactor, describe_exception, secret_values
 from stepq.models import ToolCall
@@ -37,6 +38,11 @@ log = logging.getLogger("stepq.tools")
 EXECUTOR_THREADS = 64
 MAX_LINGERING_TOTAL = EXECUTOR_THREADS // 2  # the other half stays free for calls within their timeout
 _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=EXECUTOR_THREADS, thread_name_prefix="stepq-tool")
+
+
+class ProcessExitingError(StepqError):
+    """The process is exiting under a step: the tool executor takes no new work (the interpreter shut it
+    down). Not the step's fault: it is left unfinished for another worker, never failed for it."""
 
 
 class _Lingering:
@@ -97,7 +103,11 @@ class ToolExecution:
             return Outcome(error=refused)
         forget = self.turn_cancel.on_set(ctx.cancelled.set) if self.turn_cancel is not None else _nothing
         # in a copy of this context, so the tool's log lines carry the step's turn_id/step/attempt
-        future = _EXECUTOR.submit(contextvars.copy_context().run, _invoke, definition, args, ctx)
+        try:
+            future = _EXECUTOR.submit(contextvars.copy_context().run, _invoke, definition, args, ctx)
+        except RuntimeError as exc:  # only after interpreter shutdown: nothing here ever shuts it down
+            forget()
+            raise ProcessExitingError(f"not running {call.name}: the process is exiting") from exc
         try:
             return Outcome(output=future.result(timeout=definition.timeout_s))
         except concurrent.futures.TimeoutError:
