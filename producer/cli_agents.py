@@ -8,8 +8,9 @@ import argparse
 import json
 from typing import Any
 
-from stepq.agents.definition import AgentDefinition, AgentRegistry, registry
+from stepq.agents.definition import AgentDefinition
 from stepq.agents.extensions import Explanation
+from stepq.agents.registry import AgentRegistry, registry
 from stepq.config.settings import Settings
 from stepq.errors import UnknownAgentError
 from stepq.producer.failures import err

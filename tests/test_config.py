@@ -58,7 +58,7 @@ def test_comma_separated_modules_and_embedded_default(monkeypatch: pytest.Monkey
 def test_the_demo_agents_old_module_name_still_loads_them(monkeypatch: pytest.MonkeyPatch) -> None:
     """`stepq.demo_agents` moved to `stepq.agents.demo`; a deployment's variable naming the old path loads the
     demo agents once, from their one module."""
-    from stepq.agents.definition import AgentRegistry
+    from stepq.agents.registry import AgentRegistry
 
     monkeypatch.setenv("STEPQ_AGENT_MODULES", "stepq.demo_agents,stepq.agents.demo")
     settings = Settings()

@@ -8,7 +8,8 @@ import textwrap
 import pytest
 from pydantic import ValidationError
 
-from stepq.agents.definition import AgentDefinition, AgentRegistry
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.registry import AgentRegistry
 from stepq.agents.tools import get_tool, tool
 from stepq.errors import DefinitionError
 from stepq.models import AssistantMessage, EventType, TurnStatus

@@ -17,8 +17,9 @@ import uuid
 
 import pytest
 
-from stepq.agents.definition import AgentDefinition, AgentRegistry
+from stepq.agents.definition import AgentDefinition
 from stepq.agents.extensions import AgentExtension, ModuleExports, Suggestion, resolve
+from stepq.agents.registry import AgentRegistry
 from stepq.agents.tools import declared_tools, get_tool
 from stepq.errors import DefinitionError, UnknownAgentError
 from stepq.turns.submit import create_turn

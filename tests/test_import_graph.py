@@ -8,11 +8,9 @@ functions, under `if TYPE_CHECKING:`, under `if __name__ == "__main__":`, and
   or a root module) and may import only the rows its row lists, in every scope (a lazy or type-only
   import counts as much as a top-level one). The rows form no circle themselves, and each row refuses
   a planted edge. The subpackages' `__init__` docstrings say the same in words.
-- No circle among stepq modules over the edges that run: module level and inside functions (late
-  imports included). TYPE_CHECKING edges never run, so they cannot break an import order; the layer
-  table checks them, and since its rows form no circle, a type-only circle can only stay inside one
-  row (today: `stepq.agents.definition` <-> `stepq.agents.extensions`, which types against the
-  definition it receives as a parameter). `__main__` edges belong to the module run as a script
+- No circle among stepq modules over every edge: module level, inside functions (late imports) and
+  under TYPE_CHECKING (a type-only circle does not break an import order, but it still ties two modules
+  into one that must be read together). `__main__` edges belong to the module run as a script
   (`__main__`), not to the module imported under its name.
 - RULES: finer rules about single modules. A rule names who it applies to, what they may not
   import, and the exceptions. A failure names the rule, the module, the edge and the line.
@@ -408,15 +406,15 @@ def layer_violations(edges: list[Edge], known: set[str]) -> list[str]:
     return problems
 
 
-RUNTIME_SCOPES = ("module", "function")  # the edges that execute when the module is imported (see the docstring)
+CIRCLE_SCOPES = ("module", "function", "type-checking")  # every edge but `__main__` blocks (see the docstring)
 
 
 def circles(edges: list[Edge], known: set[str]) -> list[list[str]]:
-    """Every circle (strongly connected component of more than one module) over the runtime edges."""
+    """Every circle (strongly connected component of more than one module) over the edges of CIRCLE_SCOPES."""
     graph: dict[str, set[str]] = {}
     for e in edges:
         target = owner(e.target, known)
-        if e.scope in RUNTIME_SCOPES and target.startswith("stepq") and target != e.importer:
+        if e.scope in CIRCLE_SCOPES and target.startswith("stepq") and target != e.importer:
             graph.setdefault(e.importer, set()).add(target)
             graph.setdefault(target, set())
     index: dict[str, int] = {}
@@ -632,7 +630,8 @@ def test_no_import_circle(graph: list[Edge], known: set[str]) -> None:
 
 
 def test_the_circle_check_fires_on_a_planted_circle(known: set[str]) -> None:
-    """A late import closing a loop through three modules is found and named; a TYPE_CHECKING one is not."""
+    """A late import closing a loop through three modules is found and named, and so is a type-only one; an
+    edge from a `__main__` block is not (it belongs to the script run, not to the module)."""
     planted = [
         Edge("stepq.config.settings", "stepq.policy.resolution", "fake.py:1", "function"),
         Edge("stepq.policy.resolution", "stepq.agents.definition", "fake.py:2", "module"),
@@ -640,6 +639,8 @@ def test_the_circle_check_fires_on_a_planted_circle(known: set[str]) -> None:
     ]
     assert circles(planted, known) == [["stepq.agents.definition", "stepq.config.settings", "stepq.policy.resolution"]]
     planted[0] = Edge("stepq.config.settings", "stepq.policy.resolution", "fake.py:1", "type-checking")
+    assert circles(planted, known) == [["stepq.agents.definition", "stepq.config.settings", "stepq.policy.resolution"]]
+    planted[0] = Edge("stepq.config.settings", "stepq.policy.resolution", "fake.py:1", "main")
     assert circles(planted, known) == []
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from stepq.agents.definition import AgentDefinition, AgentRegistry
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.registry import AgentRegistry
 from stepq.agents.tools import tool
 from stepq.errors import DefinitionError
 

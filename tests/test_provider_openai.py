@@ -338,7 +338,7 @@ def test_compatible_stream_ending_without_finish_reason_retries_before_content_a
 def test_compatible_needs_a_base_url(client, fake, monkeypatch):
     monkeypatch.delenv("STEPQ_OPENAI_COMPATIBLE_BASE_URL")
     monkeypatch.delenv("OPENAI_BASE_URL")
-    from stepq.agents.definition import registry
+    from stepq.agents.registry import registry
     from stepq.providers.registry import create_adapter
 
     agent = registry().get("openai_t.compat")

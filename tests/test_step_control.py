@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from stepq.agents.definition import AgentDefinition, AgentRegistry
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.registry import AgentRegistry
 from stepq.engine.runner import StepRunner
 from stepq.errors import DefinitionError, OverrideError
 from stepq.models import FinishReason, ToolResultStatus, TurnStatus

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from stepq.agents.definition import AgentDefinition, AgentRegistry, LoopConfig, StopWhen
+from stepq.agents.definition import AgentDefinition, LoopConfig, StopWhen
+from stepq.agents.registry import AgentRegistry
 from stepq.agents.stops import stop_condition
 from stepq.errors import DefinitionError, OverrideError
 from stepq.models import EventType, FinishReason, LoopStop, TurnStatus

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stepq.agents.definition import AgentRegistry
+from stepq.agents.registry import AgentRegistry
 from stepq.errors import DefinitionError
 from stepq.producer.cli_agents import explain_lines
 from tests.conftest import ROOT

@@ -11,16 +11,8 @@ that lives higher up is data in `stepq.models` (the media types an attachment ma
 from `stepq.agents.definition`, where they live.
 """
 
-from stepq.agents.definition import (
-    AgentDefinition,
-    AgentRegistry,
-    Budget,
-    ExecutionMode,
-    LoopConfig,
-    StopWhen,
-    check_agent,
-    registry,
-)
+from stepq.agents.definition import AgentDefinition, Budget, ExecutionMode, LoopConfig, StopWhen, check_agent
+from stepq.agents.registry import AgentRegistry, registry
 
 __all__ = [
     "AgentDefinition",

@@ -22,53 +22,21 @@ brings a disabled agent back. Each part of an effective agent keeps where it cam
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from stepq.agents.definition import AgentDefinition
+from stepq.agents.prompt_parts import Suggestion, check_section_names
 from stepq.agents.task_plan import PLAN_TOOL
 from stepq.agents.tools import ToolDefinition
 from stepq.errors import DefinitionError
 
-if TYPE_CHECKING:
-    from stepq.agents.definition import AgentDefinition
-
 AGENT_OVERRIDES = "agent_overrides"
 TOOL_OVERRIDES = "tool_overrides"
-SECTION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-class Suggestion(BaseModel):
-    """A starter prompt a chat launcher offers before the first message. A plain string is both label and prompt."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-    label: str = Field(min_length=1)
-    """What the launcher shows."""
-    prompt: str = ""
-    """What it sends when picked (default: the label)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_text(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return {"label": value, "prompt": value}
-        if isinstance(value, dict) and not value.get("prompt") and "label" in value:
-            return {**value, "prompt": value["label"]}
-        return value
-
-    def matches(self, text: str) -> bool:
-        return text in (self.label, self.prompt)
-
-
-def check_section_names(sections: Iterable[str], where: str) -> None:
-    for name in sections:
-        if not SECTION_NAME.match(name):
-            raise ValueError(f"{where}: prompt section name {name!r} must be letters, digits, '_', '.' or '-'")
 
 
 class AgentExtension(BaseModel):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from stepq.agents.definition import AgentRegistry, registry
+from stepq.agents.registry import AgentRegistry, registry
 from stepq.approvals import ApprovalSigner
 from stepq.config.settings import GENERATED_SECRET_NOTICE, Settings, get_settings
 from stepq.fleet.ratelimit import RateLimiter
