@@ -121,6 +121,30 @@ def running_worker(
             stop_process(proc)  # warm shutdown: worker_shutdown fires, so a profile gets written
 
 
+@contextlib.contextmanager
+def running_plain_worker(redis_url: str, prefix: str) -> Iterator[Callable[[], float]]:
+    """A `celery worker` subprocess of the plain app (bench/plain_celery.py: Celery's defaults, late acks,
+    prefetch 1, nothing of stepq), threads pool, concurrency 1, on its own queue. Yields its CPU clock."""
+    from bench.plain_celery import plain_queue
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    env.update(STEPQ_BENCH_PLAIN_REDIS_URL=redis_url, STEPQ_BENCH_PLAIN_PREFIX=prefix, PYTHONPATH=str(ROOT))
+    cmd = [
+        sys.executable, "-m", "celery", "-A", "bench.plain_celery", "worker",
+        "--pool=threads", "--concurrency=1", "--loglevel=ERROR", "-Q", plain_queue(prefix),
+        "--without-gossip", "--without-mingle", "--without-heartbeat", f"--hostname={prefix}-plain@%h",
+    ]  # fmt: skip
+    with tempfile.NamedTemporaryFile(prefix=f"{prefix}-plain-worker-", suffix=".log", delete=False) as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            yield lambda: process_cpu_seconds(proc.pid)
+        except BaseException:
+            print(f"plain worker stderr is in {log.name}", file=sys.stderr)
+            raise
+        finally:
+            stop_process(proc)
+
+
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU of a process (all its threads), from /proc: less sensitive to a busy machine."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -1,16 +1,20 @@
-"""The benchmark worker's Celery app: stepq's app plus one no-op task for the bare-Celery floor.
+"""The benchmark worker's Celery app: stepq's app plus a no-op task (the stepq-configured Celery hop) and the
+stage clocks' control task (bench/stages.py: the measured CPU breakdown by engine stage).
 
 `celery -A bench.celery_app worker` builds it from `STEPQ_*` settings; the in-process
-worker calls `build_app(settings)`. Both tasks share one app, broker config and worker.
+worker calls `build_app(settings)`. The tasks share one app, broker config and worker. The plain Celery
+hop, without any of stepq's configuration, is in bench/plain_celery.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
 from celery import Celery
 
+from bench import stages
 from stepq.config.settings import Settings, get_settings
 from stepq.store.connection import get_redis
 from stepq.workers.app import create_app
@@ -23,6 +27,7 @@ def done_key(settings: Settings, run_id: str) -> str:
 
 
 def build_app(settings: Settings) -> Celery:
+    stages.install()  # off until the benchmark resets the clocks: one flag check per stage call meanwhile
     app = create_app(settings)
 
     @app.task(name=NOOP, acks_late=True, reject_on_worker_lost=True)
@@ -32,6 +37,12 @@ def build_app(settings: Settings) -> Celery:
             app.send_task(NOOP, args=[run_id, remaining - 1], queue=settings.queue)
         else:
             get_redis(settings).rpush(done_key(settings, run_id), "done")
+
+    @app.task(name=stages.CONTROL_TASK)
+    def stage_clocks(request_id: str, command: str) -> None:
+        """Reset or read the stage clocks of this worker process; the answer goes to a Redis list."""
+        answer = json.dumps(stages.control(command))
+        get_redis(settings).rpush(stages.reply_key(settings.key_prefix, request_id), answer)
 
     profile_path = os.environ.get("STEPQ_BENCH_PROFILE")
     if profile_path:

@@ -400,16 +400,17 @@ def sdk_env(base_url: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def stepq_worker(
-    settings: Settings, concurrency: int, base_url: str, pool: str = "threads"
+    settings: Settings, concurrency: int, base_url: str, pool: str = "threads", app: str = "stepq.workers.celery_app"
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`celery -A stepq.workers.celery_app worker --pool=POOL --concurrency=C` (what `stepq worker --pool POOL`
-    runs, without beat), with the SDK pointed at the fake upstream."""
+    runs, without beat), with the SDK pointed at the fake upstream. `app="bench.celery_app"`: the same app
+    plus the benchmark's stage clocks (bench/stages.py)."""
     from bench._common import ROOT, settings_env, stop_process
 
     env = {k: v for k, v in settings_env(settings).items() if not k.startswith("ANTHROPIC_")}
     env.update(sdk_env(base_url))
     cmd = [
-        sys.executable, "-m", "celery", "-A", "stepq.workers.celery_app", "worker",
+        sys.executable, "-m", "celery", "-A", app, "worker",
         f"--pool={pool}", f"--concurrency={concurrency}", "--loglevel=ERROR",
         "-Q", ",".join(worker_queues(settings)), "--without-gossip", "--without-mingle", "--without-heartbeat",
         f"--hostname={settings.key_prefix}-{pool}-c{concurrency}@%h",
