@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -118,7 +119,7 @@ class StepEmitter:
         self._kind: str | None = None
         self._buffer: list[str] = []
         self._buffer_started = 0.0
-        self._last_flush = 0.0
+        self._last_flush = -math.inf  # a step's first delta goes out at once, whatever the monotonic clock reads
         self._deferred: list[tuple[EventType, dict[str, Any]]] = []
         self._writes: list[tuple[Script, list[str], WriteArgs]] = []
         self._deferred_since = 0.0
