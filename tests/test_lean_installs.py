@@ -84,7 +84,7 @@ def test_provider_without_its_extra_fails_at_agent_load(tmp_path: Path, provider
     script = textwrap.dedent(
         """
         from stepq import MissingExtraError
-        from stepq.agents.definition import registry
+        from stepq.agents.registry import registry
         try:
             registry().load_modules(["lean_agents"])
         except MissingExtraError as exc:
@@ -179,7 +179,7 @@ def test_loading_agents_checks_their_tools_without_importing_the_sdk(tmp_path: P
     script = textwrap.dedent(
         """
         import sys
-        from stepq.agents.definition import registry
+        from stepq.agents.registry import registry
         registry().load_modules(["lean_agents"])
         sdks = ("anthropic", "openai", "google.genai", "boto3", "botocore")
         print(sorted(name for name in sys.modules if name in sdks))
