@@ -128,6 +128,24 @@ approver = AgentDefinition(
     ],
 )
 
+one_call_gated = AgentDefinition(
+    id="rt.one_call_gated",
+    allowed_tools=["rt_echo", "rt_side_effect"],
+    read_only=False,
+    mutation_policy="confirm-required",
+    parallel_tool_calls=False,  # the scripted provider sends both calls anyway: only the first may run
+    script=[
+        ScriptStep(
+            text="write, then echo",
+            tool_calls=[
+                ScriptToolCall(name="rt_side_effect", args={"label": "gated"}),
+                ScriptToolCall(name="rt_echo", args={"text": "must not run"}),
+            ],
+        ),
+        ScriptStep(text="done"),
+    ],
+)
+
 approver_two = AgentDefinition(
     id="rt.approver_two",
     allowed_tools=["rt_side_effect"],

@@ -74,3 +74,11 @@ vertex = AgentDefinition(
     default_provider="anthropic-vertex",
     default_model="claude-v",
 )
+
+one_call = AgentDefinition(
+    id="anthropic_t.one_call",
+    allowed_tools=["anthropic_lookup", "anthropic_fail"],
+    default_provider="anthropic",
+    default_model="claude-test",
+    parallel_tool_calls=False,  # sent as tool_choice.disable_parallel_tool_use
+)

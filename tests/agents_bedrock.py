@@ -55,3 +55,12 @@ stall = AgentDefinition(
     # a cancel takes to reach the worker; the stall tests wait this long once
     provider_options={"stall_timeout_s": 5.0},
 )
+
+one_call = AgentDefinition(
+    id="bedrock_t.one_call",
+    system_prompt="One tool at a time.",
+    default_provider="bedrock",
+    default_model=BEDROCK_MODEL,
+    allowed_tools=["bedrock_lookup", "bedrock_explode"],
+    parallel_tool_calls=False,  # Converse has no switch for it: the engine runs only the first call
+)

@@ -55,3 +55,12 @@ stall = AgentDefinition(
     # a cancel takes to reach the worker; the stall tests wait this long once
     provider_options={"stall_timeout_s": 5.0},
 )
+
+one_call = AgentDefinition(
+    id="gemini_t.one_call",
+    system_prompt="One tool at a time.",
+    allowed_tools=_TOOLS,
+    default_provider="gemini",
+    default_model="gemini-test",
+    parallel_tool_calls=False,  # Gemini has no switch for it: the engine runs only the first call
+)

@@ -115,3 +115,11 @@ azure_files = AgentDefinition(
     default_model="my-deployment",
     accepted_media_types=FILES,
 )
+
+one_call = AgentDefinition(
+    id="openai_t.one_call",
+    allowed_tools=["openai_lookup", "openai_fail"],
+    default_provider="openai",
+    default_model="gpt-test",
+    parallel_tool_calls=False,  # sent as parallel_tool_calls: false
+)

@@ -67,6 +67,25 @@ def test_approve_runs_the_gated_call_once_and_resumes(worker, client, prefix, rt
     assert err.value.code == "not-pending"
 
 
+def test_one_call_per_step_parks_on_the_first_call_and_answers_the_rest_not_run(worker, client, prefix):
+    """parallel_tool_calls=False on a provider that sent two calls: the first (gated) one parks and runs once
+    approved; the second never runs, before the park or on resume, and only the first counts as made."""
+    handle, [request] = _park(client, prefix, "rt.one_call_gated")
+    assert request.data["tool"] == "rt_side_effect"
+
+    assert client.approve(request.data["approval_id"], True, reviewer="ops@example").wait(30)
+    result = handle.wait(timeout=60)
+    assert result.status == TurnStatus.COMPLETED and result.text == "done"
+    assert _side_effects(prefix, handle.turn_id, "gated") == 1
+    state = client.get(handle.turn_id)
+    results = _tool_results(state)
+    assert results["rt_side_effect"].status == "ok"
+    echo = results["rt_echo"]
+    assert echo.is_error and echo.status == "denied"
+    assert echo.output["error"].startswith("not run: one tool call per step")
+    assert state.tool_calls_made == 1
+
+
 def test_deny_becomes_the_tool_result_the_model_sees(worker, client, prefix):
     handle, [request] = _park(client, prefix)
     data = request.data

@@ -170,6 +170,16 @@ def test_tool_round_trip_sends_results_and_errors_in_anthropic_shape(worker, cli
     assert "cache_control" in user["content"][-1]
 
 
+def test_one_tool_call_per_step_is_asked_of_the_api(worker, client, fake):
+    """parallel_tool_calls=False on the agent goes out as Anthropic's own switch."""
+    fake.enqueue(text_reply("ok"))
+    result, _ = run(client, "anthropic_t.one_call")
+
+    assert result.status == TurnStatus.COMPLETED, result.error
+    [request] = fake.requests
+    assert request.body["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
+
+
 def test_thinking_blocks_go_back_verbatim_with_signatures(worker, client, fake):
     fake.enqueue(
         stream(

@@ -187,6 +187,48 @@ def test_tool_round_trip_with_error_result_and_summed_usage(fake: FakeBedrock, w
     }
 
 
+def test_one_tool_call_per_step_runs_only_the_first_call(fake: FakeBedrock, worker: Any, client: Any) -> None:
+    """parallel_tool_calls=False: Converse has no switch for it, so the engine runs the first call and the model
+    reads "not run" for the others (every toolUse still gets its toolResult, as Bedrock requires)."""
+    fake.add(
+        turn(
+            tool_block(0, "tu_a", "bedrock_lookup", {"key": "alpha"}),
+            tool_block(1, "tu_b", "bedrock_explode", {"reason": "must not run"}),
+            stop="tool_use",
+        ),
+        turn(text_block(0, ["done"])),
+    )
+    result, events = run(client, "bedrock_t.one_call", "look it up")
+
+    assert result.status == TurnStatus.COMPLETED, result.error
+    first, second = fake.requests
+    assert set(first.body["toolConfig"]) == {"tools"}  # nothing native to send: ToolConfiguration has no switch
+    assert "additionalModelRequestFields" not in first.body
+    assert second.body["messages"][-1]["content"] == [
+        {
+            "toolResult": {
+                "toolUseId": "tu_a",
+                "content": [{"json": {"key": "alpha", "value": "value-of-alpha"}}],
+                "status": "success",
+            }
+        },
+        {
+            "toolResult": {
+                "toolUseId": "tu_b",
+                "content": [
+                    {
+                        "text": "Error executing tool bedrock_explode: not run: one tool call per step "
+                        "(parallel_tool_calls=False); call it again on its own"
+                    }
+                ],
+                "status": "error",
+            }
+        },
+    ]
+    statuses = [(r.data["id"], r.data["status"]) for r in of(events, EventType.TOOL_RESULT)]
+    assert statuses == [("tu_a", "ok"), ("tu_b", "denied")]
+
+
 def test_reasoning_with_signature_is_sent_back_verbatim(fake: FakeBedrock, worker: Any, client: Any) -> None:
     opaque = b"\x00opaque-redacted\xff"
     fake.add(

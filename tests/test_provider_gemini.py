@@ -195,6 +195,36 @@ def test_tool_round_trip_with_error_result_and_summed_usage(worker, client, stud
     assert (usage.cache_read_tokens, usage.reasoning_tokens) == (4, 3)
 
 
+def test_one_tool_call_per_step_runs_only_the_first_call(worker, client, studio):
+    """parallel_tool_calls=False: Gemini's API has no switch for it, so the engine runs the first call and the
+    model reads "not run" for the others (every call still gets its functionResponse)."""
+    studio.enqueue(
+        g.parts_reply(g.function_call("gemini_lookup", {"q": "x"}), g.function_call("gemini_lookup", {"q": "y"})),
+        g.text_reply("done"),
+    )
+    result, events = run(client, "gemini_t.one_call", "look both up")
+
+    assert result.status == TurnStatus.COMPLETED and result.text == "done"
+    first, second = (r.body for r in studio.requests)
+    assert "toolConfig" not in first  # nothing native to send: FunctionCallingConfig has no parallel switch
+    assert model_turn(second)["parts"] == [
+        {"functionCall": {"name": "gemini_lookup", "args": {"q": "x"}}},
+        {"functionCall": {"name": "gemini_lookup", "args": {"q": "y"}}},
+    ]
+    assert second["contents"][-1]["parts"] == [
+        {"functionResponse": {"name": "gemini_lookup", "response": {"output": {"answer": "result for x"}}}},
+        {
+            "functionResponse": {
+                "name": "gemini_lookup",
+                "response": {"error": "not run: one tool call per step (parallel_tool_calls=False); "
+                             "call it again on its own"},
+            }
+        },
+    ]  # fmt: skip
+    statuses = [(r.data["is_error"], r.data["status"]) for r in of_type(events, EventType.TOOL_RESULT)]
+    assert statuses == [(False, "ok"), (True, "denied")]
+
+
 def test_failure_breaker_stops_a_tool_after_two_failures(worker, client, studio):
     call = g.function_call("gemini_broken", {"reason": "again"})
     studio.enqueue(g.parts_reply(call), g.parts_reply(call), g.parts_reply(call), g.text_reply("giving up"))

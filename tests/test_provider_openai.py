@@ -91,6 +91,16 @@ def test_streamed_text_arrives_as_several_deltas(worker, client, fake):
     assert "tool_choice" not in body and "reasoning" not in body and "text" not in body
 
 
+def test_one_tool_call_per_step_is_asked_of_the_api(worker, client, fake):
+    """parallel_tool_calls=False on the agent goes out as OpenAI's own switch."""
+    fake.enqueue(response_text("ok"))
+    result, _ = run(client, "openai_t.one_call")
+
+    assert result.status == TurnStatus.COMPLETED, result.error
+    [request] = fake.wait_for_requests(1)
+    assert request.body["parallel_tool_calls"] is False
+
+
 def test_tool_round_trip_with_cached_token_usage(worker, client, fake, settings):
     fake.enqueue(
         response_stream(

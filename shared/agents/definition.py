@@ -178,6 +178,10 @@ class AgentDefinition(BaseModel):
     tool_choice: str | None = None
     """Every step's tool choice: `auto` (the model decides), `none` (no tool calls), `required` (at least one
     call) or a tool's name (that tool); each adapter maps it to its API's own. Unset: the provider default."""
+    parallel_tool_calls: bool = True
+    """False: at most one tool call per step. Anthropic and OpenAI are told so natively
+    (`disable_parallel_tool_use`, `parallel_tool_calls: false`); Gemini and Bedrock have no such switch, so
+    the engine runs only a step's first call and answers the others "not run: one tool call per step"."""
     active_tools: list[str] | None = None
     """The tools shown on every step, a subset of `allowed_tools` (unset: all the allowlist shows).
     `prepare_step` may change it per step, within the allowlist and the mutation gate; callers narrow it."""

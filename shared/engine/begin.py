@@ -170,6 +170,7 @@ def _request(
         messages=messages,
         tools=specs,
         tool_choice=tool_choice,
+        parallel_tool_calls=agent.parallel_tool_calls,
         output_schema=output_schema,
         max_tokens=plan.max_output_tokens,
         temperature=agent.temperature,

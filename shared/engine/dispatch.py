@@ -30,6 +30,14 @@ from stepq.store.tool_results import ToolResultStore
 
 log = logging.getLogger("stepq.tools")
 
+ONE_PER_STEP = "not run: one tool call per step (parallel_tool_calls=False); call it again on its own"
+
+
+def runnable(agent: AgentDefinition, calls: list[ToolCall]) -> list[ToolCall]:
+    """The calls of an answer that may run: all of them, or only the first when the agent allows one per
+    step (providers without a native switch, Gemini and Bedrock, may still send several)."""
+    return calls if agent.parallel_tool_calls else calls[:1]
+
 
 class ResultSink(Protocol):
     def store(self, result: ToolResult) -> None:
@@ -88,11 +96,16 @@ class StepDispatcher:
         self.execution = execution  # runs the functions: timeouts, cancellation, sanitised errors
         self.visible = {t.name: t for t in step_plan.callable_tools(agent, state)}  # this step's; hidden: cannot run
 
-    def prepare(self, call: ToolCall) -> PreparedCall:
+    def prepare(self, call: ToolCall, position: int = 0) -> PreparedCall:
+        """Validate and gate one call; `position` is its index in the answer (one call per step runs the first)."""
+
         def fail(output: dict[str, Any], status: ToolResultStatus) -> PreparedCall:
             result = ToolResult(tool_call_id=call.id, name=call.name, output=output, is_error=True, status=status)
             return PreparedCall(call, None, None, result)
 
+        if position > 0 and not self.agent.parallel_tool_calls:
+            denied = ToolResultStatus.DENIED
+            return fail({"error": ONE_PER_STEP, "status": denied.value}, denied)
         blocked = self._breaker_block(call)
         if blocked is not None:
             return PreparedCall(call, None, None, blocked)

@@ -16,7 +16,7 @@ from stepq.agents import task_plan
 from stepq.engine import client_tools, edits, tracing
 from stepq.engine.context import Decision, StepContext, none
 from stepq.engine.decide import after_tools
-from stepq.engine.dispatch import StepDispatcher
+from stepq.engine.dispatch import StepDispatcher, runnable
 from stepq.engine.finish import fail
 from stepq.engine.park import await_tool_results
 from stepq.engine.tools_stage import dispatcher_for, publish_result, refusal, update_plan
@@ -49,11 +49,12 @@ def resume(ctx: StepContext) -> Decision:
     update_plan(state, emitter, task_plan.after_results(state.plan, calls, gated))
     state.messages.append(edits.with_args(parked.assistant, edited))
     state.messages.append(ToolResultMessage(results=results))
-    state.tool_calls_made += len(calls)
+    ran = runnable(ctx.agent, calls)  # the others were answered "not run" when the step parked
+    state.tool_calls_made += len(ran)
     state.parked = None
     state.status = TurnStatus.RUNNING
     tracing.resume_trace(state, parked.step_trace)
-    return after_tools(ctx, calls)
+    return after_tools(ctx, ran)
 
 
 def _still_pending(ctx: StepContext, parked: ParkedStep, records: dict[str, ApprovalRecord], now: float) -> bool:
@@ -86,12 +87,12 @@ def _results(
 ) -> list[ToolResult]:
     """Each call's result, in order: stored, run now (not gated), or as its approval decided."""
     results: list[ToolResult] = []
-    for call in calls:
+    for position, call in enumerate(calls):
         if call.id in stored:
             results.append(stored[call.id])
             continue
         if call.id not in by_call:
-            results.append(dispatcher.execute(dispatcher.prepare(call)))  # not approval-gated
+            results.append(dispatcher.execute(dispatcher.prepare(call, position)))  # not approval-gated
             continue
         result = _gated_result(ctx, dispatcher, call, by_call[call.id], edited)
         results.append(result)

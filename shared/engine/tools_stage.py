@@ -14,7 +14,7 @@ from stepq.engine import stopping, tracing
 from stepq.engine.begin import ModelCall
 from stepq.engine.context import Decision, StepContext
 from stepq.engine.decide import after_tools
-from stepq.engine.dispatch import StepDispatcher
+from stepq.engine.dispatch import StepDispatcher, runnable
 from stepq.engine.emitter import StepEmitter
 from stepq.engine.finish import advance, finish_limit
 from stepq.engine.park import park
@@ -39,11 +39,12 @@ def run_tools(ctx: StepContext, call: ModelCall, output: StepOutput, trace: Step
     state, emitter = ctx.state, ctx.emitter
     calls = output.message.tool_calls
     state.messages.append(output.message)
-    over_budget = _over_budget(ctx, calls)
+    ran = runnable(ctx.agent, calls)  # the rest are answered "not run" (one tool call per step)
+    over_budget = _over_budget(ctx, calls, len(ran))
     if over_budget is not None:
         return over_budget
     dispatcher = dispatcher_for(ctx, call.adapter.tool_failure_breaker)
-    prepared = [dispatcher.prepare(c) for c in calls]
+    prepared = [dispatcher.prepare(c, i) for i, c in enumerate(calls)]
     for p in prepared:
         emitter.defer(EventType.TOOL_CALL, {"id": p.call.id, "name": p.call.name, "args": p.call.args})
     update_plan(state, emitter, task_plan.mark_running(state.plan, calls))
@@ -62,15 +63,15 @@ def run_tools(ctx: StepContext, call: ModelCall, output: StepOutput, trace: Step
     if waiting:
         return park(ctx, output, trace, waiting)
     state.messages.append(ToolResultMessage(results=[results[c.id] for c in calls]))
-    state.tool_calls_made += len(calls)
-    return after_tools(ctx, calls)
+    state.tool_calls_made += len(ran)
+    return after_tools(ctx, ran)
 
 
-def _over_budget(ctx: StepContext, calls: list[ToolCall]) -> Decision | None:
-    """The calls would overspend the turn's tool-call budget: none of them runs. None: within budget."""
+def _over_budget(ctx: StepContext, calls: list[ToolCall], running: int) -> Decision | None:
+    """The `running` calls would overspend the turn's tool-call budget: none of them runs. None: within budget."""
     state = ctx.state
     limits = state.limits
-    if limits.max_tool_calls is None or state.tool_calls_made + len(calls) <= limits.max_tool_calls:
+    if limits.max_tool_calls is None or state.tool_calls_made + running <= limits.max_tool_calls:
         return None
     if stopping.reserve_answer(state, ctx.agent, LoopStop.TOOL_CALL_BUDGET):  # the calls are not run
         note = "not run: the turn's tool-call budget is spent; give your final answer now"

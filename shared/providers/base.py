@@ -36,6 +36,7 @@ class StepRequest(BaseModel):
     messages: list[Message]
     tools: list[ToolSpec] = Field(default_factory=list)
     tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True  # False: ask for at most one tool call (where the API has a switch)
     max_tokens: int | None = None
     temperature: float | None = None
     stop_sequences: list[str] = Field(default_factory=list)

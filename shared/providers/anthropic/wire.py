@@ -247,7 +247,9 @@ def build_params(request: StepRequest) -> dict[str, Any]:
     if tools:
         params["tools"] = tools
         choice = tool_choice(
-            request.tool_choice, [t["name"] for t in tools], bool(options.get("disable_parallel_tool_use"))
+            request.tool_choice,
+            [t["name"] for t in tools],
+            bool(options.get("disable_parallel_tool_use")) or not request.parallel_tool_calls,
         )
         if choice is not None:
             params["tool_choice"] = choice

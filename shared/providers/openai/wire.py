@@ -215,7 +215,7 @@ def responses_params(request: StepRequest) -> dict[str, Any]:
                 params["tool_choice"] = (
                     choice if choice in ("auto", "none", "required") else {"type": "function", "name": choice}
                 )
-            if options.get("disable_parallel_tool_use"):
+            if options.get("disable_parallel_tool_use") or not request.parallel_tool_calls:
                 params["parallel_tool_calls"] = False
     if request.max_tokens is not None:
         params["max_output_tokens"] = request.max_tokens
@@ -300,7 +300,7 @@ def chat_params(request: StepRequest) -> dict[str, Any]:
             params["tool_choice"] = (
                 choice if choice in ("auto", "none", "required") else {"type": "function", "function": {"name": choice}}
             )
-        if options.get("disable_parallel_tool_use"):
+        if options.get("disable_parallel_tool_use") or not request.parallel_tool_calls:
             params["parallel_tool_calls"] = False
     if request.max_tokens is not None:
         params[str(options.get("max_tokens_param", "max_tokens"))] = request.max_tokens
