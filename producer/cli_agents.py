@@ -13,6 +13,7 @@ from stepq.agents.extensions import Explanation
 from stepq.agents.registry import AgentRegistry, registry
 from stepq.config.settings import Settings
 from stepq.errors import UnknownAgentError
+from stepq.producer.agent_card import picker_fields
 from stepq.producer.failures import err
 
 INDENT = "  "
@@ -35,9 +36,9 @@ def cmd_agents(args: argparse.Namespace, settings: Settings) -> int:
             print("\n".join(explain_lines(agents, explanation)))
         return 0
     if args.json:
-        print(json.dumps(list_json(agents), indent=2))
+        print(json.dumps(list_json(agents, settings), indent=2))
     else:
-        print("\n".join(list_lines(agents)))
+        print("\n".join(list_lines(agents, settings)))
     return 0
 
 
@@ -51,7 +52,7 @@ def add_parser(sub: Any) -> None:
 # --------------------------------------------------------------------------- the list
 
 
-def list_json(agents: AgentRegistry) -> dict[str, Any]:
+def list_json(agents: AgentRegistry, settings: Settings) -> dict[str, Any]:
     listed = []
     for agent_id in agents.ids():
         agent = agents.get(agent_id)
@@ -63,19 +64,27 @@ def list_json(agents: AgentRegistry) -> dict[str, Any]:
                     "execution_mode": agent.execution_mode,
                     "tools": [t.name for t in agent.visible_tools()],
                     "suggestions": [s.model_dump() for s in agent.suggestions],
+                    **picker_fields(agent, settings),
                 }
             )
     disabled = [{"id": agent_id, "disabled_by": module} for agent_id, module in sorted(agents.disabled().items())]
     return {"agents": listed, "disabled": disabled}
 
 
-def list_lines(agents: AgentRegistry) -> list[str]:
-    data = list_json(agents)
+def list_lines(agents: AgentRegistry, settings: Settings) -> list[str]:
+    data = list_json(agents, settings)
     lines = []
     for agent in data["agents"]:
         lines.append(f"{agent['id']}  ({agent['execution_mode']})  tools: {', '.join(agent['tools']) or 'none'}")
+        lines.append(f"{INDENT}label: {agent['label']}" + (f"  domain: {agent['domain']}" if agent["domain"] else ""))
         if agent["description"]:
             lines.append(f"{INDENT}{agent['description']}")
+        if agent["keywords"]:
+            lines.append(f"{INDENT}keywords: {', '.join(agent['keywords'])}")
+        if agent["data_capabilities"]:
+            lines.append(f"{INDENT}data: {'; '.join(agent['data_capabilities'])}")
+        models = ", ".join(agent["allowed_models"]) or "the environment's default (none set)"
+        lines.append(f"{INDENT}models: {models}" + ("" if agent["model_choice"] else "  (callers may not choose)"))
         for suggestion in agent["suggestions"]:
             lines.append(f"{INDENT}suggestion: {_suggestion(suggestion['label'], suggestion['prompt'])}")
     for agent in data["disabled"]:
@@ -100,7 +109,11 @@ def definition_json(agent: AgentDefinition) -> dict[str, Any]:
     """The fields that decide what the model sees and may do, JSON-safe (functions and models left out)."""
     return {
         "id": agent.id,
+        "label": agent.label,
         "description": agent.description,
+        "keywords": agent.keywords,
+        "domain": agent.domain,
+        "data_capabilities": agent.data_capabilities,
         "execution_mode": agent.execution_mode,
         "default_provider": agent.default_provider,
         "default_model": agent.default_model,

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from stepq.producer.agent_card import picker_fields
 from stepq.producer.gateway.auth import Principal, require
 from stepq.producer.gateway.routes_turns import gateway
 from stepq.producer.gateway.service import Gateway
@@ -16,10 +17,11 @@ router = APIRouter(tags=["meta"])
 
 @router.get("/v1/agents")
 async def agents(
-    gw: Annotated[Gateway, Depends(gateway)], _: Annotated[Principal, Depends(require("read"))]
+    gw: Annotated[Gateway, Depends(gateway)], principal: Annotated[Principal, Depends(require("read"))]
 ) -> dict[str, Any]:
-    """Every agent this gateway can submit to: id, description, mode, tools, whether approvals may be needed, and
-    the starter prompts (`suggestions`) a chat launcher offers."""
+    """Every agent this gateway can submit to: id, description, mode, tools, whether approvals may be needed, the
+    starter prompts (`suggestions`) a chat launcher offers, and for a picker or a router the label, keywords,
+    domain, data capabilities and the models the agent may run under STEPQ_POLICY and this credential's policy."""
     registry = gw.runtime.agents
     out = []
     for agent_id in registry.ids():
@@ -38,6 +40,7 @@ async def agents(
                 "tools": [t.name for t in tools],
                 "approvals_possible": bool(may_need_approval),
                 "suggestions": [s.model_dump() for s in agent.suggestions],
+                **picker_fields(agent, gw.settings, principal.policy),
             }
         )
     return {"agents": out}

@@ -41,6 +41,18 @@ OUTPUT_TOOL_DESCRIPTION = (
 )
 
 
+# Picker metadata: one line each, short enough to show in a list (checked at load, see `check_metadata`).
+LABEL_MAX = 80
+WORD_MAX = 40
+CAPABILITY_MAX = 120
+
+
+def readable_label(agent_id: str) -> str:
+    """A picker label from an id, for agents that set none: `support.refund_desk` -> `Refund desk`."""
+    name = agent_id.rpartition(".")[2].replace("_", " ").strip()
+    return name[:1].upper() + name[1:]
+
+
 class StopWhen(BaseModel):
     """One stop condition: after `step_count` steps, after a step that called `has_tool_call`, or when the
     registered predicate `custom` (see `stop_condition`) answers True after a tool step."""
@@ -122,8 +134,17 @@ class AgentDefinition(BaseModel):
 
     id: str
     """`<module>.<name>`, lowercase with underscores: what callers submit to."""
+    label: str = Field(default_factory=lambda data: readable_label(data.get("id", "")))
+    """The agent's name in a picker (`stepq agents`, `GET /v1/agents`); unset, read from the id
+    (`support.refund_desk` -> `Refund desk`). The model never sees it, nor the other picker metadata."""
     description: str = ""
     """For people (the CLI, the gateway's agent list); the model never sees it."""
+    keywords: list[str] = Field(default_factory=list)
+    """Short search words a picker matches (`["refunds", "orders"]`), so a person or a router finds the agent."""
+    domain: str | None = None
+    """The area the agent works in (`customers`, `billing`), for grouping in a picker and routing by area."""
+    data_capabilities: list[str] = Field(default_factory=list)
+    """What data the agent can read or change, in words a picker shows (`["orders: read", "refunds: issue"]`)."""
     system_prompt: str = ""
     """The system message of every step (its first paragraph, before `prompt_sections`)."""
     prompt_sections: dict[str, str] = Field(default_factory=dict)
@@ -350,8 +371,40 @@ def check_step_tools(agent: AgentDefinition) -> None:
             raise DefinitionError(f"agent {agent.id}: {problem}")
 
 
+def _one_line_problem(text: str, limit: int) -> str | None:
+    if not text.strip():
+        return "is empty"
+    if "\n" in text or "\r" in text:
+        return "must be one line"
+    if len(text) > limit:
+        return f"is {len(text)} characters; at most {limit}"
+    return None
+
+
+def check_metadata(agent: AgentDefinition) -> None:
+    """The picker metadata must show as one short line each, and a list must not repeat itself: a label a
+    picker truncates or a keyword listed twice is a definition mistake, refused at load, not shown."""
+    fields: list[tuple[str, list[str], int]] = [
+        ("label", [agent.label], LABEL_MAX),
+        ("domain", [agent.domain] if agent.domain is not None else [], WORD_MAX),
+        ("keywords", agent.keywords, WORD_MAX),
+        ("data_capabilities", agent.data_capabilities, CAPABILITY_MAX),
+    ]
+    for name, values, limit in fields:
+        for value in values:
+            problem = _one_line_problem(value, limit)
+            if problem:
+                shown = f" {value[:limit]!r}" if value.strip() else ""
+                raise DefinitionError(f"agent {agent.id}: {name}{shown} {problem}")
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise DefinitionError(f"agent {agent.id}: {name} lists {', '.join(map(repr, repeated))} more than once")
+
+
 def check_agent(agent: AgentDefinition) -> None:
-    """What loading refuses: unknown tools and stop conditions, tool names that clash, schemas a provider cannot take."""
+    """What loading refuses: unknown tools and stop conditions, tool names that clash, schemas a provider cannot take,
+    picker metadata that cannot show as one line."""
+    check_metadata(agent)
     unknown = [name for name in agent.allowed_tools if agent.tool(name) is None]
     if unknown:
         raise DefinitionError(f"agent {agent.id}: allowed_tools names unknown tools: {', '.join(unknown)}")

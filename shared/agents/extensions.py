@@ -246,7 +246,7 @@ class _Draft:
         try:
             return type(agent)(**values)
         except ValidationError as exc:
-            raise DefinitionError(f"agent {agent.id} after its extensions: {_first_error(exc)}") from None
+            raise DefinitionError(f"agent {agent.id} after its extensions: {first_error(exc)}") from None
 
     def parts(self) -> list[Part]:
         out = [
@@ -260,7 +260,8 @@ class _Draft:
         return out + self.removed
 
 
-def _first_error(exc: ValidationError) -> str:
+def first_error(exc: ValidationError) -> str:
+    """A validation error as one line: where, then what (the first problem; fixing it shows the next)."""
     error = exc.errors()[0]
     where = ".".join(str(x) for x in error["loc"])
     return f"{where}: {error['msg']}" if where else str(error["msg"])

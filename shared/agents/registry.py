@@ -9,8 +9,10 @@ from __future__ import annotations
 import importlib
 import logging
 
+from pydantic import ValidationError
+
 from stepq.agents.definition import AgentDefinition, check_agent
-from stepq.agents.extensions import Explanation, ModuleExports, Origin, Resolution, resolve
+from stepq.agents.extensions import Explanation, ModuleExports, Origin, Resolution, first_error, resolve
 from stepq.agents.tools import declared_tools, set_tool_overrides, tool_overrides
 from stepq.errors import DefinitionError
 from stepq.providers.registry import split_shorthand
@@ -49,6 +51,8 @@ class AgentRegistry:
                 module = importlib.import_module(name)
             except ImportError as exc:
                 raise DefinitionError(f"cannot import agent module {name!r}: {exc}") from exc
+            except ValidationError as exc:  # a definition's field of the wrong type: one line, not a traceback
+                raise DefinitionError(f"agent module {name!r}: {exc.title} {first_error(exc)}") from None
             new[name] = ModuleExports.of(module, AgentDefinition)
         if new:
             every = {**self._modules, **new}

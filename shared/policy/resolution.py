@@ -127,6 +127,23 @@ def model_matches(pattern: str, provider: str, model: str) -> bool:
     return pattern == provider or fnmatch.fnmatchcase(f"{provider}/{model}", pattern)
 
 
+def allowed_patterns(layers: Iterable[Layer]) -> list[str] | None:
+    """The `provider/model` patterns every layer's model allowlist admits, for a picker to offer (None: no layer
+    lists models). A pattern of one layer is kept when each other listing layer admits it (read as the models it
+    names: `bedrock` is `bedrock/*`), so two layers' lists show as the tighter of the two."""
+    lists = [x.policy.models for x in layers if x.policy.models is not None]
+    if not lists:
+        return None
+    kept: dict[str, None] = {}
+    for i, patterns in enumerate(lists):
+        for pattern in patterns:
+            provider, _, model = pattern.partition("/")
+            named = model or "*"
+            if all(any(model_matches(q, provider, named) for q in other) for other in lists[:i] + lists[i + 1 :]):
+                kept[pattern] = None
+    return list(kept)
+
+
 def resolve(
     agent: AgentDefinition,
     base: LoopLimits,

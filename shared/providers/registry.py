@@ -186,17 +186,16 @@ def create_adapter(provider: str, agent: ProviderAgent, model: str) -> ProviderA
     return factory(agent, model)
 
 
-def resolve_model(
+def choose_model(
     agent: ProviderAgent,
     provider: str | None,
     model: str | None,
     env_provider: str | None,
     env_model: str | None,
     module: tuple[str | None, str | None] = (None, None),
-) -> tuple[str, str]:
-    """Per-turn choice (the submit checks that the agent and the policies allow one) > the module's
-    STEPQ_<MODULE>_PROVIDER/_MODEL > agent default > STEPQ_PROVIDER/STEPQ_MODEL. A module provider comes with
-    its module model (or is offline)."""
+) -> tuple[str | None, str | None]:
+    """The provider and model the chain names, unchecked (None where nothing names one): what `resolve_model`
+    runs, and what an agent listing shows without needing the provider configured."""
     provider, model = split_shorthand(provider, model)
     default_provider, default_model = split_shorthand(agent.default_provider, agent.default_model)
     env_p, env_m = split_shorthand(env_provider, env_model)
@@ -210,15 +209,32 @@ def resolve_model(
         elif agent.function_model is not None:
             chosen_provider = "function"
         else:
-            raise SubmitError(f"no provider for agent {agent.id}: set default_provider on the agent or STEPQ_PROVIDER")
+            return None, None
+    chosen_model = (
+        model or module_m or default_model or env_m or (chosen_provider if chosen_provider in OFFLINE else None)
+    )
+    return chosen_provider, chosen_model
+
+
+def resolve_model(
+    agent: ProviderAgent,
+    provider: str | None,
+    model: str | None,
+    env_provider: str | None,
+    env_model: str | None,
+    module: tuple[str | None, str | None] = (None, None),
+) -> tuple[str, str]:
+    """Per-turn choice (the submit checks that the agent and the policies allow one) > the module's
+    STEPQ_<MODULE>_PROVIDER/_MODEL > agent default > STEPQ_PROVIDER/STEPQ_MODEL. A module provider comes with
+    its module model (or is offline)."""
+    chosen_provider, chosen_model = choose_model(agent, provider, model, env_provider, env_model, module)
+    if chosen_provider is None:
+        raise SubmitError(f"no provider for agent {agent.id}: set default_provider on the agent or STEPQ_PROVIDER")
     if chosen_provider not in _FACTORIES and chosen_provider not in _LAZY:
         raise SubmitError(f"unknown provider {chosen_provider!r}; known: {', '.join(known_providers())}")
     check_configured(chosen_provider)
     if chosen_provider == "function" and agent.function_model is None:
         _function(agent, "")  # refused at submit, with the fix named, not inside a running turn
-    chosen_model = (
-        model or module_m or default_model or env_m or (chosen_provider if chosen_provider in OFFLINE else None)
-    )
     if chosen_model is None:
         raise SubmitError(f"no model for agent {agent.id} on {chosen_provider}: set default_model or STEPQ_MODEL")
     return chosen_provider, chosen_model
