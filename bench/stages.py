@@ -14,6 +14,7 @@ Thread CPU is only meaningful on the threads pool: under gevent all greenlets sh
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import resource
 import threading
@@ -43,14 +44,17 @@ _threads: list[_ThreadClock] = []
 _local = threading.local()
 _window: dict[str, float] = {"process_cpu": 0.0, "wall": 0.0}
 _installed = False
+_gc: dict[str, float] = {"seconds": 0.0, "collections": 0.0}
+GC = "of which garbage collection (inside whichever stage triggered it)"
 
 
 class _ThreadClock:
-    __slots__ = ("cpu", "mark", "stack")
+    __slots__ = ("cpu", "gc_start", "mark", "stack")
 
     def __init__(self) -> None:
         self.stack: list[str] = []
         self.mark = 0.0
+        self.gc_start = 0.0
         self.cpu: defaultdict[str, float] = defaultdict(float)
 
 
@@ -86,12 +90,26 @@ def _wrap(stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return timed
 
 
+def _gc_callback(phase: str, info: dict[str, Any]) -> None:
+    """Times each collection on the collecting thread's CPU clock (it is also inside some stage's time)."""
+    if not _on:
+        return
+    clock = _clock()
+    if phase == "start":
+        clock.gc_start = time.thread_time()
+    elif clock.gc_start:
+        _gc["seconds"] += time.thread_time() - clock.gc_start
+        _gc["collections"] += 1
+        clock.gc_start = 0.0
+
+
 def install() -> None:
     """Wrap the stage functions where their callers look them up (module or class attributes)."""
     global _installed
     if _installed:
         return
     _installed = True
+    gc.callbacks.append(_gc_callback)
     from stepq.engine import begin, context, decide, emitter, model_call, runner
     from stepq.store import turns
     from stepq.workers import tasks
@@ -132,6 +150,7 @@ def control(command: str) -> dict[str, Any]:
             for clock in _threads:
                 clock.cpu = defaultdict(float)
         _window.update(process_cpu=_process_cpu(), wall=time.monotonic())
+        _gc.update(seconds=0.0, collections=0.0)
         _on = True
         return {}
     _on = False
@@ -145,6 +164,7 @@ def control(command: str) -> dict[str, Any]:
         "stages": dict(totals),
         "process_cpu": process,
         "wall": time.monotonic() - _window["wall"],
+        "gc": dict(_gc),
     }
 
 
@@ -178,5 +198,7 @@ def breakdown(dump: dict[str, Any], units: int, unit: str) -> str:
     outside = process - in_stages
     rows.append([OUTSIDE, f"{outside * 1e6 / units:.1f}", f"{100 * outside / process:.1f}%"])
     rows.append(["worker process total (getrusage)", f"{process * 1e6 / units:.1f}", "100.0%"])
+    gc_seconds = dump.get("gc", {}).get("seconds", 0.0)
+    rows.append([GC, f"{gc_seconds * 1e6 / units:.1f}", f"{100 * gc_seconds / process:.1f}%"])
     head = f"worker CPU by stage, measured (thread CPU time around each stage call), per {unit}, {units} {unit}s"
     return f"{head}:\n" + table(["stage", f"cpu us/{unit}", "share"], rows)

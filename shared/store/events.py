@@ -41,8 +41,12 @@ return seq
 """
 
 TERMINAL = EventType.TURN_FINISH
+# One encoder for every event body: `json.dumps` with options builds a new JSONEncoder per call, a third of a
+# small envelope's encode time (one per streamed delta)
+_ENVELOPE = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
+_NAMED_TURNS = 4096  # turns whose publish keys are kept named (a worker streams at most a few hundred at once)
 _LEAD_ROUNDS = 8  # batches one leader sends in a row before it hands the lead on
 
 
@@ -165,6 +169,7 @@ class EventLog:
         self.maxlen = maxlen
         self._publish = client.register_script(_PUBLISH)
         self._commits = _GroupCommit(client, self._publish)
+        self._named: dict[str, tuple[str, str, str, str]] = {}
 
     def publish(self, turn_id: str, type_: EventType, step: int, data: dict[str, Any]) -> int:
         """Append one event and fan it out; returns its seq."""
@@ -181,12 +186,22 @@ class EventLog:
         for type_, step, data in events:
             envelope = {"turn_id": turn_id, "type": type_.value, "step": step, "data": data, "ts": now}
             try:
-                body = json.dumps(envelope, separators=(",", ":"), allow_nan=False)[1:]
+                body = _ENVELOPE.encode(envelope)[1:]
             except ValueError:  # NaN/Infinity from a model or a tool: every event stays valid JSON
                 body = json.dumps(finite(envelope), separators=(",", ":"))[1:]
             args += [body, "1" if type_ in CONTENT_EVENTS else "0", step]
-        k = self.keys
-        return self._commits.submit([k.seq(turn_id), k.events(turn_id), k.channel(turn_id), k.emitted(turn_id)], args)
+        return self._commits.submit(self._publish_keys(turn_id), args)
+
+    def _publish_keys(self, turn_id: str) -> list[str]:
+        """The publish script's four keys of a turn, named once per turn (a streamed step asks per delta)."""
+        named = self._named.get(turn_id)
+        if named is None:
+            k = self.keys
+            named = (k.seq(turn_id), k.events(turn_id), k.channel(turn_id), k.emitted(turn_id))
+            if len(self._named) >= _NAMED_TURNS:
+                self._named.clear()  # turns come and go: a bounded memo, refilled by the next delta
+            self._named[turn_id] = named
+        return list(named)
 
     def wait(self, pending: PendingPublish) -> int:
         """Block until a submitted event is written; returns its seq (or raises its error)."""

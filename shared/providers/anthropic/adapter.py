@@ -27,10 +27,12 @@ import httpx2
 from stepq.errors import SubmitError
 from stepq.models import StepOutput, ToolSpec
 from stepq.providers.anthropic.batch import AnthropicBatchAPI
-from stepq.providers.anthropic.stream import AUTH_HINT, CREDENTIAL_VARS, RawEvent, StreamAccumulator, classify_error
+from stepq.providers.anthropic.raw_stream import read_stream
+from stepq.providers.anthropic.stream import AUTH_HINT, CREDENTIAL_VARS, StreamAccumulator, classify_error
 from stepq.providers.anthropic.wire import build_params
 from stepq.providers.anthropic.wire import check_tools as _check_tools
 from stepq.providers.base import AdapterAgent, BatchAPI, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
+from stepq.providers.raw_body import body_chunks
 
 DEFAULT_STALL_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
@@ -131,13 +133,12 @@ class AnthropicAdapter(ProviderAdapter):
         acc = StreamAccumulator(emit)
         try:
             messages = cast(Any, self.client_factory().messages)
-            # The SDK's own stream (SSE decoding, `event: error` -> APIStatusError, cleanup) of plain JSON
-            # events: building a typed model per delta was ~40% of a streaming step's CPU (bench/README.md)
+            # The SDK makes the request (auth, headers, status errors); the raw SSE bytes are decoded here
+            # (raw_stream.py): the SDK's per-event decoding was most of a streamed delta's CPU (bench/README.md)
             with messages.with_streaming_response.create(stream=True, **params) as response:
-                for raw in response.parse(to=anthropic.Stream[object]):
-                    acc.feed(RawEvent(raw) if type(raw) is dict else raw)
-                    if should_stop():
-                        return acc.output()
+                chunks = body_chunks(response.http_response)
+                if read_stream(chunks, acc, should_stop, self.label, self.auth_hint):
+                    return acc.output()
         except Exception as exc:
             if should_stop():  # cancelled (or the lease moved on) while the stream failed: keep what arrived
                 return acc.output()

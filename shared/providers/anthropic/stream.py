@@ -164,6 +164,16 @@ class StreamAccumulator:
         else:
             self.blocks[index] = _Block("other")  # server tools etc.: not part of the canonical transcript
 
+    def block_delta(self, index: int, delta: dict[str, Any]) -> None:
+        """A `content_block_delta`'s delta as a plain dict (the raw stream's hot event): text without a wrapper."""
+        if delta.get("type") != "text_delta":
+            self._delta(index, RawEvent(delta))
+            return
+        block = self.blocks.get(index)
+        if block is None:  # a text block may arrive without its content_block_start
+            block = self.blocks[index] = _Block("text")
+        self._append(block, "text", delta.get("text") or "")
+
     def _delta(self, index: int, delta: Any) -> None:
         kind = getattr(delta, "type", None)
         block = self.blocks.get(index)

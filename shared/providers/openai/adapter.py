@@ -36,9 +36,11 @@ import openai
 from stepq.errors import SubmitError
 from stepq.models import StepOutput, ToolSpec
 from stepq.providers.base import AdapterAgent, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
+from stepq.providers.openai.raw_stream import read_stream
 from stepq.providers.openai.stream import ChatAccumulator, ResponsesAccumulator, classify_error, without_secrets
 from stepq.providers.openai.wire import answers_with_schema, chat_params, responses_params
 from stepq.providers.openai.wire import check_tools as _check_tools
+from stepq.providers.raw_body import body_chunks
 
 DEFAULT_STALL_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
@@ -181,11 +183,10 @@ class OpenAIAdapter(ProviderAdapter):
         try:
             client = self.client_factory()
             endpoint = client.chat.completions if self.api == "chat" else client.responses
-            with endpoint.create(stream=True, timeout=timeout, **params) as events:
-                for event in events:
-                    acc.feed(event)
-                    if should_stop():
-                        return acc.output()
+            # the SDK makes the request (auth, headers, status errors); the raw SSE is decoded here (raw_stream.py)
+            with endpoint.with_streaming_response.create(stream=True, timeout=timeout, **params) as response:
+                if read_stream(body_chunks(response.http_response), acc, should_stop, self.label):
+                    return acc.output()
         except Exception as exc:
             if should_stop():  # cancelled (or the lease moved on) while the stream failed: keep what arrived
                 return acc.output()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import httpx2
 import openai
 
 from stepq.models import AssistantMessage, Delta, FinishReason, ReasoningPart, StepOutput, TextPart, ToolCall, Usage
@@ -355,9 +356,9 @@ def classify_error(exc: BaseException, stall_s: float, label: str, auth_hint: st
     if isinstance(exc, openai.APIError):  # an error object inside a 200 stream (Chat Completions)
         code, api_message = _detail(exc.body)
         return in_stream_error(code, api_message or exc.message, label)
-    if isinstance(exc, httpx.TimeoutException):
+    if isinstance(exc, (httpx.TimeoutException, httpx2.TimeoutException)):  # the raw body's read (httpx2)
         return ProviderError(f"the {label} stream stalled: no data for {stall_s:g}s", retryable=True, code="stall")
-    if isinstance(exc, httpx.TransportError):
+    if isinstance(exc, (httpx.TransportError, httpx2.TransportError)):
         return ProviderError(
             f"the connection to {label} broke mid-stream: {type(exc).__name__}", retryable=True, code="connection"
         )

@@ -1,0 +1,62 @@
+"""Reads a Responses or Chat Completions stream's raw SSE bytes (the lean path): the SDK's request, our decoding.
+
+The SDK's `Stream` rules, kept: `data: [DONE]` ends the stream, a chunk whose top-level `error` is set is
+the in-stream failure (classified as `in_stream_error`, as the SDK's `APIError` would be), every other
+event's data is one JSON object, read by the accumulators through `Lenient` (attribute access, None for a
+field the server left out, as the SDK's typed models give).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from stepq.providers.base import ProviderError, ShouldStop
+from stepq.providers.openai.stream import ChatAccumulator, ResponsesAccumulator, in_stream_error
+from stepq.providers.sse import iter_events
+
+STREAM_ERROR = "An error occurred during streaming"  # the SDK's message when the error object has none
+
+
+class Lenient(dict[str, Any]):
+    """A JSON object read like the SDK's typed event: `obj.field`, None when absent, nested objects wrapped."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        value = self.get(name)
+        if type(value) is dict:
+            return Lenient(value)
+        if type(value) is list:
+            return [Lenient(v) if type(v) is dict else v for v in value]
+        return value
+
+
+def chunk_error(error: Any, label: str) -> ProviderError:
+    """A chunk's top-level `error` object -> the in-stream error the typed path raises for it."""
+    code = message = None
+    if isinstance(error, dict):
+        raw_code = error.get("code") or error.get("type")
+        code = str(raw_code) if raw_code is not None else None
+        message = error.get("message")
+    if not isinstance(message, str) or not message:
+        message = STREAM_ERROR
+    return in_stream_error(code, message, label)
+
+
+def read_stream(
+    chunks: Iterable[bytes], acc: ResponsesAccumulator | ChatAccumulator, should_stop: ShouldStop, label: str
+) -> bool:
+    """Feed every event to `acc`; True when `should_stop` ended the read early."""
+    for _, data in iter_events(chunks):
+        if data.startswith(b"[DONE]"):
+            break
+        body = json.loads(data)
+        if type(body) is dict:
+            if body.get("error"):
+                raise chunk_error(body["error"], label)
+            acc.feed(Lenient(body))
+        if should_stop():
+            return True
+    return False
