@@ -1,14 +1,18 @@
-"""kombu's Redis channel reuses one client per pool (stepq.fleet.broker_clients): a send or an ack no longer
-builds a `redis.Redis` (and its callback table) each time, and a channel whose pool was dropped builds anew."""
+"""The broker side of a step's cost. kombu's Redis channel reuses one client per pool (stepq.fleet.broker_clients):
+a send or an ack no longer builds a `redis.Redis` (and its callback table) each time, and a channel whose pool
+was dropped builds anew. A run_step message carries its display headers, so Celery does not saferepr them."""
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
+import celery.app.amqp
 import pytest
 import redis
 
-from stepq.fleet.protocol import RUN_STEP
+from stepq.fleet.protocol import RUN_STEP, run_step_message
 from stepq.producer.client import Client
 from tests.conftest import REDIS_URL
 
@@ -56,3 +60,30 @@ def test_a_channel_whose_pool_was_dropped_builds_a_client_on_the_new_pool(client
             assert rebuilt is not first
             assert rebuilt.connection_pool is channel.pool
             assert rebuilt.ping()
+
+
+def test_a_run_step_message_carries_its_argsrepr_so_celery_does_not_saferepr_it(
+    client: Client, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, queue = client.celery, client.settings.queue
+    reprs: list[object] = []
+    original = celery.app.amqp.saferepr
+
+    def counting(value: object, *args: Any, **kwargs: Any) -> str:
+        reprs.append(value)
+        return original(value, *args, **kwargs)
+
+    monkeypatch.setattr(celery.app.amqp, "saferepr", counting)
+    app.send_task(RUN_STEP, queue=queue, **run_step_message("turn-x", 3, attempt=2))
+    monkeypatch.undo()
+    assert reprs == []
+    r = redis.Redis.from_url(REDIS_URL)
+    try:
+        [key] = [k for k in r.scan_iter(match=f"{prefix}:*{queue}*", count=1000) if r.type(k) == b"list"]
+        message = json.loads(r.lpop(key))
+    finally:
+        r.close()
+    headers = message["headers"]
+    assert (headers["argsrepr"], headers["kwargsrepr"]) == ("['turn-x', 3]", "{'attempt': 2}")
+    args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+    assert (args, kwargs) == (["turn-x", 3], {"attempt": 2})
