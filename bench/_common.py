@@ -69,13 +69,14 @@ def cleanup(redis_url: str, prefix: str) -> int:
 
 @contextlib.contextmanager
 def running_worker(
-    settings: Settings, kind: str, profile_path: str | None = None
+    settings: Settings, kind: str, profile_path: str | None = None, loglevel: str = "ERROR"
 ) -> Iterator[Callable[[], float] | None]:
     """One Celery worker, threads pool, concurrency 1, serving the run's queues (as `stepq worker` would).
 
     kind="process": a `celery worker` subprocess, so the benchmark's own client work does not
     share the worker's GIL; kind="thread": in-process (celery.contrib.testing.worker).
     `profile_path`: cProfile the task bodies and write the stats there when the worker stops.
+    `loglevel`: the subprocess's `--loglevel` (`stepq worker` runs at INFO; its lines go to a temp file).
     Yields a function returning the worker process's CPU seconds so far (None for a thread worker).
     """
     if kind == "thread":
@@ -106,7 +107,7 @@ def running_worker(
         env["STEPQ_BENCH_PROFILE"] = profile_path
     cmd = [
         sys.executable, "-m", "celery", "-A", "bench.celery_app", "worker",
-        "--pool=threads", "--concurrency=1", "--loglevel=ERROR", "-Q", ",".join(worker_queues(settings)),
+        "--pool=threads", "--concurrency=1", f"--loglevel={loglevel}", "-Q", ",".join(worker_queues(settings)),
         "--without-gossip", "--without-mingle", "--without-heartbeat",
         f"--hostname={settings.key_prefix}@%h",
     ]  # fmt: skip

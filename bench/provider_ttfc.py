@@ -82,15 +82,19 @@ class FirstChunks:
 
 def stepq_turn(client: Client, sub: FirstChunks, timeout: float) -> dict[str, float]:
     """One turn: seconds from submit to submit() returning, to step-start and to the first text-delta."""
-    started = time.perf_counter()
+    started, started_wall = time.perf_counter(), time.time()
     handle = client.submit(AGENT, prompt=PROMPT)
     submitted = time.perf_counter()
     first = sub.wait_first_delta(handle.turn_id, timeout)
     result = handle.wait(timeout=timeout)  # drain: the next turn starts on an idle worker
     if result.status != TurnStatus.COMPLETED:
         raise RuntimeError(f"turn {handle.turn_id} ended {result.status.value}: {result.error}")
+    began = client.get(handle.turn_id).started_at  # the worker's clock (this machine's) as the step began
+    if began is None:
+        raise RuntimeError(f"turn {handle.turn_id} has no started_at")
     return {
         "submit": submitted - started,
+        "began": began - started_wall,
         "step_start": sub.step_start[handle.turn_id] - started,
         "first": first - started,
     }
@@ -174,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stepq adds {added:.1f} ms at p50 (upstream's own first-event latency: {script.first_ms:g} ms)")
         parts = [
             ["submit() returns", ms([a["submit"] for a in stepq], 50), ms([a["submit"] for a in stepq], 95)],
+            ["step began on the worker", ms([a["began"] for a in stepq], 50), ms([a["began"] for a in stepq], 95)],
             ["step-start received", ms([a["step_start"] for a in stepq], 50), ms([a["step_start"] for a in stepq], 95)],
             ["first text-delta received", ms(first, 50), ms(first, 95)],
         ]  # fmt: skip

@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", choices=["process", "thread"], default="process", help="default: process")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--profile", metavar="PATH", help="cProfile the worker's task bodies; stats to PATH")
+    parser.add_argument(
+        "--loglevel", default="ERROR", help="the stepq worker's --loglevel (default ERROR; `stepq worker` runs at INFO)"
+    )
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
     if not 1 <= args.steps <= 1000:
@@ -124,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     client = Client(settings)
     plain = build_plain_app(args.redis_url, prefix)
     print(
-        f"run {prefix}: plain worker (process) + stepq {args.worker} worker, each threads pool, concurrency 1; "
+        f"run {prefix}: plain worker (process) + stepq {args.worker} worker (--loglevel={args.loglevel}), each "
+        "threads pool, concurrency 1; "
         f"steps={n}, turns={args.turns}, repeat={args.repeat}",
         flush=True,
     )
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with (
             running_plain_worker(args.redis_url, prefix) as plain_cpu,
-            running_worker(settings, args.worker, args.profile) as cpu,
+            running_worker(settings, args.worker, args.profile, args.loglevel) as cpu,
         ):
             plain_chain(plain, redis, prefix, 5, timeout=120)  # warm-up: proves the workers consume
             bare_chain(client, 5, timeout=120)

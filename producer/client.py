@@ -33,7 +33,8 @@ from stepq.errors import (
     TurnNotFoundError,
     WaitTimeoutError,
 )
-from stepq.fleet.protocol import APPROVE, RUN_STEP, celery_config, queue_for
+from stepq.fleet import broker_clients
+from stepq.fleet.protocol import APPROVE, RUN_STEP, celery_config, queue_for, run_step_message
 from stepq.fleet.runtime import Runtime, get_runtime
 from stepq.logging import redact_url
 from stepq.models import Event, EventType, Policy, TurnResult, TurnState
@@ -195,6 +196,7 @@ class Client:
     @property
     def celery(self) -> Celery:
         if self._celery is None:
+            broker_clients.install()  # one Redis client per broker channel, not one per send
             app = Celery("stepq-producer")
             app.conf.update(celery_config(self.settings))
             self._celery = app
@@ -211,7 +213,7 @@ class Client:
 
     def _send_step(self, turn_id: str, step: int, priority: str) -> None:
         self._ensure_worker()
-        self.celery.send_task(RUN_STEP, args=[turn_id, step], queue=queue_for(self.settings, priority))
+        self.celery.send_task(RUN_STEP, queue=queue_for(self.settings, priority), **run_step_message(turn_id, step))
 
     def _check_served(self, turn_id: str, unserved_since: list[float]) -> None:
         """Embedded mode: raise NoWorkerError once no worker has existed here for NO_WORKER_AFTER_S.

@@ -160,6 +160,9 @@ def test_the_sweeper_logs_what_it_did_and_nothing_when_it_did_nothing(settings, 
         worker.kill_group()
     logged = worker.log.read_text()
     assert "stepq.sweep[" not in logged and "Sending due task stepq-sweep" not in logged, logged
+    # the re-sent step logged its own line (turn, step), not Celery's "received" / "succeeded" beside it
+    assert "stepq.run_step[" not in logged, logged
+    assert "step delivery ended" in logged, logged
     swept = [line for line in logged.splitlines() if "sweeper" in line]
     assert len(swept) == 1 and "INFO" in swept[0], logged
     assert f"re-sent turn {state.turn_id} step 1 (its step message was never sent)" in swept[0]

@@ -19,7 +19,15 @@ from stepq.config.settings import Settings
 from stepq.engine.decisions import decide_approval, sweep
 from stepq.engine.runner import Decision, StepRunner
 from stepq.fleet.metrics import STEP_DELIVERIES
-from stepq.fleet.protocol import APPROVE, BATCH_DRIVE, PROVIDER_BATCH_TICK, RUN_STEP, SWEEP, queue_for
+from stepq.fleet.protocol import (
+    APPROVE,
+    BATCH_DRIVE,
+    PROVIDER_BATCH_TICK,
+    RUN_STEP,
+    SWEEP,
+    queue_for,
+    run_step_message,
+)
 from stepq.fleet.runtime import Runtime, get_runtime
 from stepq.logging import log_context
 from stepq.store.batch_runs import BatchClaim
@@ -43,8 +51,7 @@ def _enqueue_step(
     task: Task, turn_id: str, step: int, priority: str, countdown: float | None = None, attempt: int | None = None
 ) -> None:
     queue = queue_for(_settings(task), priority)
-    kwargs = {"attempt": attempt} if attempt is not None else None
-    task.app.send_task(RUN_STEP, args=[turn_id, step], kwargs=kwargs, countdown=countdown, queue=queue)
+    task.app.send_task(RUN_STEP, countdown=countdown, queue=queue, **run_step_message(turn_id, step, attempt))
     _runtime(task).turns.mark_sent(turn_id, step)  # a crash before this line is found by the sweeper
 
 

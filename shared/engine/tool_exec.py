@@ -94,7 +94,7 @@ class ToolExecution:
     def __init__(
         self, settings: Settings, turn_cancel: CancelSignal | None = None, deadline: StepDeadline | None = None
     ) -> None:
-        self.redact = Redactor(secret_values(settings))
+        self.settings = settings
         self.max_lingering = settings.tool_max_lingering
         self.error_chars = settings.tool_error_chars
         self.turn_cancel = turn_cancel
@@ -141,7 +141,11 @@ class ToolExecution:
 
     def describe(self, exc: BaseException) -> str:
         """The exception as the model reads it: its type and its message on one line, bounded, secrets masked."""
-        return describe_exception(exc, self.redact, self.error_chars)
+        return describe_exception(exc, self.redactor(), self.error_chars)
+
+    def redactor(self) -> Redactor:
+        """Built when a tool fails, not per step: collecting the secrets reads the environment and the settings."""
+        return Redactor(secret_values(self.settings))
 
 
 def _nothing() -> None:

@@ -22,6 +22,14 @@ BATCH_DRIVE = "stepq.batch_drive"
 PROVIDER_BATCH_TICK = "stepq.provider_batch_tick"
 
 
+def run_step_message(turn_id: str, step: int, attempt: int | None = None) -> dict[str, Any]:
+    """`send_task` arguments of a run_step message: args, kwargs and their display forms (the `argsrepr` /
+    `kwargsrepr` headers), given so Celery does not saferepr them on every send (~80 us of CPU per step)."""
+    args = [turn_id, step]
+    kwargs = {"attempt": attempt} if attempt is not None else None
+    return {"args": args, "kwargs": kwargs, "argsrepr": repr(args), "kwargsrepr": repr(kwargs or {})}
+
+
 def queue_for(settings: Settings, priority: str) -> str:
     """Interactive turns and batch turns go to separate queues, so a big batch never delays a chat."""
     return f"{settings.queue}.batch" if priority == "batch" else settings.queue

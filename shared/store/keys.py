@@ -20,6 +20,7 @@ kombu; the ones stepq reads are spelled here too.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import zlib
@@ -34,6 +35,7 @@ _MADE_ID = re.compile(r"^(?:turn|thr|apv)_([0-9a-f]{8})[0-9a-f]{24}$")
 DEFAULT_INDEX_SHARDS = 16
 
 
+@functools.lru_cache(maxsize=4096)  # a step names its turn's keys ~30 times: one regex match per turn, not per key
 def home(object_id: str) -> str:
     """The hash tag of an id: its embedded home for ids stepq made, else a hash (any string gets one slot)."""
     made = _MADE_ID.match(object_id)
