@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from stepq.engine import batch_step
+from stepq.engine import batch_step, lifecycle
 from stepq.engine.begin import ModelCall, with_files
 from stepq.engine.compaction import Compactor, view
 from stepq.engine.context import Decision, StepContext, emitter_text, none, worker_id
@@ -113,6 +113,7 @@ def call_online(ctx: StepContext, call: ModelCall) -> StepOutput | Decision:
     used: int | None = None
     guard = _EventWriteGuard(emitter.emit)
     probe = FirstChunkProbe(guard)  # times the first content delta (stepq_time_to_first_chunk_seconds)
+    lifecycle.model_requested(ctx, call.request)
     try:
         output = call.adapter.stream_step(call.request, probe, lambda: lease.should_stop)
         used = output.usage.total_tokens
