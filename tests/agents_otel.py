@@ -17,7 +17,17 @@ from stepq.agents.definition import AgentDefinition
 from stepq.agents.hooks import ModelRequested, StepFinished, StepStarted, ToolResulted, fails_turn
 from stepq.agents.step_control import StepContext, StepOverrides
 from stepq.agents.tools import ToolContext, tool
-from stepq.models import AssistantMessage, Delta, StepOutput, TextPart, ToolCall, TurnResult, Usage, UserMessage
+from stepq.models import (
+    AssistantMessage,
+    Delta,
+    FinishReason,
+    StepOutput,
+    TextPart,
+    ToolCall,
+    TurnResult,
+    Usage,
+    UserMessage,
+)
 from stepq.providers.base import Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
 from stepq.providers.function import FunctionModel, FunctionRequest
 from stepq.providers.registry import register_provider
@@ -112,7 +122,8 @@ class _FlakyAdapter(ProviderAdapter):
         if request.step == 0:
             emit(Delta("text", "writing"))
             call = ToolCall(id="call_write", name="otel_write", args={"label": "x"})
-            return StepOutput(message=AssistantMessage(parts=[TextPart(text="writing"), call]), usage=usage)
+            message = AssistantMessage(parts=[TextPart(text="writing"), call])
+            return StepOutput(message=message, usage=usage, finish_reason=FinishReason.TOOL_CALLS)
         emit(Delta("text", "written"))
         return StepOutput(message=AssistantMessage(parts=[TextPart(text="written")]), usage=usage)
 
@@ -180,3 +191,19 @@ def _answers(request: FunctionRequest) -> str:
 
 
 following = AgentDefinition(id="otel_t.following", function_model=FunctionModel(_answers), on_turn_finish=_follow_up)
+
+
+@tool
+def otel_secret() -> dict[str, str]:
+    """Returns the provider key from the environment (a tool that leaks what it must not)."""
+    return {"token": os.environ.get("ANTHROPIC_API_KEY", "")}
+
+
+leaky = AgentDefinition(
+    id="otel_t.leaky",
+    allowed_tools=["otel_secret"],
+    script=[
+        ScriptStep(text="peeking", tool_calls=[ScriptToolCall(name="otel_secret", args={}, id="call_s")]),
+        ScriptStep(text="seen"),
+    ],
+)

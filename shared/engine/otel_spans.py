@@ -87,16 +87,27 @@ def from_environment() -> SpanExporter | None:
 
 
 class _PresetIds:
-    """The SDK's id generator, told each span's id (and a root's trace id) just before it starts."""
+    """The ids of the span about to start (and a root's trace id), per thread; the SDK's id generator
+    (`_id_generator`) hands them out."""
 
     def __init__(self) -> None:
         self.next = threading.local()
 
-    def generate_span_id(self) -> int:
-        return int(self.next.span_id)
 
-    def generate_trace_id(self) -> int:
-        return int(self.next.trace_id)
+def _id_generator(ids: _PresetIds) -> Any:
+    from opentelemetry.sdk.trace.id_generator import IdGenerator
+
+    class PresetIdGenerator(IdGenerator):
+        def generate_span_id(self) -> int:
+            return int(ids.next.span_id)
+
+        def generate_trace_id(self) -> int:
+            return int(ids.next.trace_id)
+
+        def is_trace_id_random(self) -> bool:
+            return False  # derived from the turn id: samplers must not read randomness into it
+
+    return PresetIdGenerator()
 
 
 def _tracer_provider(names: list[str]) -> tuple[Any, _PresetIds]:
@@ -109,7 +120,7 @@ def _tracer_provider(names: list[str]) -> tuple[Any, _PresetIds]:
     ids = _PresetIds()
     own = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "stepq"}
     # the sampler comes from OTEL_TRACES_SAMPLER(_ARG); the resource from OTEL_SERVICE_NAME/OTEL_RESOURCE_ATTRIBUTES
-    provider = TracerProvider(resource=Resource.create(own), id_generator=ids)  # type: ignore[arg-type]
+    provider = TracerProvider(resource=Resource.create(own), id_generator=_id_generator(ids))
     available = {e.name: e for e in entry_points(group="opentelemetry_traces_exporter")}
     for name in names:
         entry = available.get(_entry_point(name))
@@ -215,7 +226,8 @@ class SpanExporter:
         trace_id, _, flags = self._flags(state)
         turn_span = span_id(state.turn_id, "turn")
         step_span = span_id(state.turn_id, "step", trace.step)
-        now = time.time()
+        ended_turn = state.status.terminal and state.finished_at is not None and state.step == trace.step
+        now = state.finished_at if ended_turn and state.finished_at is not None else time.time()
         started = trace.started_at or (trace.attempts[0].started_at if trace.attempts else now)
         step = self._start(
             f"step {trace.step}",
