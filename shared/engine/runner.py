@@ -13,7 +13,8 @@ A step reads as its stages, each a module of its own sharing one `StepContext` (
   decide          engine/decide.py      trace the answer; a malformed retry or the final answer ...
   run tools       engine/tools_stage.py ... or the tool calls (parked on those that wait: engine/park.py);
   endings         engine/finish.py      advance, finish, fail: each one fenced commit.
-Every stage returns the `Decision` the delivery ends on, or what the next stage needs.
+Every stage returns the `Decision` the delivery ends on, or what the next stage needs. The stages call the
+lifecycle points (engine/lifecycle.py) that the agent's hooks and the OpenTelemetry spans observe.
 """
 
 from __future__ import annotations
