@@ -11,6 +11,7 @@ import pytest
 
 from stepq.agents.definition import AgentDefinition
 from stepq.agents.hooks import ModelRequested, StepFinished, StepStarted, ToolResulted, fails_turn
+from stepq.engine.context import Decision
 from stepq.fleet.metrics import HOOK_FAILURES
 from stepq.models import ToolResultStatus, TurnStatus
 from tests import agents_otel
@@ -93,3 +94,46 @@ def test_on_turn_finish_may_continue_the_thread_with_a_follow_up(worker, client)
     assert second.text == "second answer"
     texts = [m.content for m in client.get_thread(thread.thread_id).messages if getattr(m, "role", "") == "user"]
     assert texts == ["start", "and then?"]
+
+
+def test_a_fenced_off_commit_never_calls_the_finish_hooks_and_the_run_that_commits_calls_them_once(rt, prefix):
+    from stepq.engine import begin, decide, lifecycle, model_call
+    from stepq.engine.context import StepContext
+    from stepq.engine.emitter import StepEmitter
+    from stepq.engine.runner import StepRunner
+    from stepq.engine.tools_stage import run_tools
+    from stepq.models import StepLoss
+    from stepq.store.turns import StepStart
+    from stepq.turns.submit import create_turn
+
+    turn_id = create_turn(rt, "otel_t.hooked", prompt="go")[0].turn_id
+    token = rt.leases.new_token()
+    started = rt.turns.begin_step(turn_id, 0, token, rt.leases.ttl_ms)
+    assert isinstance(started, StepStart) and started.state is not None
+    agent = rt.agents.get("otel_t.hooked")
+    assert agent is not None
+    emitter = StepEmitter(rt.events, turn_id, 0, rt.settings.coalesce_window_ms / 1000)
+    lease = rt.leases.adopt(turn_id, token)
+    ctx = StepContext(
+        rt=rt, state=started.state, lease=lease, emitter=emitter, agent=agent, observers=lifecycle.observers_for(agent)
+    )
+    try:
+        assert begin.open_step(ctx, started) is None and begin.start_running(ctx) is None
+        call = begin.plan_call(ctx)
+        assert isinstance(call, begin.ModelCall)
+        output = model_call.answer(ctx, call)
+        assert not isinstance(output, Decision)
+        trace = decide.record_answer(ctx, call, output, 0.0)
+        rt.redis.delete(rt.keys.lease(turn_id))  # the lease lapsed: another delivery may take the step over
+        decision = run_tools(ctx, call, output, trace)
+    finally:
+        emitter.flush()
+        rt.leases.release(lease)
+    assert decision.reason == StepLoss.COMMIT_LOST
+    assert [h for h, _ in _recorded(turn_id) if h in ("on_tool_result", "on_step_finish")] == []
+
+    assert StepRunner(rt).deliver(turn_id, 0).action == "next"  # the delivery that commits step 0
+    assert [(h, i.step) for h, i in _recorded(turn_id) if h in ("on_tool_result", "on_step_finish")] == [
+        ("on_tool_result", 0),
+        ("on_step_finish", 0),
+    ]
