@@ -10,7 +10,7 @@ import os
 import time
 from typing import Any, TextIO
 
-from stepq.models import Event, EventType, LoopTrace, StepTrace, TurnResult, TurnState, Usage
+from stepq.models import Event, EventType, FailedAttempt, LoopTrace, StepTrace, TurnResult, TurnState, Usage
 
 
 class Style:
@@ -255,6 +255,7 @@ def _attempt_lines(s: StepTrace) -> list[str]:
     billed); a trace written before attempts were recorded lists only the billed ones."""
     billed = {(a.attempt, a.provider, a.model): a for a in s.failed_attempts}
     failed = [a for a in s.attempts if a.outcome != "ok"]
+    failed_rows: list[tuple[int, str | None, str | None, str, str, FailedAttempt | None]]
     if not failed:  # older traces: the billed failures alone
         failed_rows = [(a.attempt, a.provider, a.model, a.error or "error", "", a) for a in s.failed_attempts]
     else:
