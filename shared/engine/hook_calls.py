@@ -64,7 +64,7 @@ class HookCalls:
     def step_finished(self, d: Delivery, trace: StepTrace, results: list[ToolResult]) -> None:
         state, agent = d.state, self.agent
         by_id = {r.tool_call_id: r for r in results}
-        assistant = _assistant_of(d, trace)
+        assistant = _assistant_of(d)
         calls = {c.id: c for c in assistant.tool_calls} if assistant is not None else {}
         if agent.on_tool_result is not None:
             for traced in trace.calls:
@@ -113,7 +113,7 @@ async def _awaited(value: Any) -> Any:
     return await value
 
 
-def _assistant_of(d: Delivery, trace: StepTrace) -> AssistantMessage | None:
+def _assistant_of(d: Delivery) -> AssistantMessage | None:
     """The committed step's answer: the last assistant message (its tool results may follow it)."""
     for message in reversed(d.state.messages[-3:]):
         if isinstance(message, AssistantMessage):

@@ -93,12 +93,12 @@ def attempt_ended(
         observer.attempt_ended(d, attempt)
 
 
-def stamp(state_trace: StepTrace, d: Delivery) -> None:
+def stamp(trace: StepTrace, d: Delivery) -> None:
     """Move what the step's deliveries gathered (attempts, start, re-run mark) into its trace."""
     state = d.state
-    state_trace.attempts, state.attempts = state.attempts, []
-    state_trace.started_at, state.step_started_at = state.step_started_at, None
-    state_trace.rerun, state.step_rerun = state.step_rerun, False
+    trace.attempts, state.attempts = state.attempts, []
+    trace.started_at, state.step_started_at = state.step_started_at, None
+    trace.rerun, state.step_rerun = state.step_rerun, False
 
 
 def step_committed(d: Delivery, step: int) -> None:
