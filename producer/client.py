@@ -40,7 +40,7 @@ from stepq.logging import redact_url
 from stepq.models import Event, EventType, Policy, TurnResult, TurnState
 from stepq.store.connection import ever_reached
 from stepq.turns import client_results as client_tools
-from stepq.turns import threads
+from stepq.turns import threads, trace_context
 from stepq.turns.attachments import Attachment
 from stepq.turns.submit import LoopOverrides, create_turn
 
@@ -254,6 +254,7 @@ class Client:
         attachments: list[Attachment] | None = None,
         provider_batch: bool = False,
         policy: Policy | dict[str, Any] | None = None,
+        traceparent: str | None = None,
     ) -> TurnHandle:
         """Validate, store and enqueue a turn; returns its handle at once (the turn runs on a worker).
 
@@ -275,6 +276,8 @@ class Client:
             batch API (about half price, answered within hours; no worker waits). See docs/operations.md.
         attachments: `Attachment`s (images, PDFs, text files) added to the last user message; the agent's
             `accepted_media_types` and STEPQ_ATTACHMENT_* limits apply. File parts in `messages` work too.
+        traceparent: the W3C trace context the turn's spans join (default: the caller's current
+            OpenTelemetry span, when there is one); see docs/tracing.md.
 
         Raises SubmitError (UnknownAgentError, MissingFeaturesError, OverrideError, …) naming the
         problem; nothing is stored then.
@@ -294,6 +297,7 @@ class Client:
             attachments=attachments,
             provider_batch=provider_batch,
             policy=policy,
+            traceparent=traceparent or trace_context.current(),
         )
         if created or (
             idempotency_key is not None
@@ -476,6 +480,7 @@ class Client:
         features: list[str] | None = None,
         attachments: list[Attachment] | None = None,
         policy: Policy | dict[str, Any] | None = None,
+        traceparent: str | None = None,
     ) -> TurnHandle:
         """The thread's next turn: the model sees the thread's transcript, then these messages. While a turn
         of the thread runs, `multitask` says what happens: `reject` (ThreadBusyError), `enqueue` (run after
@@ -493,6 +498,7 @@ class Client:
             features=features,
             attachments=attachments,
             caller_policy=policy,
+            traceparent=traceparent or trace_context.current(),
         )
         for turn_id in continued.send:
             self._send_step(turn_id, 0, continued.state.priority)

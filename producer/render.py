@@ -10,7 +10,7 @@ import os
 import time
 from typing import Any, TextIO
 
-from stepq.models import Event, EventType, LoopTrace, TurnResult, TurnState, Usage
+from stepq.models import Event, EventType, FailedAttempt, LoopTrace, StepTrace, TurnResult, TurnState, Usage
 
 
 class Style:
@@ -246,13 +246,43 @@ def trace_table(trace: LoopTrace) -> list[str]:
         ]
         if operators:  # what a caller's, tenant's or the environment's policy tightened on this step
             lines.append(f"  ↳ policy: {', '.join(operators)}")
-        for a in s.failed_attempts:
-            moved = a.provider is not None and (a.provider, a.model) != (s.provider, s.model)
-            where = f" on {a.provider}/{a.model}" if moved else ""  # failed before a failover
-            lines.append(
-                f"  ↳ attempt {a.attempt}{where} failed ({a.error or 'error'}): {usage_line(a.usage)}"
-                f" · cost {money(a.cost)}"
-            )
+        lines += _attempt_lines(s) + _tool_lines(s)
+    return lines
+
+
+def _attempt_lines(s: StepTrace) -> list[str]:
+    """Each failed model call of the step (what it failed with, what followed, how long it took, what it was
+    billed); a trace written before attempts were recorded lists only the billed ones."""
+    billed = {(a.attempt, a.provider, a.model): a for a in s.failed_attempts}
+    failed = [a for a in s.attempts if a.outcome != "ok"]
+    failed_rows: list[tuple[int, str | None, str | None, str, str, FailedAttempt | None]]
+    if not failed:  # older traces: the billed failures alone
+        failed_rows = [(a.attempt, a.provider, a.model, a.error or "error", "", a) for a in s.failed_attempts]
+    else:
+        failed_rows = [
+            (a.attempt, a.provider, a.model, a.error or "error", f" → {a.outcome}, {a.duration_s:.2f}s",
+             billed.get((a.attempt, a.provider, a.model)))
+            for a in failed
+        ]  # fmt: skip
+    lines = []
+    for attempt, provider, model, error, detail, bill in failed_rows:
+        moved = provider is not None and (provider, model) != (s.provider, s.model)
+        where = f" on {provider}/{model}" if moved else ""  # failed before a failover
+        cost = f": {usage_line(bill.usage)} · cost {money(bill.cost)}" if bill is not None else ""
+        lines.append(f"  ↳ attempt {attempt}{where} failed ({error}){detail}{cost}")
+    return lines
+
+
+def _tool_lines(s: StepTrace) -> list[str]:
+    """Each tool call's outcome and how long its function ran; a parked step's wait; a re-run step."""
+    lines = []
+    for c in s.calls:
+        took = f" in {c.duration_s:.3f}s" if c.duration_s is not None else " (not run here)"
+        lines.append(f"  ↳ tool {c.name} ({c.id}): {c.status.value if c.status else 'not run'}{took}")
+    if s.parked_at is not None and s.resumed_at is not None:
+        lines.append(f"  ↳ waited {s.resumed_at - s.parked_at:.2f}s for {s.parked_for or 'approval'}")
+    if s.rerun:
+        lines.append("  ↳ re-run: a worker stopped in the middle of this step")
     return lines
 
 

@@ -398,6 +398,22 @@ class FailedAttempt(BaseModel):
     model: str | None = None
 
 
+class AttemptTrace(BaseModel):
+    """One model call of a step (every attempt, failed or not): when, on what, how it ended. The step's
+    `chat` spans are built from these (engine/otel_spans.py), so `stepq show --trace` and the spans agree."""
+
+    attempt: int
+    provider: str
+    model: str
+    started_at: float  # wall clock (the span's start)
+    duration_s: float = 0.0
+    outcome: Literal["ok", "retry", "failover", "error"] = "ok"
+    error: str | None = None  # the error's status or code, never its text (the span's `error.type`)
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    replayed: bool = False  # the answer came from the step's checkpoint (a re-run after a crash)
+
+
 class ToolCallTrace(BaseModel):
     """One tool call of a step: how big its arguments and result were (JSON characters) and how it ended."""
 
@@ -407,6 +423,8 @@ class ToolCallTrace(BaseModel):
     output_chars: int | None = None  # None: never run (the turn ended first)
     status: ToolResultStatus | None = None  # `invalid_arguments` marks arguments that failed the schema
     truncated: bool = False  # the result was cut to STEPQ_MAX_TOOL_RESULT_CHARS before the model read it
+    started_at: float | None = None  # wall clock; None: not run by this step's deliveries (a stored result)
+    duration_s: float | None = None  # how long the function ran
 
 
 MutationPolicy = Literal["read-only", "confirm-required", "destructive-confirm-required"]
@@ -485,6 +503,12 @@ class StepTrace(BaseModel):
     repair: bool = False  # object mode: this step answered a repair note
     batch: bool = False  # answered through the provider's batch API
     policy: dict[str, PolicySource] = Field(default_factory=dict)  # each effective limit and who set it
+    attempts: list[AttemptTrace] = Field(default_factory=list)  # every model call of the step, in order
+    started_at: float | None = None  # wall clock of the step's first delivery (its span's start)
+    rerun: bool = False  # a delivery of this step ran again after a worker stopped mid-step
+    parked_at: float | None = None  # when it parked for approvals or client-side results ...
+    parked_for: Literal["approval", "tool results"] | None = None
+    resumed_at: float | None = None  # ... and when it resumed (the wait's span)
 
 
 class LoopTrace(BaseModel):
@@ -718,6 +742,10 @@ class TurnState(BaseModel):
     answer_due: LoopStop | None = None  # object mode: a limit fired; the next step is the reserved answer step
     failed_attempts: list[FailedAttempt] = Field(default_factory=list)  # this step's, until its trace is written
     parked: ParkedStep | None = None
+    traceparent: str | None = None  # the W3C trace context the turn was submitted under (its spans' parent)
+    attempts: list[AttemptTrace] = Field(default_factory=list)  # this step's model calls, until its trace is written
+    step_started_at: float | None = None  # this step's first delivery (wall clock), until its trace is written
+    step_rerun: bool = False  # this step was delivered again after a worker stopped mid-step
     compaction: Compaction | None = None  # the model sees a compacted transcript (see engine/compaction.py)
     step_plan: StepPlan | None = None  # this step's tools, tool choice, model (see StepPlan)
     trace: LoopTrace = Field(default_factory=LoopTrace)

@@ -116,6 +116,7 @@ class WorkerProcess:
         concurrency: int = 2,
         pool: str = "threads",
         log_path: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
         cmd = [
@@ -127,7 +128,7 @@ class WorkerProcess:
             cmd += ["-B", "--schedule", f"/tmp/{settings.key_prefix}-{name}-beat"]
         self.proc = subprocess.Popen(
             cmd,
-            env=settings_env(settings),
+            env={**settings_env(settings), **(env or {})},
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=open(log_path, "ab") if log_path else subprocess.DEVNULL,  # noqa: SIM115 (the child owns it)

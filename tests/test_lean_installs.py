@@ -221,3 +221,26 @@ def test_a_worker_imports_its_agents_sdks_at_start_not_in_its_first_step(tmp_pat
         client.close()
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "False True False"  # only what its agents name
+
+
+TURN_IN_EMBEDDED_MODE = """
+import sys
+from stepq import Client
+result = Client().submit("demo.support", prompt="hello").wait(timeout=60)
+loaded = [name for name, module in sys.modules.items() if module is not None and name.startswith("opentelemetry")]
+print(result.status.value, bool(loaded))
+"""
+
+
+def test_without_the_otel_extra_turns_run_and_tracing_stays_off(tmp_path: Path):
+    env = blocked_env(tmp_path, ["opentelemetry"])
+    proc = run(env, sys.executable, "-c", TURN_IN_EMBEDDED_MODE)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["completed", "False"] and "opentelemetry" not in proc.stderr
+
+    env["OTEL_TRACES_EXPORTER"] = "otlp"  # asked for, but the extra is missing: one warning, the turn still runs
+    proc = run(env, sys.executable, "-c", TURN_IN_EMBEDDED_MODE)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["completed", "False"]
+    [warning] = [line for line in proc.stderr.splitlines() if "stepq[otel]" in line]
+    assert "OTEL_TRACES_EXPORTER asks for traces, but stepq[otel] is not installed" in warning

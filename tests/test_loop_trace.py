@@ -23,7 +23,9 @@ def _chars(value: object) -> int:
 def test_each_call_records_its_argument_and_result_sizes_and_status(rt, prefix):
     state = drive(rt, start(rt, "sc.prepared", prefix, prompt=f"sizes {prefix}"))
     first, second, _ = state.trace.steps
-    assert first.calls == [
+    [looked_up] = first.calls
+    assert looked_up.started_at is not None and looked_up.duration_s is not None  # it ran: when, and how long
+    assert looked_up.model_copy(update={"started_at": None, "duration_s": None}) == (
         ToolCallTrace(
             id="call_0_0",
             name="sc_lookup",
@@ -31,7 +33,7 @@ def test_each_call_records_its_argument_and_result_sizes_and_status(rt, prefix):
             output_chars=_chars({"key": "a", "value": "A"}),
             status=ToolResultStatus.OK,
         )
-    ]
+    )
     charge, refused = second.calls
     assert (charge.name, charge.status, charge.output_chars) == (
         "sc_charge",
@@ -40,6 +42,7 @@ def test_each_call_records_its_argument_and_result_sizes_and_status(rt, prefix):
     )
     assert (refused.name, refused.status) == ("sc_lookup", ToolResultStatus.NOT_FOUND)
     assert refused.output_chars == _chars({"error": "Tool not available on this step: sc_lookup"})
+    assert charge.duration_s is not None and refused.duration_s is None  # refused: its function never ran
 
 
 def test_invalid_arguments_and_truncation_are_marked(rt, prefix):

@@ -145,7 +145,8 @@ def test_a_tenant_policy_change_reaches_a_running_turn_at_its_next_step(rt, pref
     assert state.result().trace.summary()["per_step"][1]["policy"]["max_steps"] == "tenant"
     shown = trace_table(state.trace)  # `stepq show --trace`
     assert "↳ policy" not in shown[1]
-    assert shown[3] == "  ↳ policy: max_steps=2 (tenant), mutation_policy=read-only (tenant)"
+    second_row = next(i for i, line in enumerate(shown) if line.startswith("1 "))
+    assert shown[second_row + 1] == "  ↳ policy: max_steps=2 (tenant), mutation_policy=read-only (tenant)"
 
 
 def test_kill_switch_collapse_gives_a_running_turn_one_model_call_with_no_tools(rt, prefix):

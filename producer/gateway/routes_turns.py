@@ -65,6 +65,7 @@ async def submit(
     gw: Annotated[Gateway, Depends(gateway)],
     principal: Annotated[Principal, Depends(require("submit"))],
     idempotency_header: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    traceparent: Annotated[str | None, Header()] = None,
 ) -> JSONResponse:
     """Validate, store and enqueue a turn. A repeated idempotency key answers 200 with the same turn."""
     if idempotency_header is not None and body.idempotency_key not in (None, idempotency_header):
@@ -85,6 +86,7 @@ async def submit(
             provider=body.provider,
             model=body.model,
             policy=principal.policy,
+            traceparent=traceparent,  # the caller's W3C trace context: the turn's spans join it
         )
     )
     state = await gw.run_sync(handle.get)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Header, Request
 from pydantic import BaseModel, ConfigDict
 
 from stepq.producer.gateway.auth import Principal, require
@@ -89,6 +89,7 @@ async def continue_(
     body: ContinueBody,
     gw: Annotated[Gateway, Depends(gateway)],
     principal: Annotated[Principal, Depends(require("submit"))],
+    traceparent: Annotated[str | None, Header()] = None,
 ) -> Continued:
     """The thread's next turn: the model sees the thread's transcript, then these messages."""
     handle = await gw.run_sync(  # ThreadNotFoundError answers 404, ThreadBusyError 409 (see errors.py)
@@ -99,6 +100,7 @@ async def continue_(
             multitask=body.multitask,
             tenant=principal.tenant,
             policy=principal.policy,
+            traceparent=traceparent,  # the caller's W3C trace context: the turn's spans join it
         )
     )
     stored = await gw.run_sync(gw.runtime.threads.load, thread_id)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from stepq.agents.hooks import HOOK_NAMES, FailsTurn, HookFn
 from stepq.agents.mcp import McpTool, check_mcp_names
 from stepq.agents.prompt_parts import Suggestion, check_section_names
 from stepq.agents.step_control import StepContext, StepOverrides, check_choice
@@ -211,6 +212,18 @@ class AgentDefinition(BaseModel):
     )
     """`fn(StepContext) -> StepOverrides | dict | None`, called on the worker before each step: overrides
     for that step only (`model`, `active_tools`, `tool_choice`, `max_output_tokens`, extra `system` text)."""
+    on_step_start: HookFn | None = Field(default=None, exclude=True)
+    """`fn(StepStarted)`, on the worker before a step calls the model (again on a re-run, marked `rerun`)."""
+    on_model_request: HookFn | None = Field(default=None, exclude=True)
+    """`fn(ModelRequested)`: sees each attempt's final request (after prepare_step and the policies); a copy."""
+    on_tool_result: HookFn | None = Field(default=None, exclude=True)
+    """`fn(ToolResulted)`, after the step's commit: once per tool call of a committed step, with its duration."""
+    on_step_finish: HookFn | None = Field(default=None, exclude=True)
+    """`fn(StepFinished)`, after the step's fenced commit: once per committed step (never for a fenced-off re-run)."""
+    on_turn_finish: HookFn | None = Field(default=None, exclude=True)
+    """`fn(TurnResult) -> str | None`, after the turn's end committed; a returned string is the thread's next
+    prompt (a turn of a thread: it continues the thread, queued after it). Hooks: sync or `async def`; one that
+    raises is logged and counted, and fails the turn only when wrapped in `fails_turn` (stepq.agents.hooks)."""
     max_output_tokens: int | None = None
     """Cap on one model call's output tokens (provider default when unset)."""
     temperature: float | None = None
@@ -234,6 +247,11 @@ class AgentDefinition(BaseModel):
     or `TestModel()`; the default provider when set and no `script` is."""
 
     _tool_modules: dict[str, str] = PrivateAttr(default_factory=dict)  # tool name -> the module declaring it
+
+    @property
+    def has_hooks(self) -> bool:
+        """Any lifecycle hook set (the engine builds the hooks' arguments only then)."""
+        return any(getattr(self, name) is not None for name in HOOK_NAMES)
 
     @field_validator("accepted_media_types")
     @classmethod
@@ -287,6 +305,16 @@ class AgentDefinition(BaseModel):
                     raise ValueError(f"output JSON schema is invalid: {exc.message}") from None
             elif not (isinstance(self.output, type) and issubclass(self.output, BaseModel)):
                 raise ValueError("output must be a pydantic model class or a JSON schema dict")
+        return self
+
+    @model_validator(mode="after")
+    def _check_hooks(self) -> AgentDefinition:
+        for name in ("on_tool_result", "on_step_finish", "on_turn_finish"):
+            if isinstance(getattr(self, name), FailsTurn):
+                raise ValueError(
+                    f"{name} runs after the step's commit, so it cannot fail the turn: fails_turn() applies to "
+                    "on_step_start and on_model_request"
+                )
         return self
 
     @property

@@ -54,6 +54,7 @@ def open_step(ctx: StepContext, start: StepStart) -> Decision | None:
     # content of this very step reached subscribers before a crash: tell them to drop it
     if start.emitted_step == state.step and not state.status.parked:
         ctx.rt.turns.clear_emitted(state.turn_id)
+        state.step_rerun = True  # its trace and span say so (engine/lifecycle.py)
         emitter.publish(EventType.STEP_RESET, {"reason": "redelivered after the worker stopped mid-step"})
     ctx.checkpoint = start.checkpoint
     if start.cancel_requested:

@@ -15,14 +15,15 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from stepq.agents.definition import AgentDefinition
 from stepq.engine.emitter import StepEmitter
 from stepq.fleet.runtime import Runtime
 from stepq.logging import Redactor, describe_exception, secret_values
-from stepq.models import StepOutput, TurnState
+from stepq.models import AttemptTrace, StepOutput, StepTrace, ToolResult, TurnResult, TurnState
 from stepq.policy.resolution import Effective
+from stepq.providers.base import StepRequest
 from stepq.store.batch_runs import BatchClaim
 from stepq.store.leases import StepLease
 from stepq.store.turns import PreparedWrite
@@ -63,6 +64,23 @@ def emitter_text(emitter: StepEmitter) -> str:
     return "".join(emitter.text_parts)
 
 
+class StepObserver(Protocol):
+    """What watches the lifecycle points (engine/lifecycle.py): the agent's hooks, the OTel exporter. An
+    exception a live point lets out fails the step; the points after a commit must not raise."""
+
+    def step_started(self, ctx: StepContext) -> None: ...
+
+    def model_requested(self, ctx: StepContext, request: StepRequest) -> None: ...
+
+    def attempt_ended(self, d: Delivery, attempt: AttemptTrace) -> None: ...
+
+    def step_finished(self, d: Delivery, trace: StepTrace, results: list[ToolResult]) -> None: ...
+
+    def turn_finished(self, d: Delivery, result: TurnResult) -> str | None:
+        """May return a follow-up prompt for the turn's thread (only the agent's hooks do)."""
+        ...
+
+
 @dataclass(slots=True, kw_only=True)
 class Delivery:
     """One delivery's lease, turn state and event buffer: what a fenced commit needs."""
@@ -72,6 +90,9 @@ class Delivery:
     lease: StepLease
     emitter: StepEmitter
     pending_checkpoint: PreparedWrite | None = None  # the step's checkpoint while it still rides the next write
+    observers: tuple[StepObserver, ...] = ()  # who sees the lifecycle points (engine/lifecycle.py); () for most
+    attempt_started_at: float | None = None  # wall clock of the model call now running (its trace's start)
+    tool_timings: dict[str, tuple[float, float]] = field(default_factory=dict)  # call id -> (start, seconds)
 
     def commit(self, release: bool = True) -> bool:
         """A fenced commit: only while this delivery's lease is held; the step's last commit releases it."""

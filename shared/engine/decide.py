@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from stepq.engine import stopping, tracing
+from stepq.engine import lifecycle, stopping, tracing
 from stepq.engine.begin import ModelCall, policy_trace
 from stepq.engine.context import Decision, StepContext
 from stepq.engine.finish import advance, fail, finish, finish_limit
@@ -26,6 +26,8 @@ def record_answer(ctx: StepContext, call: ModelCall, output: StepOutput, started
     state = ctx.state
     cost = step_cost(ctx.rt.settings.prices, state.provider, state.model, output.usage, batch=output.batched)
     failed, state.failed_attempts = state.failed_attempts, []
+    replayed = ctx.checkpoint is not None
+    lifecycle.attempt_ended(ctx, "ok", usage=output.usage, finish_reason=output.finish_reason.value, replayed=replayed)
     repairing = bool(state.trace.steps) and state.trace.steps[-1].invalid_output
     trace = StepTrace(
         step=state.step,
@@ -47,6 +49,7 @@ def record_answer(ctx: StepContext, call: ModelCall, output: StepOutput, started
         batch=output.batched,
         policy=policy_trace(ctx),
     )
+    lifecycle.stamp(trace, ctx)
     state.usage = state.usage + output.usage
     state.cost = add_costs(state.cost, cost)  # failed attempts were added when they failed
     state.trace.steps.append(trace)
@@ -98,7 +101,7 @@ def final_answer(ctx: StepContext, output: StepOutput) -> Decision:
 def after_tools(ctx: StepContext, calls: list[ToolCall]) -> Decision:
     """A tool step is done (its results in the transcript): the next step, or the limit that ends the loop."""
     state, agent = ctx.state, ctx.agent
-    tracing.record_calls(state, calls)  # the step's trace is written with its commit, sizes included
+    tracing.record_calls(state, calls, ctx.tool_timings)  # written with the step's commit, sizes and times included
     if agent.execution_mode == "object" and state.answer_due is not None:  # the answer step called tools
         return finish_limit(ctx, state.answer_due)
     try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -86,6 +87,7 @@ class StepDispatcher:
         breaker: int | None,
         max_result_chars: int,
         execution: ToolExecution,
+        timings: dict[str, tuple[float, float]] | None = None,
     ) -> None:
         self.agent = agent
         self.state = state
@@ -94,6 +96,7 @@ class StepDispatcher:
         self.breaker = breaker
         self.max_result_chars = max_result_chars
         self.execution = execution  # runs the functions: timeouts, cancellation, sanitised errors
+        self.timings = {} if timings is None else timings  # call id -> (wall-clock start, seconds it ran)
         self.visible = {t.name: t for t in step_plan.callable_tools(agent, state)}  # this step's; hidden: cannot run
 
     def prepare(self, call: ToolCall, position: int = 0) -> PreparedCall:
@@ -188,7 +191,9 @@ class StepDispatcher:
             metadata=self.state.metadata,
             logger=log.getChild(definition.name),
         )
+        started, clock = time.time(), time.monotonic()
         outcome = self.execution.run(definition, call, args, ctx)
+        self.timings[call.id] = (round(started, 6), round(time.monotonic() - clock, 6))
         message = outcome.error
         if message is None:
             try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+from stepq.engine import lifecycle
 from stepq.engine.context import Decision, Delivery, StepContext, emitter_text, none
 from stepq.engine.finish import fail
 from stepq.engine.pricing import add_costs, step_cost
@@ -48,6 +49,7 @@ def provider_failure(ctx: StepContext, exc: ProviderError) -> Decision:
     emitted = emitter.emitted_content
     may_retry = exc.retryable and (not emitted or ctx.agent.retry_after_emission)
     if not may_retry:
+        lifecycle.attempt_ended(ctx, "error", error=exc)
         if emitted:
             state.text = emitter_text(emitter)
             return fail(ctx, f"provider error after content was streamed: {exc.describe()}")
@@ -57,8 +59,11 @@ def provider_failure(ctx: StepContext, exc: ProviderError) -> Decision:
         fallbacks = ctx.agent.fallbacks or s.fallbacks
         fallback = None if emitted else next_fallback(fallbacks, state.provider, state.model)
         if fallback is not None:
+            lifecycle.attempt_ended(ctx, "failover", error=exc)
             return fail_over(ctx, exc, fallback, attempt)
+        lifecycle.attempt_ended(ctx, "error", error=exc)
         return fail(ctx, f"provider error after {attempt} attempts: {exc.describe()}")
+    lifecycle.attempt_ended(ctx, "retry", error=exc)
     countdown = retry_countdown(exc.retry_after_s, state.attempt, s.retry_base_s, s.retry_cap_s)
     if emitted:
         ctx.rt.turns.clear_emitted(state.turn_id)

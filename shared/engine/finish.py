@@ -8,17 +8,21 @@ item), so a crash between the two runs them again on the redelivery (both are id
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 
 from stepq.batches.items import result_line
-from stepq.engine import batch_step, stopping, tracing
+from stepq.engine import batch_step, lifecycle, stopping, tracing
 from stepq.engine.context import Decision, Delivery, StepContext, maybe, none
 from stepq.engine.pricing import add_costs
+from stepq.errors import StepqError
 from stepq.fleet.metrics import TURNS, untrack_pending
 from stepq.models import EventType, FinishReason, LoopStop, StepLoss, StepTrace, TurnStatus
 from stepq.store.batch_runs import TurnEnd
 from stepq.turns import threads
+
+log = logging.getLogger("stepq.engine")
 
 
 def advance(d: Delivery) -> Decision:
@@ -29,6 +33,8 @@ def advance(d: Delivery) -> Decision:
     state.status = TurnStatus.RUNNING
     if not d.commit():
         return none(StepLoss.COMMIT_LOST)
+    if d.observers:  # the hooks and spans of the step just committed
+        lifecycle.step_committed(d, state.step - 1)
     return Decision("next", step=state.step)
 
 
@@ -73,10 +79,14 @@ def finish(d: Delivery, status: TurnStatus, reason: FinishReason) -> Decision:
     if isinstance(batch, str):  # counted, a driven batch's result written, its next item claimed for us
         item_key = str(state.metadata.get("item_key", ""))
         ended = rt.batches.turn_ended(batch, state, result_line(item_key, state))
+    follow_ups: tuple[str, ...] = ()
+    if d.observers:  # the hooks and spans of the last step and of the turn (committed), before turn-finish
+        lifecycle.step_committed(d, state.step)
+        follow_ups = _continue_thread(d, lifecycle.turn_committed(d))
     _publish_turn_finish(d, status, reason)
     return replace(
         none(f"turn {status.value}"),
-        start=maybe(start_next),
+        start=(*maybe(start_next), *follow_ups),
         batch=batch if ended.drive and isinstance(batch, str) else "",
         claim=ended.claim,
     )
@@ -85,20 +95,40 @@ def finish(d: Delivery, status: TurnStatus, reason: FinishReason) -> Decision:
 def _trace_failed_attempts(d: Delivery, reason: FinishReason) -> None:
     """The step ended on its failed attempts: they still get their trace."""
     state = d.state
-    if not state.failed_attempts:
+    if not state.failed_attempts and not state.attempts:
         return
     failed, state.failed_attempts = state.failed_attempts, []
-    state.trace.steps.append(
-        StepTrace(
-            step=state.step,
-            provider=state.provider,
-            model=state.model,
-            cost=add_costs(*(f.cost for f in failed)),
-            failed_attempts=failed,
-            retries=state.attempt,
-            stop_reason=reason.value,
-        )
+    trace = StepTrace(
+        step=state.step,
+        provider=state.provider,
+        model=state.model,
+        cost=add_costs(*(f.cost for f in failed)),
+        failed_attempts=failed,
+        retries=state.attempt,
+        stop_reason=reason.value,
     )
+    lifecycle.stamp(trace, d)
+    state.trace.steps.append(trace)
+
+
+def _continue_thread(d: Delivery, prompts: list[str]) -> tuple[str, ...]:
+    """`on_turn_finish` asked for a follow-up: the thread's next turn, queued after this one (its first step
+    to send now when the thread is free). A turn outside a thread has nothing to continue: logged."""
+    state = d.state
+    if not prompts:
+        return ()
+    if state.thread_id is None:
+        log.warning("on_turn_finish of turn %s returned a follow-up, but the turn is not in a thread", state.turn_id)
+        return ()
+    sent: list[str] = []
+    for prompt in prompts:
+        try:
+            continued = threads.continue_thread(d.rt, state.thread_id, prompt=prompt, multitask="enqueue")
+        except StepqError as exc:
+            log.warning("on_turn_finish's follow-up for thread %s was not stored: %s", state.thread_id, exc)
+            continue
+        sent += continued.send
+    return tuple(sent)
 
 
 def _publish_turn_finish(d: Delivery, status: TurnStatus, reason: FinishReason) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from stepq.engine import batch_step, stopping
+from stepq.engine import batch_step, lifecycle, stopping
 from stepq.engine.begin import ModelCall, with_files
 from stepq.engine.compaction import Compactor, view
 from stepq.engine.context import Decision, StepContext, emitter_text, none, worker_id
@@ -116,6 +116,7 @@ def call_online(ctx: StepContext, call: ModelCall) -> StepOutput | Decision:
     guard = _EventWriteGuard(emitter.emit)
     probe = FirstChunkProbe(guard)  # times the first content delta (stepq_time_to_first_chunk_seconds)
     deadline = step_deadline(state, ctx.agent)
+    lifecycle.model_requested(ctx, call.request)
     try:
         output = call.adapter.stream_step(call.request, probe, deadline.stop_check(lease))
         used = output.usage.total_tokens

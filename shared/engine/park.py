@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from stepq.approvals import ApprovalClaim
-from stepq.engine import client_tools
+from stepq.engine import client_tools, tracing
 from stepq.engine.context import Decision, StepContext, none
 from stepq.engine.dispatch import PreparedCall
 from stepq.fleet.metrics import track_pending
@@ -35,6 +35,9 @@ def park(ctx: StepContext, output: StepOutput, trace: StepTrace, waiting: list[P
     ttl = ctx.agent.approval_ttl_s or rt.settings.approval_ttl_s
     expires_at = round(time.time() + ttl, 3)
     pending, requests = _create_approvals(ctx, waiting, expires_at)
+    trace.parked_at = round(time.time(), 6)  # the wait's span starts here (engine/otel_spans.py)
+    trace.parked_for = "approval" if pending else "tool results"
+    tracing.keep_timings(trace, output.message.tool_calls, ctx.tool_timings)  # the calls that ran before it parked
     state.parked = ParkedStep(
         assistant=output.message,
         step_usage=output.usage,

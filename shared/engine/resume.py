@@ -53,6 +53,7 @@ def resume(ctx: StepContext) -> Decision:
     state.tool_calls_made += len(ran)
     state.parked = None
     state.status = TurnStatus.RUNNING
+    parked.step_trace.resumed_at = round(now, 6)
     tracing.resume_trace(state, parked.step_trace)
     return after_tools(ctx, ran)
 

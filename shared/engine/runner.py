@@ -13,7 +13,8 @@ A step reads as its stages, each a module of its own sharing one `StepContext` (
   decide          engine/decide.py      trace the answer; a malformed retry or the final answer ...
   run tools       engine/tools_stage.py ... or the tool calls (parked on those that wait: engine/park.py);
   endings         engine/finish.py      advance, finish, fail: each one fenced commit.
-Every stage returns the `Decision` the delivery ends on, or what the next stage needs.
+Every stage returns the `Decision` the delivery ends on, or what the next stage needs. The stages call the
+lifecycle points (engine/lifecycle.py) that the agent's hooks and the OpenTelemetry spans observe.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from dataclasses import replace
 import redis
 
 from stepq.agents import mcp as mcp_tools
-from stepq.engine import begin, decide, model_call, structured, tracing
+from stepq.engine import begin, decide, lifecycle, model_call, structured, tracing
 from stepq.engine.context import Decision, Delivery, StepContext, emitter_text, maybe, none, worker_id
 from stepq.engine.emitter import StepEmitter
 from stepq.engine.finish import fail
+from stepq.engine.hook_calls import HookFailedError
 from stepq.engine.resume import resume
 from stepq.engine.tool_exec import ProcessExitingError
 from stepq.engine.tools_stage import run_tools
@@ -92,8 +94,12 @@ class StepRunner:
                 if agent is None:
                     delivery = Delivery(rt=rt, state=state, lease=lease, emitter=emitter)
                     return fail(delivery, f"agent {state.agent!r} is not loaded on this worker")
-                ctx = StepContext(rt=rt, state=state, lease=lease, emitter=emitter, agent=agent)
-                return self._run_step(ctx, start)
+                observers = lifecycle.observers_for(agent)
+                ctx = StepContext(rt=rt, state=state, lease=lease, emitter=emitter, agent=agent, observers=observers)
+                try:
+                    return self._run_step(ctx, start)
+                except HookFailedError as exc:  # a hook that opted in (`fails_turn`) raised before the commit
+                    return fail(ctx, str(exc))
         except STORE_OUTAGES:
             raise  # nothing can be stored now, or this process is going: the sweeper sends the step again
         except Exception as exc:  # a bug (ours, a tool's, an adapter's) must not leave the turn leased and running
@@ -122,6 +128,7 @@ class StepRunner:
         if running is not None:
             return running
         state = ctx.state
+        lifecycle.step_started(ctx)
         started, traced = time.monotonic(), len(state.trace.steps)
         decision = self._model_step(ctx)
         elapsed = time.monotonic() - started

@@ -106,7 +106,9 @@ def dispatcher_for(ctx: StepContext, provider_breaker: int | None) -> StepDispat
     rt, s = ctx.rt, ctx.rt.settings
     sink = _EmitterResultSink(rt.tool_results, ctx.emitter, ctx.state.turn_id)
     execution = ToolExecution(s, ctx.lease.cancelled, step_deadline(ctx.state, ctx.agent))
-    return StepDispatcher(ctx.agent, ctx.state, rt.tool_results, sink, breaker, s.max_tool_result_chars, execution)
+    return StepDispatcher(
+        ctx.agent, ctx.state, rt.tool_results, sink, breaker, s.max_tool_result_chars, execution, ctx.tool_timings
+    )
 
 
 def publish_result(emitter: StepEmitter, result: ToolResult) -> None:

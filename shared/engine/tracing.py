@@ -13,6 +13,7 @@ from typing import Any
 from stepq.models import StepTrace, ToolCall, ToolCallTrace, ToolResult, ToolResultMessage, TurnState
 
 TRUNCATED = "…[truncated "  # the marker dispatch appends to a cut result
+Timings = dict[str, tuple[float, float]]  # tool call id -> (wall-clock start, seconds it ran)
 
 
 def this_step(state: TurnState) -> StepTrace | None:
@@ -21,19 +22,34 @@ def this_step(state: TurnState) -> StepTrace | None:
     return trace if trace is not None and trace.step == state.step else None
 
 
-def record_calls(state: TurnState, calls: list[ToolCall]) -> None:
-    """Fill the step's trace with each call's argument and result sizes (JSON characters) and status."""
+def record_calls(state: TurnState, calls: list[ToolCall], timings: Timings | None = None) -> None:
+    """Fill the step's trace with each call's argument and result sizes (JSON characters), status and time
+    (from this delivery's runs, or kept from before the step parked)."""
     trace = this_step(state)
     if trace is None or not calls:
         return
     last = state.messages[-1] if state.messages else None
     results = {r.tool_call_id: r for r in last.results} if isinstance(last, ToolResultMessage) else {}
-    trace.calls = [_call_trace(call, results.get(call.id)) for call in calls]
+    known = {**_kept(trace), **(timings or {})}
+    trace.calls = [_call_trace(call, results.get(call.id), known.get(call.id)) for call in calls]
 
 
-def _call_trace(call: ToolCall, result: ToolResult | None) -> ToolCallTrace:
+def keep_timings(trace: StepTrace, calls: list[ToolCall], timings: Timings) -> None:
+    """A step parks: the calls that already ran keep their times in its trace until it resumes."""
+    trace.calls = [_call_trace(call, None, timings[call.id]) for call in calls if call.id in timings]
+
+
+def _kept(trace: StepTrace) -> Timings:
+    return {
+        c.id: (c.started_at, c.duration_s) for c in trace.calls if c.started_at is not None and c.duration_s is not None
+    }
+
+
+def _call_trace(call: ToolCall, result: ToolResult | None, timing: tuple[float, float] | None = None) -> ToolCallTrace:
     output = None if result is None else result.output
     return ToolCallTrace(
+        started_at=timing[0] if timing else None,
+        duration_s=timing[1] if timing else None,
         id=call.id,
         name=call.name,
         input_chars=_chars(call.args),

@@ -121,6 +121,12 @@ TOOL_CALLS_REFUSED = Counter(
     ["tool"],
 )
 
+HOOK_FAILURES = Counter(
+    "stepq_hook_failures_total",
+    "Lifecycle hooks (AgentDefinition.on_step_finish, ...) that raised; the turn went on unless the hook opted in",
+    ["agent", "hook"],
+)
+
 UNKNOWN_TOOL = "unknown"  # the `tool` label of calls to names the agent does not have (model-invented: unbounded)
 _CODE = re.compile(r"[^a-z0-9_.-]+")
 

@@ -21,6 +21,7 @@ from stepq.policy.resolution import Effective, Layer, base_sources, layers_for, 
 from stepq.providers.registry import model_layer, resolve_model
 from stepq.store.keys import idempotency_home
 from stepq.turns import attachments as files
+from stepq.turns import trace_context
 from stepq.turns.transcripts import check_pairing
 
 _MESSAGES = TypeAdapter(list[Message])
@@ -266,6 +267,7 @@ def new_turn_state(
     provider_batch: bool = False,
     policy: Policy | dict[str, Any] | None = None,
     home: str | None = None,
+    traceparent: str | None = None,
 ) -> tuple[AgentDefinition, TurnState]:
     """Validate a submit and build the turn it asks for, storing nothing (a thread stores its turns itself).
     `home` places the turn's keys (a thread's turns live beside their thread, see stepq.store.keys)."""
@@ -333,6 +335,7 @@ def new_turn_state(
         provider_batch=bool(provider_batch),
         idempotency_key=idempotency_key,
         created_at=time.time(),
+        traceparent=trace_context.valid(traceparent),  # every step's spans join this trace
     )
     try:
         TurnState.model_validate_json(state.model_dump_json())
@@ -361,6 +364,7 @@ def create_turn(
     provider_batch: bool = False,
     policy: Policy | dict[str, Any] | None = None,
     sent: bool = True,
+    traceparent: str | None = None,
 ) -> tuple[TurnState, bool]:
     """Validate and store a turn. Returns (state, created); created is False for a repeated key.
     `sent=False`: the caller records its send of step 0 (`mark_sent`); until then the sweeper sends it."""
@@ -379,6 +383,7 @@ def create_turn(
         attachments=attachments,
         provider_batch=provider_batch,
         policy=policy,
+        traceparent=traceparent,
     )
     batch_id = state.metadata.get("batch_id")
     files.upload(state._objects)

@@ -136,6 +136,7 @@ def continue_thread(
     features: list[str] | None = None,
     attachments: list[Any] | None = None,
     caller_policy: Policy | dict[str, Any] | None = None,
+    traceparent: str | None = None,
 ) -> Continued:
     """Store the thread's next turn (its input: the thread's transcript, then these messages).
 
@@ -163,6 +164,7 @@ def continue_thread(
         attachments=attachments,
         policy=caller_policy,
         home=home(thread_id),
+        traceparent=traceparent,
     )
     ttl = rt.settings.thread_ttl_s
     upload(state._objects)
