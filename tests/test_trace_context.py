@@ -4,6 +4,8 @@ never a refusal. (That every step's spans join it: tests/test_otel_traces.py.)""
 
 from __future__ import annotations
 
+import json
+
 from opentelemetry.sdk.trace import TracerProvider
 
 from tests.conftest import make_settings
@@ -37,3 +39,19 @@ def test_the_gateway_stores_the_requests_traceparent_and_ignores_a_malformed_one
             assert response.status_code == 201, response.text
             stored.append(rt.turns.load(response.json()["turn_id"]).traceparent)
     assert stored == [GOOD, None, None]
+
+
+def test_the_chat_route_stores_the_requests_traceparent(prefix, rt):
+    """POST /v1/chat (the AI SDK's `useChat` endpoint) joins the caller's trace as /v1/turns does."""
+    settings = make_settings(prefix, api_keys=api_keys_setting(), gateway_rate_limit_rpm=0)
+    message = {"id": "u-1", "role": "user", "parts": [{"type": "text", "text": "hello"}]}
+    body = {"id": "traced-chat", "messages": [message], "trigger": "submit-message"}
+    with serve(settings) as served, served.client() as http:
+        with http.stream(
+            "POST", "/v1/chat?agent=otel_t.hooked", json=body, headers={"traceparent": GOOD}
+        ) as response:
+            assert response.status_code == 200, response.read()
+            first = next(line for line in response.iter_lines() if line.startswith("data: "))
+    start = json.loads(first.removeprefix("data: "))
+    assert start["type"] == "start"
+    assert rt.turns.load(start["messageMetadata"]["turnId"]).traceparent == GOOD

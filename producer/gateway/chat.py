@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -78,27 +78,34 @@ async def chat(
     gw: Annotated[Gateway, Depends(gateway)],
     principal: Annotated[Principal, Depends(require("submit"))],
     agent: Agent = None,
+    traceparent: Annotated[str | None, Header()] = None,
 ) -> StreamingResponse:
-    """Answer the chat's last message with a UI message stream (header `x-vercel-ai-ui-message-stream: v1`)."""
+    """Answer the chat's last message with a UI message stream (header `x-vercel-ai-ui-message-stream: v1`);
+    a W3C `traceparent` header makes the turn's spans part of the caller's trace."""
     if body.trigger == "regenerate-message":
         raise GatewayError(
             422, "unsupported-trigger", "regenerating an answer is not supported; send a new user message instead"
         )
     last = body.messages[-1]
     if last.get("role") == "user":
-        return await _ask(gw, principal, body.id, agent or body.agent, last)
+        return await _ask(gw, principal, body.id, agent or body.agent, last, traceparent)
     if last.get("role") == "assistant":
         return await _answer_approvals(gw, principal, body.id, last)
     raise GatewayError(422, "invalid-request", "the last message must have role 'user' or 'assistant'")
 
 
 async def _ask(
-    gw: Gateway, principal: Principal, chat_id: str, agent: str | None, message: dict[str, Any]
+    gw: Gateway,
+    principal: Principal,
+    chat_id: str,
+    agent: str | None,
+    message: dict[str, Any],
+    traceparent: str | None,
 ) -> StreamingResponse:
     """A user message: the thread's next turn, streamed from its start."""
     text, files = _user_input(message)
     thread = await _thread_for(gw, principal, chat_id, agent)
-    turn_id = await _continue(gw, principal, chat_id, thread, text, files)
+    turn_id = await _continue(gw, principal, chat_id, thread, text, files, traceparent)
     return _stream_response(gw, turn_id, 0, _metadata(chat_id, thread))
 
 
@@ -215,13 +222,22 @@ async def _thread_for(gw: Gateway, principal: Principal, chat_id: str, agent: st
 
 
 async def _continue(
-    gw: Gateway, principal: Principal, chat_id: str, thread: Thread, text: str, files: list[dict[str, Any]]
+    gw: Gateway,
+    principal: Principal,
+    chat_id: str,
+    thread: Thread,
+    text: str,
+    files: list[dict[str, Any]],
+    traceparent: str | None,
 ) -> str:
     content = [*files, *([{"type": "text", "text": text}] if text else [])]
     ask: dict[str, Any] = {"messages": [{"role": "user", "content": content}]} if files else {"prompt": text}
+    tenant, policy = principal.tenant, principal.policy
     try:
         handle = await gw.run_sync(
-            lambda: gw.client.continue_thread(thread.thread_id, tenant=principal.tenant, policy=principal.policy, **ask)
+            lambda: gw.client.continue_thread(
+                thread.thread_id, tenant=tenant, policy=policy, traceparent=traceparent, **ask
+            )
         )
     except ThreadBusyError:
         raise GatewayError(
