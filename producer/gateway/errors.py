@@ -18,6 +18,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from stepq.errors import (
     ApprovalError,
     AttachmentError,
+    ContextError,
     PolicyError,
     StepqError,
     StoreUnavailableError,
@@ -89,6 +90,8 @@ def from_stepq(exc: StepqError) -> GatewayError:
         return GatewayError(_TOOL_RESULTS_STATUS.get(exc.code, 409), exc.code.value, str(exc))
     if isinstance(exc, AttachmentError) and exc.unsupported_type:
         return GatewayError(415, "unsupported-media-type", str(exc))
+    if isinstance(exc, ContextError):  # the body parsed, but its context is not the agent's schema
+        return GatewayError(422, "invalid-context", str(exc))
     if isinstance(exc, PolicyError):  # the request is well-formed; a policy does not allow it
         return GatewayError(403, "policy", str(exc))
     if isinstance(exc, SubmitError):

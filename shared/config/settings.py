@@ -22,7 +22,16 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, Settin
 from stepq.config import module_models
 from stepq.config.module_models import ModuleModel
 from stepq.errors import ConfigurationError
-from stepq.models import SCOPE_ALL, Fallback, Policy, RateLimit, check_scope
+from stepq.models import (
+    DEFAULT_BUDGET_PRESETS,
+    PRESET_NAME,
+    SCOPE_ALL,
+    Budget,
+    Fallback,
+    Policy,
+    RateLimit,
+    check_scope,
+)
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")  # +sentinel: failover, +cluster
 # Values never echoed in an error message (the variable is named, the value is not): these, and every
@@ -76,6 +85,9 @@ class Settings(BaseSettings):
     # the environment layer of the resolution chain (stepq.policy.resolution): JSON, one Policy for every agent
     # ({"max_steps": 5, "models": ["anthropic/*"]}) or policies by scope ({"*": {...}, "support.refunds": {...}})
     policy: dict[str, Policy] = Field(default_factory=dict)
+    # budgets by name (`small`, `standard`, `long` and any added): JSON {"name": {max_tool_calls, max_tokens, ...}};
+    # a name given replaces the default of that name, the other defaults stay (see stepq.models.DEFAULT_BUDGET_PRESETS)
+    budget_presets: dict[str, Budget] = Field(default_factory=lambda: dict(DEFAULT_BUDGET_PRESETS))
 
     # Celery / durability
     redis_outage_s: float = Field(default=60.0, ge=0)  # how long Redis calls retry through an outage before failing
@@ -222,6 +234,15 @@ class Settings(BaseSettings):
         if isinstance(value, dict):
             return module_models.check({k: ModuleModel.model_validate(v) for k, v in value.items()})
         return value
+
+    @field_validator("budget_presets")
+    @classmethod
+    def _preset_names(cls, value: dict[str, Budget]) -> dict[str, Budget]:
+        """Named presets join the defaults; a name is lowercase (`small`, `nightly-batch`)."""
+        for name in value:
+            if not PRESET_NAME.match(name):
+                raise ValueError(f"preset name {name!r} must be lowercase letters, digits, '-' or '_'")
+        return {**DEFAULT_BUDGET_PRESETS, **value}
 
     @field_validator("policy", mode="before")
     @classmethod

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from stepq.agents import mcp as mcp_tools
-from stepq.engine import step_plan, stopping, structured
+from stepq.engine import call_hook, step_plan, stopping, structured
 from stepq.engine.compaction import view
 from stepq.engine.context import Decision, StepContext, none
 from stepq.engine.finish import fail, finish, finish_limit
@@ -71,7 +71,13 @@ def start_running(ctx: StepContext) -> Decision | None:
     wall_clock = LoopStop.WALL_CLOCK_BUDGET
     if stopping.over_wall_clock(state) and not stopping.answers_anyway(state, ctx.agent, wall_clock):
         return finish_limit(ctx, wall_clock)
-    if state.status == TurnStatus.QUEUED:  # visible as running while the first step streams
+    prepared = None
+    if not state.call_prepared and ctx.agent.prepare_call is not None:
+        try:  # once per turn: stored with the commit below, so a redelivery after it never calls it again
+            prepared = call_hook.prepare(ctx.agent, state)
+        except call_hook.PrepareCallError as exc:
+            return fail(ctx, str(exc))
+    if state.status == TurnStatus.QUEUED or prepared:  # visible as running while the first step streams
         state.status = TurnStatus.RUNNING
         state.started_at = state.started_at or time.time()
         if not ctx.commit(release=False):
@@ -86,7 +92,12 @@ def apply_policy(ctx: StepContext, version: int) -> Effective:
     tenant = tenant_of(state.metadata)
     doc = rt.policies.at_version(tenant, version) if tenant else None
     layers = layers_for(
-        agent.id, caller=state.caller_policy, tenant=tenant, tenant_doc=doc, environment=rt.settings.policy
+        agent.id,
+        caller=state.caller_policy,
+        tenant=tenant,
+        tenant_doc=doc,
+        environment=rt.settings.policy,
+        presets=rt.settings.budget_presets,
     )
     if state.base_limits is None:  # a turn stored before the resolution chain: its limits are its base
         state.base_limits = state.limits
@@ -166,7 +177,7 @@ def _request(
     return StepRequest.model_construct(
         provider=state.provider,
         model=state.model,
-        system=step_plan.system_text(agent, plan),
+        system=step_plan.system_text(agent, plan, state.instructions),
         messages=messages,
         tools=specs,
         tool_choice=tool_choice,

@@ -4,19 +4,33 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from stepq.agents.definition import AgentDefinition, Budget, StopWhen
+from stepq.agents.runtime_context import check_context
 from stepq.agents.step_control import at_most, check_choice
 from stepq.agents.stops import get_stop_condition, unknown_message
 from stepq.config import module_models
 from stepq.errors import MissingFeaturesError, OverrideError, PolicyError, SubmitError, UnknownAgentError
 from stepq.fleet.runtime import Runtime
 from stepq.jsonsafe import non_finite_path
-from stepq.models import EventType, LoopLimits, Message, Policy, SystemMessage, TurnState, UserMessage, new_turn_id
+from stepq.models import (
+    DEFAULT_BUDGET_PRESETS,
+    EventType,
+    LoopLimits,
+    Message,
+    Policy,
+    SystemMessage,
+    TurnState,
+    UnknownPresetError,
+    UserMessage,
+    budget_preset,
+    new_turn_id,
+)
 from stepq.policy.resolution import Effective, Layer, base_sources, layers_for, resolve, tenant_of
 from stepq.providers.registry import model_layer, resolve_model
 from stepq.store.keys import idempotency_home
@@ -33,13 +47,21 @@ class LoopOverrides(BaseModel):
 
     max_steps: int | None = Field(default=None, ge=1)
     stop_when: list[StopWhen] = Field(default_factory=list)
-    budget: Budget = Field(default_factory=Budget)
+    budget: Budget | str = Field(default_factory=Budget)  # or a preset's name: `small`, `standard`, `long`, ...
     active_tools: list[str] | None = None  # a subset of the tools the agent shows
     tool_choice: str | None = None  # as tight as the agent's or tighter: auto < required < a tool; auto < none
 
 
-def parse_overrides(overrides: LoopOverrides | dict[str, Any] | None) -> LoopOverrides | None:
-    """A caller's `loop=` as LoopOverrides; OverrideError naming what is wrong."""
+def parse_overrides(
+    overrides: LoopOverrides | dict[str, Any] | None, presets: Mapping[str, Budget] = DEFAULT_BUDGET_PRESETS
+) -> LoopOverrides | None:
+    """A caller's `loop=` as LoopOverrides, a budget preset's name replaced by its budget; OverrideError naming
+    what is wrong."""
+    if isinstance(overrides, LoopOverrides) and isinstance(overrides.budget, str):
+        try:
+            return overrides.model_copy(update={"budget": budget_preset(overrides.budget, presets)})
+        except UnknownPresetError as exc:
+            raise OverrideError(f"loop.budget: {exc}") from None
     if overrides is None or isinstance(overrides, LoopOverrides):
         return overrides
     if not isinstance(overrides, dict):
@@ -49,9 +71,10 @@ def parse_overrides(overrides: LoopOverrides | dict[str, Any] | None) -> LoopOve
             + hint
         )
     try:
-        return LoopOverrides.model_validate(overrides)
+        parsed = LoopOverrides.model_validate(overrides)
     except ValidationError as exc:
         raise OverrideError(f"invalid loop overrides: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from None
+    return parse_overrides(parsed, presets)
 
 
 def tighten(
@@ -81,6 +104,7 @@ def tighten(
         if stop.custom is not None and get_stop_condition(stop.custom) is None:
             raise OverrideError(f"loop.stop_when: {unknown_message(stop.custom)}")
     budget = overrides.budget
+    assert isinstance(budget, Budget)  # parse_overrides replaced a preset's name
     max_steps = narrower("max_steps", overrides.max_steps, limits.max_steps)
     max_tool_calls = narrower("budget.max_tool_calls", budget.max_tool_calls, limits.max_tool_calls)
     max_tokens = narrower("budget.max_tokens", budget.max_tokens, limits.max_tokens)
@@ -246,7 +270,14 @@ def policy_layers(rt: Runtime, agent_id: str, caller: Policy | None, metadata: d
     """The caller's, the tenant's (read now) and the environment's policies for a turn of `agent_id`."""
     tenant = tenant_of(metadata)
     tenant_doc = rt.policies.get(tenant) if tenant else None
-    return layers_for(agent_id, caller=caller, tenant=tenant, tenant_doc=tenant_doc, environment=rt.settings.policy)
+    return layers_for(
+        agent_id,
+        caller=caller,
+        tenant=tenant,
+        tenant_doc=tenant_doc,
+        environment=rt.settings.policy,
+        presets=rt.settings.budget_presets,
+    )
 
 
 def new_turn_state(
@@ -266,6 +297,7 @@ def new_turn_state(
     provider_batch: bool = False,
     policy: Policy | dict[str, Any] | None = None,
     home: str | None = None,
+    context: Any = None,
 ) -> tuple[AgentDefinition, TurnState]:
     """Validate a submit and build the turn it asks for, storing nothing (a thread stores its turns itself).
     `home` places the turn's keys (a thread's turns live beside their thread, see stepq.store.keys)."""
@@ -293,12 +325,13 @@ def new_turn_state(
     bad = non_finite_path(metadata)
     if bad:
         raise SubmitError(f"metadata{bad[1:]} is NaN or Infinity, which JSON cannot carry: send null or a string")
+    stored_context = None if context is None else check_context(agent.id, agent.context_schema, context)
     caller = _caller_policy(policy)
     layers = policy_layers(rt, agent.id, caller, metadata or {})
     ceiling = resolve(agent, agent.loop.limits(), base_sources(agent), layers)
     if ceiling.kill_switch == "refuse":
         raise PolicyError(ceiling.kill_message(agent.id))
-    overrides = parse_overrides(loop)
+    overrides = parse_overrides(loop, rt.settings.budget_presets)
     asked = [name for name, value in (("provider", provider), ("model", model)) if value]
     asked += ["loop"] if overrides is not None and overrides.model_fields_set else []
     if asked and not ceiling.runtime_override:
@@ -333,6 +366,7 @@ def new_turn_state(
         provider_batch=bool(provider_batch),
         idempotency_key=idempotency_key,
         created_at=time.time(),
+        context=stored_context,
     )
     try:
         TurnState.model_validate_json(state.model_dump_json())
@@ -361,6 +395,7 @@ def create_turn(
     provider_batch: bool = False,
     policy: Policy | dict[str, Any] | None = None,
     sent: bool = True,
+    context: Any = None,
 ) -> tuple[TurnState, bool]:
     """Validate and store a turn. Returns (state, created); created is False for a repeated key.
     `sent=False`: the caller records its send of step 0 (`mark_sent`); until then the sweeper sends it."""
@@ -379,6 +414,7 @@ def create_turn(
         attachments=attachments,
         provider_batch=provider_batch,
         policy=policy,
+        context=context,
     )
     batch_id = state.metadata.get("batch_id")
     files.upload(state._objects)
