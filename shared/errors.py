@@ -59,6 +59,7 @@ EXTRA_MODULES = {
     "botocore": "bedrock",
     "openai": "openai",
     "mcp": "mcp",
+    "cryptography": "tenant-keys",
 }
 
 

@@ -122,3 +122,10 @@ ctx_flaky = AgentDefinition(  # the first model call fails (retryable): step 0 i
     prepare_call=_once,
     script=[ScriptStep(fail=ScriptFailure(status=503, message="overloaded"), text="after a retry")],
 )
+
+claude = AgentDefinition(  # on the Anthropic wire fake (ANTHROPIC_BASE_URL): which key each call carries
+    id="ten.claude",
+    allowed_tools=["ten_lookup"],
+    default_provider="anthropic",
+    default_model="claude-test",
+)

@@ -38,7 +38,9 @@ REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")  
 # SecretStr setting.
 # Agent modules bundled with stepq that moved, by their old names (still accepted in STEPQ_AGENT_MODULES).
 MOVED_AGENT_MODULES = {"stepq.demo_agents": "stepq.agents.demo"}
-SECRET_SETTINGS = frozenset({"approval_secret", "approval_old_secrets", "jwt_secret", "api_keys"})
+SECRET_SETTINGS = frozenset(
+    {"approval_secret", "approval_old_secrets", "jwt_secret", "api_keys", "credentials_key", "credentials_old_keys"}
+)
 # HMAC-SHA256 keys shorter than its 32-byte output are guessable sooner than the MAC itself
 MIN_APPROVAL_SECRET_BYTES = 32
 NEW_SECRET_COMMAND = "export STEPQ_APPROVAL_SECRET=$(openssl rand -hex 32)"
@@ -75,6 +77,10 @@ class Settings(BaseSettings):
     approval_secret: SecretStr | None = None
     approval_old_secrets: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     approval_ttl_s: float = Field(default=3600.0, gt=0)
+    # the key-encryption key of tenants' provider API keys in Redis (a Fernet key; see docs/tenants.md), and the
+    # older ones still opened while keys sealed with them are re-sealed (comma-separated)
+    credentials_key: SecretStr | None = None
+    credentials_old_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
 
     provider: str | None = None
     model: str | None = None
@@ -272,7 +278,9 @@ class Settings(BaseSettings):
             return list(dict.fromkeys(MOVED_AGENT_MODULES.get(name, name) for name in value))
         return value
 
-    @field_validator("approval_old_secrets", "gateway_cors_origins", "attachment_url_allow", mode="before")
+    @field_validator(
+        "approval_old_secrets", "credentials_old_keys", "gateway_cors_origins", "attachment_url_allow", mode="before"
+    )
     @classmethod
     def _split_secrets(cls, value: object) -> object:
         if isinstance(value, str):
@@ -295,6 +303,10 @@ class Settings(BaseSettings):
                 env[key] = self.jwt_secret.get_secret_value() if self.jwt_secret else ""
             elif name == "approval_old_secrets":
                 env[key] = ",".join(s.get_secret_value() for s in self.approval_old_secrets)
+            elif name == "credentials_key":
+                env[key] = self.credentials_key.get_secret_value() if self.credentials_key else ""
+            elif name == "credentials_old_keys":
+                env[key] = ",".join(s.get_secret_value() for s in self.credentials_old_keys)
             elif name in ("agent_modules", "gateway_cors_origins", "attachment_url_allow"):
                 env[key] = ",".join(value)
             elif isinstance(value, dict | list):
@@ -302,6 +314,12 @@ class Settings(BaseSettings):
             else:
                 env[key] = str(value)
         return env
+
+    @property
+    def credential_keks(self) -> list[str]:
+        """The key-encryption keys, newest first (the first seals; all open)."""
+        keys = [self.credentials_key, *self.credentials_old_keys] if self.credentials_key else self.credentials_old_keys
+        return [k.get_secret_value() for k in keys if k is not None]
 
     @property
     def embedded(self) -> bool:

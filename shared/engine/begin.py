@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from stepq.agents import mcp as mcp_tools
-from stepq.engine import call_hook, step_plan, stopping, structured
+from stepq.engine import call_hook, step_plan, stopping, structured, tenant_keys
 from stepq.engine.compaction import view
 from stepq.engine.context import Decision, StepContext, none
 from stepq.engine.finish import fail, finish, finish_limit
@@ -58,6 +58,7 @@ def open_step(ctx: StepContext, start: StepStart) -> Decision | None:
     ctx.checkpoint = start.checkpoint
     if start.cancel_requested:
         return finish(ctx, TurnStatus.CANCELLED, FinishReason.CANCELLED)
+    ctx.policy_version = start.policy_version
     effective = apply_policy(ctx, start.policy_version)
     if effective.kill_switch == "refuse":
         return fail(ctx, effective.kill_message(ctx.agent.id))
@@ -142,6 +143,7 @@ def plan_call(ctx: StepContext) -> ModelCall | Decision:
         if refusal:
             return fail(ctx, refusal)
         adapter = create_adapter(state.provider, agent, state.model)
+        tenant_keys.apply(ctx, adapter)  # the tenant's own API key, when it stored one for this provider
     except Exception as exc:
         return fail(ctx, str(exc))
     # this step's tools (plan, caller's features); an MCP tool whose server changed its schema is not offered

@@ -107,3 +107,4 @@ class StepContext(Delivery):
     checkpoint: StepOutput | None = None  # the model's answer to this step, stored before a crash: replayed
     effective: Effective | None = None  # this step's policies resolved (see begin.apply_policy)
     tools_refused: list[dict[str, str]] = field(default_factory=list)  # MCP tools not offered this step, and why
+    policy_version: int = 0  # of the tenant policies, read with the lease: the tenant's credentials are read at it

@@ -20,6 +20,7 @@ from stepq.fleet.ratelimit import RateLimiter
 from stepq.store.approvals import ApprovalStore
 from stepq.store.batch_runs import BatchRunStore
 from stepq.store.connection import get_redis
+from stepq.store.credentials import CredentialStore
 from stepq.store.events import EventLog
 from stepq.store.keys import Keys
 from stepq.store.leases import LeaseManager
@@ -72,6 +73,11 @@ class Runtime:
             agents=agents,
             limiter=RateLimiter(client, keys, hold_ttl_s=max(settings.lease_ttl_s * 4, 300.0)),
         )
+
+    @property
+    def credentials(self) -> CredentialStore:
+        """Tenants' sealed provider credentials (written by `stepq tenant-key`; workers read them with the policy)."""
+        return CredentialStore(self.redis, self.keys)
 
     @property
     def signer(self) -> ApprovalSigner:

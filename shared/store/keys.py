@@ -219,6 +219,11 @@ class Keys:
         """SET of tenants that have a policy (what `stepq policy show` lists)."""
         return f"{self.prefix}:policy:{{{self.prefix}:policy}}:tenants"
 
+    def credentials(self, tenant: str) -> str:
+        """HASH of a tenant's provider credentials: provider -> sealed record JSON (never a key in clear). In the
+        policies' slot: a change bumps `policy_version`, which every step already reads with its lease."""
+        return f"{self.prefix}:policy:{{{self.prefix}:policy}}:credentials:{tenant}"
+
     # ----------------------------------------------------------------- threads
 
     def thread(self, thread_id: str) -> str:
