@@ -60,6 +60,8 @@ def _changes(args: argparse.Namespace) -> dict[str, Any]:
             given[name] = _csv(given[name])
     if given["stop_when"] is not None:
         given["stop_when"] = _stop_when(given["stop_when"])
+    if given["prompt_sections"] is not None:
+        given["prompt_sections"] = _sections(given["prompt_sections"])
     return {name: value for name, value in given.items() if value is not None}
 
 
@@ -72,6 +74,17 @@ def _stop_when(raw: str) -> list[Any]:
             '--stop-when must be JSON such as \'[{"step_count": 3}]\' or \'{"has_tool_call": "hand_over"}\''
         ) from None
     return value if isinstance(value, list) else [value]
+
+
+def _sections(pairs: list[str]) -> dict[str, str]:
+    """`--prompt-section NAME=TEXT` (repeatable) as {name: text}."""
+    sections: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--prompt-section {pair!r} must be NAME=TEXT (a section the agent declares)")
+        sections[name.strip()] = text
+    return sections
 
 
 def _check_preset(settings: Settings, changes: dict[str, Any]) -> None:
@@ -202,6 +215,19 @@ def add_parser(sub: Any) -> None:
         dest="tool_choice",
         metavar="CHOICE",
         help="tighten every step's tool choice: auto < required < a tool's name; auto < none",
+    )
+    s.add_argument(
+        "--prompt-section",
+        dest="prompt_sections",
+        action="append",
+        metavar="NAME=TEXT",
+        help="set the text of a prompt section the agent declares (repeatable)",
+    )
+    s.add_argument(
+        "--default-model",
+        dest="default_model",
+        metavar="PROVIDER/MODEL",
+        help="the model the tenant's turns run on when the request names none (within the agent's allowed models)",
     )
     s.add_argument("--budget", metavar="PRESET", help="a budget preset (small, standard, long, STEPQ_BUDGET_PRESETS)")
     s.add_argument("--unset", action="append", default=[], metavar="FIELD", help="remove a field (repeatable)")

@@ -517,6 +517,12 @@ class Policy(BaseModel):
     budget: str | None = Field(default=None, pattern=PRESET_NAME.pattern)
     """A budget preset's name (`small`, `standard`, `long`, STEPQ_BUDGET_PRESETS): its caps apply where this
     policy sets none of its own."""
+    prompt_sections: dict[str, str] | None = None
+    """Set the text of the agent's named prompt sections (`{"tone": "Answer in French."}`); only sections the
+    agent declares (its `prompt_sections`), a higher layer's text winning for the same name."""
+    default_model: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9-]*/.+$")
+    """`provider/model` this layer's turns run on when the request names none: within the agent's allowed models
+    (the layers' `models` allowlists, or else the agent's default model and fallbacks), refused otherwise."""
 
 
 # A policy document's scopes: the syntax is the document's, so settings (STEPQ_POLICY), the CLI and the

@@ -129,3 +129,17 @@ claude = AgentDefinition(  # on the Anthropic wire fake (ANTHROPIC_BASE_URL): wh
     default_provider="anthropic",
     default_model="claude-test",
 )
+
+
+def _echo_system(request: FunctionRequest) -> str:
+    return f"{request.options.get('label', '')}system: {request.system}"
+
+
+sections = AgentDefinition(  # answers with the system text it was sent, on the model it runs on
+    id="ten.sections",
+    system_prompt="You help.",
+    prompt_sections={"tone": "Be brief.", "scope": "Only billing."},
+    default_model="function/function",
+    fallbacks=["function/backup"],
+    function_model=FunctionModel(_echo_system),
+)

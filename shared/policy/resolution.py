@@ -188,6 +188,7 @@ def resolve(
     _tools(eff, agent, layers, update)
     _stops(eff, layers)
     _tool_choice(eff, agent, layers)
+    _prompt_sections(eff, agent, layers, update)
     _kill_switch(eff, layers, step, update)
     if update:
         eff.agent = agent.model_copy(update=update)
@@ -289,6 +290,45 @@ def _tool_choice(eff: Effective, agent: AgentDefinition, layers: list[Layer]) ->
     if layer not in ("request", "agent"):
         limits.tool_choice = current
         eff.sources["tool_choice"] = PolicySource(value=current, layer=layer)
+
+
+def _prompt_sections(eff: Effective, agent: AgentDefinition, layers: list[Layer], update: dict[str, Any]) -> None:
+    """A layer's text for a section the agent declares replaces the agent's (a higher layer's wins); a name the
+    agent does not declare is left out, and the trace records it, so a policy cannot add prompt text of its own."""
+    sections, layer, ignored = dict(agent.prompt_sections), "", []
+    for x in reversed(layers):  # lowest first: the highest layer that set a section is the one credited
+        for name, text in (x.policy.prompt_sections or {}).items():
+            if name in sections:
+                sections[name], layer = text, x.name
+            else:
+                ignored.append(name)
+    if layer:
+        update["prompt_sections"] = sections
+        changed = sorted(n for n in sections if sections[n] != agent.prompt_sections[n])
+        eff.sources["prompt_sections"] = PolicySource(value=changed, layer=layer)
+    if ignored:
+        eff.sources["prompt_sections_ignored"] = PolicySource(value=sorted(set(ignored)), layer="agent")
+
+
+def policy_model(agent: AgentDefinition, layers: Iterable[Layer], own: list[str]) -> tuple[str, str, str] | None:
+    """The `(layer, provider, model)` the highest layer's `default_model` sets, or None when no layer sets one.
+    It must be within the agent's allowed models: every layer's allowlist, or (none listing models) `own`, the
+    agent's default model and fallbacks; PolicyError naming the layer otherwise."""
+    layers = list(layers)
+    for x in layers:  # highest first
+        chosen = x.policy.default_model
+        if chosen is None:
+            continue
+        provider, _, model = chosen.partition("/")
+        allowed = allowed_patterns(layers)
+        admitted = allowed if allowed is not None else own
+        if not any(model_matches(p, provider, model) for p in admitted):
+            shown = ", ".join(admitted) or "none"
+            raise PolicyError(
+                f"{x.label} sets default_model {chosen}, which agent {agent.id} does not allow (allowed: {shown})"
+            )
+        return x.name, provider, model
+    return None
 
 
 def _kill_switch(eff: Effective, layers: list[Layer], step: int, update: dict[str, Any]) -> None:

@@ -31,8 +31,8 @@ from stepq.models import (
     budget_preset,
     new_turn_id,
 )
-from stepq.policy.resolution import Effective, Layer, base_sources, layers_for, resolve, tenant_of
-from stepq.providers.registry import model_layer, resolve_model
+from stepq.policy.resolution import Effective, Layer, base_sources, layers_for, policy_model, resolve, tenant_of
+from stepq.providers.registry import choose_model, model_layer, resolve_model
 from stepq.store.keys import idempotency_home
 from stepq.turns import attachments as files
 from stepq.turns.transcripts import check_pairing
@@ -266,6 +266,14 @@ def _caller_policy(policy: Policy | dict[str, Any] | None) -> Policy | None:
         raise SubmitError(f"invalid policy: {first['msg']} at {'.'.join(map(str, first['loc']))}") from None
 
 
+def own_models(agent: AgentDefinition, rt: Runtime, module: tuple[str | None, str | None]) -> list[str]:
+    """The models an agent runs unasked (its default and its fallbacks): what a policy may choose among when no
+    layer lists models (as `GET /v1/agents` shows them)."""
+    provider, model = choose_model(agent, None, None, rt.settings.provider, rt.settings.model, module)
+    fallbacks = [f"{f.provider}/{f.model}" for f in agent.fallbacks or rt.settings.fallbacks]
+    return [f"{provider}/{model}", *fallbacks] if provider and model else fallbacks
+
+
 def policy_layers(rt: Runtime, agent_id: str, caller: Policy | None, metadata: dict[str, Any]) -> list[Layer]:
     """The caller's, the tenant's (read now) and the environment's policies for a turn of `agent_id`."""
     tenant = tenant_of(metadata)
@@ -340,8 +348,14 @@ def new_turn_state(
             f"{ceiling.runtime_override_label}"
         )
     module = module_models.for_agent(rt.settings.module_models, agent.id)
+    set_by = None if provider or model else policy_model(agent, layers, own_models(agent, rt, module))
     chosen_provider, chosen_model = resolve_model(
-        agent, provider, model, rt.settings.provider, rt.settings.model, module=module
+        agent,
+        set_by[1] if set_by else provider,
+        set_by[2] if set_by else model,
+        rt.settings.provider,
+        rt.settings.model,
+        module=module,
     )
     refusal = ceiling.model_refusal(chosen_provider, chosen_model)
     if refusal:
@@ -349,6 +363,8 @@ def new_turn_state(
     base = tighten(ceiling.agent, overrides, features, ceiling=ceiling)
     sources = base_sources(agent, overrides)
     sources["model"] = model_layer(agent, provider, model, rt.settings.provider, rt.settings.model, module)
+    if set_by is not None:
+        sources["model"] = set_by[0]
     pending = files.Pending()
     state = TurnState(
         turn_id=new_turn_id(idempotency_home(agent.id, idempotency_key) if idempotency_key else home),
