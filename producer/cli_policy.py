@@ -54,7 +54,13 @@ def _tenant(raw: str) -> str:
 
 def _changes(args: argparse.Namespace) -> dict[str, Any]:
     """The fields the command line sets (None: not given)."""
-    given = {name: getattr(args, name) for name in _FIELDS}
+    given: dict[str, Any] = {name: getattr(args, name, None) for name in _FIELDS}
+    quota = {
+        k: v
+        for k, v in (("tokens", args.quota_tokens), ("cost", args.quota_cost), ("window_s", args.quota_window_s))
+        if v is not None
+    }
+    given["quota"] = quota or None
     for name in ("allowed_tools", "models"):
         if given[name] is not None:
             given[name] = _csv(given[name])
@@ -228,6 +234,11 @@ def add_parser(sub: Any) -> None:
         dest="default_model",
         metavar="PROVIDER/MODEL",
         help="the model the tenant's turns run on when the request names none (within the agent's allowed models)",
+    )
+    s.add_argument("--quota-tokens", dest="quota_tokens", type=int, help="most tokens per quota window")
+    s.add_argument("--quota-cost", dest="quota_cost", type=float, help="most cost per quota window (STEPQ_PRICES)")
+    s.add_argument(
+        "--quota-window-s", dest="quota_window_s", type=float, help="the quota's window in seconds (default 86400)"
     )
     s.add_argument("--budget", metavar="PRESET", help="a budget preset (small, standard, long, STEPQ_BUDGET_PRESETS)")
     s.add_argument("--unset", action="append", default=[], metavar="FIELD", help="remove a field (repeatable)")

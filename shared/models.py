@@ -293,6 +293,7 @@ class FinishReason(StrEnum):
     CUSTOM_STOP = "custom-stop"  # StopWhen(custom=...): `stop_detail` names the condition
     CANCELLED = "cancelled"
     AWAITING_APPROVAL = "awaiting-approval"
+    QUOTA_EXCEEDED = "quota-exceeded"  # a tenant's usage quota was spent before a model call (docs/tenants.md)
 
 
 class LoopStop(StrEnum):
@@ -371,6 +372,7 @@ class EventType(StrEnum):
     PLAN_UPDATE = "plan-update"  # the agent's visible task plan, whole (see stepq.agents.task_plan)
     TURN_FINISH = "turn-finish"
     ERROR = "error"
+    QUOTA_EXCEEDED = "quota-exceeded"  # a usage quota is spent: which, its window and when it resets
 
 
 CONTENT_EVENTS = frozenset({EventType.TEXT_DELTA, EventType.REASONING_DELTA, EventType.OBJECT_DELTA})
@@ -481,6 +483,26 @@ def budget_preset(name: str, presets: Mapping[str, Budget]) -> Budget:
     return found.model_copy()
 
 
+class Quota(BaseModel):
+    """Usage allowed over a window: tokens (input plus output) and/or cost, as `stepq show --trace` counts them.
+    Windows are fixed, aligned to the epoch (a day-long window resets at 00:00 UTC)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    tokens: int | None = Field(default=None, ge=1)
+    """Most input plus output tokens per window."""
+    cost: float | None = Field(default=None, gt=0)
+    """Most cost per window, in STEPQ_PRICES' currency (only steps of priced models count)."""
+    window_s: float = Field(default=86400.0, ge=1)
+    """The window's length in seconds (default a day)."""
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> Quota:
+        if self.tokens is None and self.cost is None:
+            raise ValueError("a quota sets tokens, cost or both")
+        return self
+
+
 MutationPolicy = Literal["read-only", "confirm-required", "destructive-confirm-required"]
 KillSwitch = Literal["off", "collapse", "refuse"]
 
@@ -523,6 +545,9 @@ class Policy(BaseModel):
     default_model: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9-]*/.+$")
     """`provider/model` this layer's turns run on when the request names none: within the agent's allowed models
     (the layers' `models` allowlists, or else the agent's default model and fallbacks), refused otherwise."""
+    quota: Quota | None = None
+    """A tenant's usage over a window (in a tenant policy: per tenant at scope `*`, per module or agent at those
+    scopes), checked before every model call: spent, the turn stops with `quota-exceeded` (docs/tenants.md)."""
 
 
 # A policy document's scopes: the syntax is the document's, so settings (STEPQ_POLICY), the CLI and the

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from stepq.agents import mcp as mcp_tools
-from stepq.engine import call_hook, step_plan, stopping, structured, tenant_keys
+from stepq.engine import call_hook, quota_check, step_plan, stopping, structured, tenant_keys
 from stepq.engine.compaction import view
 from stepq.engine.context import Decision, StepContext, none
 from stepq.engine.finish import fail, finish, finish_limit
@@ -59,16 +59,21 @@ def open_step(ctx: StepContext, start: StepStart) -> Decision | None:
     if start.cancel_requested:
         return finish(ctx, TurnStatus.CANCELLED, FinishReason.CANCELLED)
     ctx.policy_version = start.policy_version
+    ctx.quota_usage = start.quota_usage
     effective = apply_policy(ctx, start.policy_version)
     if effective.kill_switch == "refuse":
         return fail(ctx, effective.kill_message(ctx.agent.id))
     ctx.agent = effective.agent  # tools and mutation policy as the policies leave them
+    quota_check.count_toward(ctx)
     return None
 
 
 def start_running(ctx: StepContext) -> Decision | None:
     """The wall-clock limit (known before the call) and a queued turn shown as running; None: call the model."""
     state = ctx.state
+    spent = quota_check.before_model_call(ctx)
+    if spent is not None:
+        return spent
     wall_clock = LoopStop.WALL_CLOCK_BUDGET
     if stopping.over_wall_clock(state) and not stopping.answers_anyway(state, ctx.agent, wall_clock):
         return finish_limit(ctx, wall_clock)

@@ -25,6 +25,7 @@ from stepq.store.events import EventLog
 from stepq.store.keys import Keys
 from stepq.store.leases import LeaseManager
 from stepq.store.policies import PolicyStore
+from stepq.store.quotas import QuotaStore
 from stepq.store.threads import ThreadStore
 from stepq.store.tool_results import ToolResultStore
 from stepq.store.turns import TurnStore
@@ -48,6 +49,14 @@ class Runtime:
     agents: AgentRegistry
     limiter: RateLimiter
     _signer: ApprovalSigner | None = field(default=None, repr=False)
+    _quotas: QuotaStore | None = field(default=None, repr=False)
+
+    @property
+    def quotas(self) -> QuotaStore:
+        """Usage quota counters (store/quotas.py), with the counters this process expects each turn to check."""
+        if self._quotas is None:
+            self._quotas = QuotaStore(self.redis, self.keys)
+        return self._quotas
 
     @classmethod
     def build(cls, settings: Settings) -> Runtime:

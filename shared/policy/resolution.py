@@ -34,6 +34,7 @@ from stepq.models import (
     LoopLimits,
     Policy,
     PolicySource,
+    Quota,
     UnknownPresetError,
     budget_preset,
 )
@@ -103,6 +104,16 @@ def _with_preset(layer: Layer, presets: Mapping[str, Budget]) -> Layer:
     caps = {k: v for k, v in preset.model_dump().items() if k in NUMBERS and v is not None}
     unset = {k: v for k, v in caps.items() if getattr(layer.policy, k) is None}
     return Layer(layer.name, layer.label, layer.policy.model_copy(update=unset))
+
+
+def quota_rules(tenant: str, tenant_doc: Mapping[str, Policy], agent_id: str) -> list[tuple[str, Quota, str]]:
+    """The tenant's quotas that count a turn of `agent_id`: `(scope, quota, label)` for each matching scope that
+    sets one (`*` counts all the tenant's turns, a module or agent scope only theirs)."""
+    return [
+        (scope, policy.quota, f"tenant {tenant}'s quota ({scope})")
+        for scope, policy in matching(tenant_doc, agent_id)
+        if policy.quota is not None
+    ]
 
 
 def base_sources(agent: AgentDefinition, overrides: Any = None) -> dict[str, str]:

@@ -224,6 +224,11 @@ class Keys:
         policies' slot: a change bumps `policy_version`, which every step already reads with its lease."""
         return f"{self.prefix}:policy:{{{self.prefix}:policy}}:credentials:{tenant}"
 
+    def quota(self, tenant: str, scope: str, window_s: float, index: int) -> str:
+        """HASH of one tenant's usage (`tokens`, `cost`) in one window of one quota; a tenant's counters share a
+        `{<prefix>:quota:<tenant>}` tag (one slot), and each expires a window after its own ends."""
+        return f"{self.prefix}:quota:{{{self.prefix}:quota:{tenant}}}:{scope}:{window_s:g}:{index}"
+
     # ----------------------------------------------------------------- threads
 
     def thread(self, thread_id: str) -> str:

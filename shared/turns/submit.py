@@ -15,7 +15,14 @@ from stepq.agents.runtime_context import check_context
 from stepq.agents.step_control import at_most, check_choice
 from stepq.agents.stops import get_stop_condition, unknown_message
 from stepq.config import module_models
-from stepq.errors import MissingFeaturesError, OverrideError, PolicyError, SubmitError, UnknownAgentError
+from stepq.errors import (
+    MissingFeaturesError,
+    OverrideError,
+    PolicyError,
+    QuotaExceededError,
+    SubmitError,
+    UnknownAgentError,
+)
 from stepq.fleet.runtime import Runtime
 from stepq.jsonsafe import non_finite_path
 from stepq.models import (
@@ -31,8 +38,18 @@ from stepq.models import (
     budget_preset,
     new_turn_id,
 )
-from stepq.policy.resolution import Effective, Layer, base_sources, layers_for, policy_model, resolve, tenant_of
+from stepq.policy.resolution import (
+    Effective,
+    Layer,
+    base_sources,
+    layers_for,
+    policy_model,
+    quota_rules,
+    resolve,
+    tenant_of,
+)
 from stepq.providers.registry import choose_model, model_layer, resolve_model
+from stepq.store import quotas
 from stepq.store.keys import idempotency_home
 from stepq.turns import attachments as files
 from stepq.turns.transcripts import check_pairing
@@ -266,6 +283,18 @@ def _caller_policy(policy: Policy | dict[str, Any] | None) -> Policy | None:
         raise SubmitError(f"invalid policy: {first['msg']} at {'.'.join(map(str, first['loc']))}") from None
 
 
+def _check_quota(rt: Runtime, agent_id: str, metadata: dict[str, Any], layers: list[Layer]) -> None:
+    """A tenant whose quota is spent is refused before anything is stored (HTTP 429 with Retry-After)."""
+    tenant = tenant_of(metadata)
+    if tenant is None or not any(x.name == "tenant" and x.policy.quota for x in layers):
+        return
+    rules = quota_rules(tenant, rt.policies.get(tenant), agent_id)
+    windows = [quotas.window(rt.keys, tenant, scope, quota, label, time.time()) for scope, quota, label in rules]
+    spent = quotas.denial(windows, rt.quotas.read([w.key for w in windows]))
+    if spent is not None:
+        raise QuotaExceededError(spent.message, resets_at=spent.window.resets_at, retry_after_s=spent.retry_after_s)
+
+
 def own_models(agent: AgentDefinition, rt: Runtime, module: tuple[str | None, str | None]) -> list[str]:
     """The models an agent runs unasked (its default and its fallbacks): what a policy may choose among when no
     layer lists models (as `GET /v1/agents` shows them)."""
@@ -339,6 +368,7 @@ def new_turn_state(
     ceiling = resolve(agent, agent.loop.limits(), base_sources(agent), layers)
     if ceiling.kill_switch == "refuse":
         raise PolicyError(ceiling.kill_message(agent.id))
+    _check_quota(rt, agent.id, metadata or {}, layers)
     overrides = parse_overrides(loop, rt.settings.budget_presets)
     asked = [name for name, value in (("provider", provider), ("model", model)) if value]
     asked += ["loop"] if overrides is not None and overrides.model_fields_set else []
