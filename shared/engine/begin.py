@@ -2,10 +2,12 @@
 
 `open_step` runs on every delivery that holds the lease: a redelivered step's stale content is reset,
 a requested cancel ends the turn, and the resolution chain (stepq.policy.resolution) sets this step's
-limits and agent (a `refuse` kill switch fails the turn). `start_running` applies the limit known before
-the model call (wall clock) and makes a queued turn visible as running. `plan_call` then builds the
+limits and agent (a `refuse` kill switch fails the turn) and finds the tenant's usage quotas the step counts
+toward. `start_running` applies what is known before the model call (a spent quota, the wall clock), runs the
+agent's `prepare_call` once per turn, and makes a queued turn visible as running. `plan_call` then builds the
 model call: the tools, tool choice and model of this step (the agent's, its prepare_step's, the
-caller's) under the policies, and the request, with the files' bytes filled in for this call only.
+caller's) under the policies, the tenant's own API key if it has one, and the request, with the files' bytes
+filled in for this call only.
 """
 
 from __future__ import annotations
