@@ -90,3 +90,12 @@ def test_the_gateway_answers_429_with_retry_after_and_the_cli_exits_2(prefix):
     )  # fmt: skip
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "quota-exceeded: tenant acme's quota (*) allows 0.5 cost" in done.stderr
+
+
+def test_a_quota_outside_a_tenant_policy_is_refused_not_ignored(rt, prefix):
+    from stepq.errors import SubmitError
+
+    with pytest.raises(SubmitError, match=r"^policy.quota counts a tenant's usage"):
+        create_turn(rt, "ten.small", prompt="go", policy={"quota": {"tokens": 5}})
+    with pytest.raises(ValueError, match=r"a quota belongs in a tenant's policy"):
+        make_settings(prefix, policy={"quota": {"tokens": 5}})

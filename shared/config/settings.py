@@ -262,6 +262,15 @@ class Settings(BaseSettings):
             check_scope(str(scope))
         return value
 
+    @field_validator("policy")
+    @classmethod
+    def _no_quota(cls, value: dict[str, Policy]) -> dict[str, Policy]:
+        """A quota counts a tenant's usage: only a tenant's policy holds one, never silently ignored here."""
+        for scope, policy in value.items():
+            if policy.quota is not None:
+                raise ValueError(f"{scope}: a quota belongs in a tenant's policy (stepq policy set --quota-tokens N)")
+        return value
+
     @field_validator("key_prefix")
     @classmethod
     def _check_prefix(cls, value: str) -> str:

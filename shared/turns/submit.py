@@ -270,17 +270,27 @@ def _unknown_field(raw: Any, parsed: Any, loc: str) -> str | None:
 
 
 def _caller_policy(policy: Policy | dict[str, Any] | None) -> Policy | None:
-    if policy is None or isinstance(policy, Policy):
-        return policy
+    if policy is None:
+        return None
+    if isinstance(policy, Policy):
+        return _without_quota(policy)
     if not isinstance(policy, dict):
         raise SubmitError(
             f"policy must be a Policy or a mapping such as {{'max_steps': 3}}, not {type(policy).__name__}"
         )
     try:
-        return Policy.model_validate(policy)
+        parsed = Policy.model_validate(policy)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise SubmitError(f"invalid policy: {first['msg']} at {'.'.join(map(str, first['loc']))}") from None
+    return _without_quota(parsed)
+
+
+def _without_quota(policy: Policy) -> Policy:
+    """A caller's policy cannot hold a quota (it counts a tenant's usage): refused, never silently ignored."""
+    if policy.quota is not None:
+        raise SubmitError("policy.quota counts a tenant's usage: set it in the tenant's policy, not the caller's")
+    return policy
 
 
 def _check_quota(rt: Runtime, agent_id: str, metadata: dict[str, Any], layers: list[Layer]) -> None:
