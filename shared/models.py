@@ -24,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from stepq.errors import StepqError
+
 # --------------------------------------------------------------------------- transcript
 
 OUTPUT_TOOL = "stepq_output"  # the tool an object-mode step answers through (see shared/engine/structured.py)
@@ -470,7 +472,7 @@ DEFAULT_BUDGET_PRESETS: dict[str, Budget] = {
 PRESET_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
-class UnknownPresetError(ValueError):
+class UnknownPresetError(StepqError, ValueError):
     """A budget preset name the process's STEPQ_BUDGET_PRESETS (and the defaults) do not define."""
 
 
