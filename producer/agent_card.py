@@ -21,7 +21,7 @@ def picker_fields(agent: AgentDefinition, settings: Settings, caller: Policy | N
     module = module_models.for_agent(settings.module_models, agent.id)
     provider, model = choose_model(agent, None, None, settings.provider, settings.model, module)
     default = f"{provider}/{model}" if provider and model else None
-    layers = layers_for(agent.id, caller=caller, environment=settings.policy)
+    layers = layers_for(agent.id, caller=caller, environment=settings.policy, presets=settings.budget_presets)
     allowed = allowed_patterns(layers)
     if allowed is None:
         fallbacks = [f"{f.provider}/{f.model}" for f in agent.fallbacks or settings.fallbacks]

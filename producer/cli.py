@@ -29,7 +29,7 @@ from stepq.fleet.protocol import worker_queues
 from stepq.logging import configure_logging
 from stepq.models import Event, EventType, TurnResult, TurnStatus
 from stepq.producer import batch as batch_cli
-from stepq.producer import cli_agents, cli_policy, cli_tool_results
+from stepq.producer import cli_agents, cli_policy, cli_tenant_keys, cli_tool_results
 from stepq.producer.cli_start import load_settings as load_settings
 from stepq.producer.cli_start import reach_redis as reach_redis
 from stepq.producer.client import Client
@@ -166,6 +166,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             raise UsageError(f"--metadata is not valid JSON: {exc.msg} at position {exc.pos}") from None
         if not isinstance(metadata, dict):
             raise UsageError("--metadata must be a JSON object")
+    args.context = _json_object(args.context, "--context")
     prompt = args.prompt
     if prompt is None:
         if sys.stdin.isatty():
@@ -175,6 +176,27 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     worker: AbstractContextManager[None] = local_worker(settings) if settings.embedded else nullcontext()
     with client, worker:  # closing the client releases the embedded worker its submit shares
         return _run_turn(args, settings, client, prompt, metadata)
+
+
+def _json_object(raw: str | None, option: str) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{option} is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"{option} must be a JSON object")
+    return value
+
+
+def _loop(args: argparse.Namespace) -> dict[str, Any] | None:
+    loop: dict[str, Any] = {}
+    if args.max_steps is not None:
+        loop["max_steps"] = args.max_steps
+    if args.budget is not None:
+        loop["budget"] = args.budget
+    return loop or None
 
 
 def _run_turn(
@@ -188,7 +210,8 @@ def _run_turn(
         features=args.feature or None,
         provider=args.provider,
         model=args.model,
-        loop={"max_steps": args.max_steps} if args.max_steps is not None else None,
+        loop=_loop(args),
+        context=args.context,
     )
     mode = "approve" if args.approve_all else "deny" if args.deny_all else "ask"
     live = not args.json
@@ -520,6 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--provider", help="provider override (if the agent allows it)")
     p.add_argument("--model", help="model override, `provider/model` allowed (if the agent allows it)")
     p.add_argument("--max-steps", type=int, help="tighten the agent's step limit")
+    p.add_argument("--budget", metavar="PRESET", help="tighten the agent's budget to a preset (small, standard, long)")
+    p.add_argument("--context", metavar="JSON", help="the runtime context the agent's tools read (its context_schema)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("events", help="print a turn's events")
@@ -565,6 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_approve)
     cli_tool_results.add_parser(sub)
     cli_policy.add_parser(sub)
+    cli_tenant_keys.add_parser(sub)
 
     cli_agents.add_parser(sub)
 
@@ -640,7 +666,18 @@ def _main(raw: list[str]) -> int:
 
 
 # commands that do one thing and exit (not `worker` and `serve`, which wait Redis outages out, nor `demo`)
-ONE_SHOT = frozenset({cmd_run, cmd_events, cmd_show, cmd_status, cmd_approve, cmd_cancel, *cli_policy.COMMANDS})
+ONE_SHOT = frozenset(
+    {
+        cmd_run,
+        cmd_events,
+        cmd_show,
+        cmd_status,
+        cmd_approve,
+        cmd_cancel,
+        *cli_policy.COMMANDS,
+        *cli_tenant_keys.COMMANDS,
+    }
+)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from stepq.config.settings import Settings
 from stepq.fleet.runtime import get_runtime
-from stepq.models import Policy
+from stepq.models import Policy, UnknownPresetError, budget_preset
 from stepq.policy.resolution import SCOPE_ALL, check_scope
 from stepq.producer.failures import UsageError
 
@@ -54,11 +54,53 @@ def _tenant(raw: str) -> str:
 
 def _changes(args: argparse.Namespace) -> dict[str, Any]:
     """The fields the command line sets (None: not given)."""
-    given = {name: getattr(args, name) for name in _FIELDS}
+    given: dict[str, Any] = {name: getattr(args, name, None) for name in _FIELDS}
+    quota = {
+        k: v
+        for k, v in (("tokens", args.quota_tokens), ("cost", args.quota_cost), ("window_s", args.quota_window_s))
+        if v is not None
+    }
+    given["quota"] = quota or None
     for name in ("allowed_tools", "models"):
         if given[name] is not None:
             given[name] = _csv(given[name])
+    if given["stop_when"] is not None:
+        given["stop_when"] = _stop_when(given["stop_when"])
+    if given["prompt_sections"] is not None:
+        given["prompt_sections"] = _sections(given["prompt_sections"])
     return {name: value for name, value in given.items() if value is not None}
+
+
+def _stop_when(raw: str) -> list[Any]:
+    """`--stop-when` is JSON: one condition or a list (`[{"step_count": 3}, {"has_tool_call": "hand_over"}]`)."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        raise UsageError(
+            '--stop-when must be JSON such as \'[{"step_count": 3}]\' or \'{"has_tool_call": "hand_over"}\''
+        ) from None
+    return value if isinstance(value, list) else [value]
+
+
+def _sections(pairs: list[str]) -> dict[str, str]:
+    """`--prompt-section NAME=TEXT` (repeatable) as {name: text}."""
+    sections: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--prompt-section {pair!r} must be NAME=TEXT (a section the agent declares)")
+        sections[name.strip()] = text
+    return sections
+
+
+def _check_preset(settings: Settings, changes: dict[str, Any]) -> None:
+    """A preset this process does not define is refused here, not first at a worker's step."""
+    name = changes.get("budget")
+    if name is not None:
+        try:
+            budget_preset(name, settings.budget_presets)
+        except UnknownPresetError as exc:
+            raise UsageError(f"--budget: {exc}") from None
 
 
 def _unset(names: list[str]) -> list[str]:
@@ -75,12 +117,14 @@ def cmd_policy_set(args: argparse.Namespace, settings: Settings) -> int:
     changes, unset = _changes(args), _unset(args.unset)
     if not changes and not unset:
         raise UsageError("nothing to set: give at least one field (e.g. --max-steps 3) or --unset FIELD")
+    _check_preset(settings, changes)
     try:
         policy = get_runtime(settings).policies.update(tenant, scope, changes, unset)
     except ValidationError as exc:
         first = exc.errors()[0]
         option = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "policy"
-        raise UsageError(f"{option}: {first['msg'][:1].lower() + first['msg'][1:]}") from None
+        message = first["msg"].removeprefix("Value error, ")
+        raise UsageError(f"{option}: {message[:1].lower() + message[1:]}") from None
     shown = describe(policy) if policy is not None else "(nothing left: removed)"
     print(f"tenant {tenant} ({scope}): {shown}")
     print("applies to new submits now, and to running turns of the tenant from their next step")
@@ -117,7 +161,13 @@ def cmd_policy_clear(args: argparse.Namespace, settings: Settings) -> int:
 
 def describe(policy: Policy) -> str:
     fields = policy.model_dump(exclude_none=True)
-    return ", ".join(f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in fields.items()) or "(empty)"
+    return ", ".join(f"{k}={_shown(v)}" for k, v in fields.items()) or "(empty)"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ",".join(value)
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, list | dict) else str(value)
 
 
 def _print_doc(doc: dict[str, Policy]) -> None:
@@ -160,6 +210,37 @@ def add_parser(sub: Any) -> None:
         choices=["off", "collapse", "refuse"],
         help="collapse: one model call with no tools; refuse: no new submits or steps",
     )
+    s.add_argument(
+        "--stop-when",
+        dest="stop_when",
+        metavar="JSON",
+        help="extra stop conditions, e.g. '[{\"step_count\": 3}]' (they only end turns sooner)",
+    )
+    s.add_argument(
+        "--tool-choice",
+        dest="tool_choice",
+        metavar="CHOICE",
+        help="tighten every step's tool choice: auto < required < a tool's name; auto < none",
+    )
+    s.add_argument(
+        "--prompt-section",
+        dest="prompt_sections",
+        action="append",
+        metavar="NAME=TEXT",
+        help="set the text of a prompt section the agent declares (repeatable)",
+    )
+    s.add_argument(
+        "--default-model",
+        dest="default_model",
+        metavar="PROVIDER/MODEL",
+        help="the model the tenant's turns run on when the request names none (within the agent's allowed models)",
+    )
+    s.add_argument("--quota-tokens", dest="quota_tokens", type=int, help="most tokens per quota window")
+    s.add_argument("--quota-cost", dest="quota_cost", type=float, help="most cost per quota window (STEPQ_PRICES)")
+    s.add_argument(
+        "--quota-window-s", dest="quota_window_s", type=float, help="the quota's window in seconds (default 86400)"
+    )
+    s.add_argument("--budget", metavar="PRESET", help="a budget preset (small, standard, long, STEPQ_BUDGET_PRESETS)")
     s.add_argument("--unset", action="append", default=[], metavar="FIELD", help="remove a field (repeatable)")
     s.set_defaults(func=cmd_policy_set)
 

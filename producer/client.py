@@ -255,6 +255,7 @@ class Client:
         provider_batch: bool = False,
         policy: Policy | dict[str, Any] | None = None,
         traceparent: str | None = None,
+        context: Any = None,
     ) -> TurnHandle:
         """Validate, store and enqueue a turn; returns its handle at once (the turn runs on a worker).
 
@@ -278,6 +279,8 @@ class Client:
             `accepted_media_types` and STEPQ_ATTACHMENT_* limits apply. File parts in `messages` work too.
         traceparent: the W3C trace context the turn's spans join (default: the caller's current
             OpenTelemetry span, when there is one); see docs/tracing.md.
+        context: the runtime context the agent's tools read (`ctx.context`): a dict or an instance of the
+            agent's `context_schema`, validated against it (ContextError naming the field); stored with the turn.
 
         Raises SubmitError (UnknownAgentError, MissingFeaturesError, OverrideError, …) naming the
         problem; nothing is stored then.
@@ -298,6 +301,7 @@ class Client:
             provider_batch=provider_batch,
             policy=policy,
             traceparent=traceparent or trace_context.current(),
+            context=context,
         )
         if created or (
             idempotency_key is not None

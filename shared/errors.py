@@ -13,7 +13,9 @@ them all. The tree (a second base in brackets keeps older `except ValueError` co
     │   ├── OverrideError           a caller override tried to widen the agent's loop (or a policy's limit)
     │   ├── PolicyError             a policy refused the submit (kill switch, model, runtime overrides off)
     │   ├── AttachmentError         a file was refused (`.unsupported_type`: its media type was why)
-    │   └── TranscriptError         `messages` hold a tool call without a result, or a result without a call
+    │   ├── TranscriptError         `messages` hold a tool call without a result, or a result without a call
+    │   ├── ContextError            `context=` does not match the agent's `context_schema` (HTTP 422)
+    │   └── QuotaExceededError      the tenant's (or agent's) usage quota is spent until `.resets_at` (HTTP 429)
     ├── TurnNotFoundError [LookupError]
     ├── ThreadNotFoundError [LookupError]  unknown, expired, or another tenant's
     ├── ThreadBusyError              a turn of the thread is running and the policy is `reject`
@@ -57,6 +59,7 @@ EXTRA_MODULES = {
     "botocore": "bedrock",
     "openai": "openai",
     "mcp": "mcp",
+    "cryptography": "tenant-keys",
 }
 
 
@@ -124,6 +127,19 @@ class OverrideError(SubmitError):
 class PolicyError(SubmitError):
     """A caller's, tenant's or the environment's policy refused the submit: the kill switch is on, the model is
     not on an allowlist, or per-call overrides are off. The message names the layer."""
+
+
+class ContextError(SubmitError):
+    """A runtime context that does not match the agent's `context_schema` (or is not a JSON object)."""
+
+
+class QuotaExceededError(SubmitError):
+    """A usage quota (tokens or cost over a window) is spent; it resets at `resets_at` (epoch seconds)."""
+
+    def __init__(self, message: str, *, resets_at: float, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.resets_at = resets_at
+        self.retry_after_s = retry_after_s
 
 
 class AttachmentError(SubmitError):

@@ -112,6 +112,7 @@ def secret_values(settings: Settings | None = None, environ: dict[str, str] | No
         if settings.approval_secret is not None:
             found.add(settings.approval_secret.get_secret_value())
         found.update(s.get_secret_value() for s in settings.approval_old_secrets)
+        found.update(settings.credential_keks)
         urls += [settings.redis_url or "", settings.broker_url or ""]
     for url in urls:
         try:

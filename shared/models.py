@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -22,6 +23,8 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+
+from stepq.errors import StepqError
 
 # --------------------------------------------------------------------------- transcript
 
@@ -292,6 +295,7 @@ class FinishReason(StrEnum):
     CUSTOM_STOP = "custom-stop"  # StopWhen(custom=...): `stop_detail` names the condition
     CANCELLED = "cancelled"
     AWAITING_APPROVAL = "awaiting-approval"
+    QUOTA_EXCEEDED = "quota-exceeded"  # a tenant's usage quota was spent before a model call (docs/tenants.md)
 
 
 class LoopStop(StrEnum):
@@ -370,6 +374,7 @@ class EventType(StrEnum):
     PLAN_UPDATE = "plan-update"  # the agent's visible task plan, whole (see stepq.agents.task_plan)
     TURN_FINISH = "turn-finish"
     ERROR = "error"
+    QUOTA_EXCEEDED = "quota-exceeded"  # a usage quota is spent: which, its window and when it resets
 
 
 CONTENT_EVENTS = frozenset({EventType.TEXT_DELTA, EventType.REASONING_DELTA, EventType.OBJECT_DELTA})
@@ -427,6 +432,97 @@ class ToolCallTrace(BaseModel):
     duration_s: float | None = None  # how long the function ran
 
 
+# A stop condition's registered name (`billing.paid`); stepq.agents.stops registers predicates under it.
+STOP_NAME = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)*$")
+
+
+class StopWhen(BaseModel):
+    """One stop condition: after `step_count` steps, after a step that called `has_tool_call`, or when the
+    registered predicate `custom` (see `stop_condition`) answers True after a tool step."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    step_count: int | None = Field(default=None, ge=1)
+    """End the turn (finish reason `step-count`) once this many steps have run their tools."""
+    has_tool_call: str | None = None
+    """End the turn (finish reason `has-tool-call`) after the step in which the model called this tool
+    (e.g. `hand_over`), once it ran."""
+    custom: str | None = None
+    """End the turn (finish reason `custom-stop`) when the stop condition registered under this name
+    (`@stop_condition("billing.paid")`) answers True after a tool step. JSON, so callers may send it too."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StopWhen:
+        given = [v for v in (self.step_count, self.has_tool_call, self.custom) if v is not None]
+        if len(given) != 1:
+            raise ValueError("a stop condition sets exactly one of step_count, has_tool_call or custom")
+        if self.custom is not None and not STOP_NAME.match(self.custom):
+            raise ValueError(
+                f"custom stop condition {self.custom!r} must be dotted lowercase words, e.g. 'billing.paid'"
+            )
+        return self
+
+
+class Budget(BaseModel):
+    """Spending caps for one turn; crossing one ends the turn with finish reason `budget`."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    max_tool_calls: int | None = Field(default=None, ge=0)
+    """Most tool calls over the whole turn; a step that would exceed it ends the turn instead."""
+    max_wall_clock_s: float | None = Field(default=None, gt=0)
+    """Seconds since the turn's first step started, checked before each step (approval waits count)."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Most input plus output tokens over the whole turn, checked after each step."""
+    answer_reserve_tokens: int | None = Field(default=None, ge=0)
+    """Object mode: tokens of `max_tokens` held back for the reserved answer step. Tool steps stop once
+    the turn's tokens plus this reserve reach `max_tokens`; unset, the reserve is the last step's tokens
+    (the answer step reads the same transcript plus the last tool results)."""
+
+
+# Budgets by name (`Budget` fields), usable wherever a budget is: an agent's `loop.budget`, a submit's
+# `loop={"budget": "small"}`, a policy's `budget`. STEPQ_BUDGET_PRESETS replaces or adds names.
+DEFAULT_BUDGET_PRESETS: dict[str, Budget] = {
+    "small": Budget(max_tool_calls=5, max_wall_clock_s=60.0, max_tokens=20_000),
+    "standard": Budget(max_tool_calls=25, max_wall_clock_s=300.0, max_tokens=100_000),
+    "long": Budget(max_tool_calls=100, max_wall_clock_s=1800.0, max_tokens=500_000),
+}
+PRESET_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+class UnknownPresetError(StepqError, ValueError):
+    """A budget preset name the process's STEPQ_BUDGET_PRESETS (and the defaults) do not define."""
+
+
+def budget_preset(name: str, presets: Mapping[str, Budget]) -> Budget:
+    """The budget a preset names; UnknownPresetError listing the names this process knows."""
+    found = presets.get(name)
+    if found is None:
+        known = ", ".join(sorted(presets)) or "none"
+        raise UnknownPresetError(f"unknown budget preset {name!r}; known: {known} (STEPQ_BUDGET_PRESETS)")
+    return found.model_copy()
+
+
+class Quota(BaseModel):
+    """Usage allowed over a window: tokens (input plus output) and/or cost, as `stepq show --trace` counts them.
+    Windows are fixed, aligned to the epoch (a day-long window resets at 00:00 UTC)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    tokens: int | None = Field(default=None, ge=1)
+    """Most input plus output tokens per window."""
+    cost: float | None = Field(default=None, gt=0)
+    """Most cost per window, in STEPQ_PRICES' currency (only steps of priced models count)."""
+    window_s: float = Field(default=86400.0, ge=1)
+    """The window's length in seconds (default a day)."""
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> Quota:
+        if self.tokens is None and self.cost is None:
+            raise ValueError("a quota sets tokens, cost or both")
+        return self
+
+
 MutationPolicy = Literal["read-only", "confirm-required", "destructive-confirm-required"]
 KillSwitch = Literal["off", "collapse", "refuse"]
 
@@ -455,6 +551,23 @@ class Policy(BaseModel):
     """False refuses per-call provider/model choice and loop overrides (True cannot undo an agent's False)."""
     kill_switch: KillSwitch | None = None
     """`collapse`: one model call with no tools, then the turn ends; `refuse`: no new submits or steps."""
+    stop_when: list[StopWhen] | None = None
+    """Extra stop conditions for the agent's turns (added to its own: a stop can only end a turn sooner)."""
+    tool_choice: str | None = None
+    """Tighten every step's tool choice: auto < required < a tool's name; auto < none. A layer's choice that
+    neither side contains (`none` over an agent's `required`) wins: the higher layer binds."""
+    budget: str | None = Field(default=None, pattern=PRESET_NAME.pattern)
+    """A budget preset's name (`small`, `standard`, `long`, STEPQ_BUDGET_PRESETS): its caps apply where this
+    policy sets none of its own."""
+    prompt_sections: dict[str, str] | None = None
+    """Set the text of the agent's named prompt sections (`{"tone": "Answer in French."}`); only sections the
+    agent declares (its `prompt_sections`), a higher layer's text winning for the same name."""
+    default_model: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9-]*/.+$")
+    """`provider/model` this layer's turns run on when the request names none: within the agent's allowed models
+    (the layers' `models` allowlists, or else the agent's default model and fallbacks), refused otherwise."""
+    quota: Quota | None = None
+    """A tenant's usage over a window (in a tenant policy: per tenant at scope `*`, per module or agent at those
+    scopes), checked before every model call: spent, the turn stops with `quota-exceeded` (docs/tenants.md)."""
 
 
 # A policy document's scopes: the syntax is the document's, so settings (STEPQ_POLICY), the CLI and the
@@ -757,6 +870,9 @@ class TurnState(BaseModel):
     cost: float | None = None
     error: str | None = None
     plan: list[PlanStep] | None = None  # the visible task plan (agents with task_plan=True)
+    context: dict[str, Any] | None = None  # the runtime context (stepq.agents.runtime_context), as JSON
+    call_prepared: bool = False  # the agent's prepare_call ran (stored with the commit that starts the turn)
+    instructions: str | None = None  # prepare_call's extra system text for every step
 
     def result(self) -> TurnResult:
         return TurnResult(

@@ -50,6 +50,7 @@ from stepq.engine.runner import Decision, StepRunner
 from stepq.fleet.runtime import Runtime
 from stepq.models import ToolResultMessage, ToolResultStatus, TurnStatus
 from stepq.store import connection
+from stepq.turns.submit import create_turn
 from tests.agents_costs import STREAM_DELTAS
 from tests.agents_engine import start
 from tests.conftest import make_settings
@@ -453,3 +454,24 @@ def test_json_and_redis_cost_per_delta_coalesced(costs_rt, counter, prefix):
     # fixed: the trips as in test_streamed_answer_step; json: the envelopes of step-start, the first delta,
     # the other deltas, step-finish and turn-finish; pydantic as above
     assert fixed == Cost(trips=4, commands=5, json_encodes=5, pydantic_encodes=3, pydantic_decodes=1), fixed
+
+
+def test_a_tool_step_under_a_tenant_quota_adds_a_command_not_a_round_trip(costs_rt, counter, prefix):
+    """Issue 27 item 6: the quota's counter is read with the step-start script (this process ran the turn's
+    step 0, so it knows which counter the turn checks) and the step's usage is added in the commit's pipeline."""
+    costs_rt.policies.update("acme", "*", {"quota": {"tokens": 10_000_000, "window_s": 3600}})
+
+    def tenant_turn() -> str:
+        state, _ = create_turn(costs_rt, "cost.plain", prompt="go", metadata={"prefix": prefix, "tenant": "acme"})
+        return state.turn_id
+
+    warm = tenant_turn()
+    for step in range(3):
+        if deliver(costs_rt, warm, step).action != "next":
+            break
+    turn_id = tenant_turn()
+    assert deliver(costs_rt, turn_id, 0).action == "next"
+    assert counted(costs_rt, turn_id, 1).action == "next"
+    # trip 0: the step-start script, which also reads the quota counter (an HMGET inside the script)
+    # trip 1: the plain tool step's pipeline plus the quota count script (one more command, same trip)
+    assert counter.redis_cost() == Cost(trips=2, commands=5), counter.describe()

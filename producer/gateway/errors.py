@@ -7,6 +7,7 @@ unexpected exception is logged server-side and answers a 500 with no traceback i
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -18,7 +19,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from stepq.errors import (
     ApprovalError,
     AttachmentError,
+    ContextError,
     PolicyError,
+    QuotaExceededError,
     StepqError,
     StoreUnavailableError,
     SubmitError,
@@ -89,6 +92,11 @@ def from_stepq(exc: StepqError) -> GatewayError:
         return GatewayError(_TOOL_RESULTS_STATUS.get(exc.code, 409), exc.code.value, str(exc))
     if isinstance(exc, AttachmentError) and exc.unsupported_type:
         return GatewayError(415, "unsupported-media-type", str(exc))
+    if isinstance(exc, QuotaExceededError):  # spent until the window resets: come back then
+        retry = str(max(1, math.ceil(exc.retry_after_s)))
+        return GatewayError(429, "quota-exceeded", str(exc), {"Retry-After": retry})
+    if isinstance(exc, ContextError):  # the body parsed, but its context is not the agent's schema
+        return GatewayError(422, "invalid-context", str(exc))
     if isinstance(exc, PolicyError):  # the request is well-formed; a policy does not allow it
         return GatewayError(403, "policy", str(exc))
     if isinstance(exc, SubmitError):

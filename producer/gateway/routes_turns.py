@@ -40,6 +40,9 @@ class SubmitBody(BaseModel):
     loop: dict[str, Any] | None = Field(default=None, description="overrides that may only tighten the agent's loop")
     provider: str | None = Field(default=None, description="this turn's provider, if the agent and policies allow")
     model: str | None = Field(default=None, description="this turn's model (`provider/model` allowed), likewise")
+    context: dict[str, Any] | None = Field(
+        default=None, description="the runtime context the agent's tools read, checked against its context_schema"
+    )
 
 
 class Submitted(BaseModel):
@@ -87,6 +90,7 @@ async def submit(
             model=body.model,
             policy=principal.policy,
             traceparent=traceparent,  # the caller's W3C trace context: the turn's spans join it
+            context=body.context,
         )
     )
     state = await gw.run_sync(handle.get)

@@ -18,13 +18,24 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from stepq.agents.hooks import HOOK_NAMES, FailsTurn, HookFn
 from stepq.agents.mcp import McpTool, check_mcp_names
 from stepq.agents.prompt_parts import Suggestion, check_section_names
+from stepq.agents.runtime_context import CallContext, CallOverrides
 from stepq.agents.step_control import StepContext, StepOverrides, check_choice
-from stepq.agents.stops import NAME as STOP_NAME
 from stepq.agents.stops import get_stop_condition, unknown_message
 from stepq.agents.task_plan import PLAN_GUIDANCE, PLAN_TOOL, plan_tool
 from stepq.agents.tools import ToolDefinition, get_tool
+from stepq.config.settings import get_settings
 from stepq.errors import DefinitionError
-from stepq.models import SUPPORTED_TYPES, Fallback, LoopLimits, MutationPolicy, RateLimit, ToolSpec
+from stepq.models import (
+    SUPPORTED_TYPES,
+    Budget,
+    Fallback,
+    LoopLimits,
+    MutationPolicy,
+    RateLimit,
+    StopWhen,
+    ToolSpec,
+    budget_preset,
+)
 from stepq.providers.base import OUTPUT_TOOL
 from stepq.providers.function import FunctionModel
 from stepq.providers.registry import check_tool_schemas, known_providers, split_shorthand
@@ -54,50 +65,6 @@ def readable_label(agent_id: str) -> str:
     return name[:1].upper() + name[1:]
 
 
-class StopWhen(BaseModel):
-    """One stop condition: after `step_count` steps, after a step that called `has_tool_call`, or when the
-    registered predicate `custom` (see `stop_condition`) answers True after a tool step."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    step_count: int | None = Field(default=None, ge=1)
-    """End the turn (finish reason `step-count`) once this many steps have run their tools."""
-    has_tool_call: str | None = None
-    """End the turn (finish reason `has-tool-call`) after the step in which the model called this tool
-    (e.g. `hand_over`), once it ran."""
-    custom: str | None = None
-    """End the turn (finish reason `custom-stop`) when the stop condition registered under this name
-    (`@stop_condition("billing.paid")`) answers True after a tool step. JSON, so callers may send it too."""
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> StopWhen:
-        given = [v for v in (self.step_count, self.has_tool_call, self.custom) if v is not None]
-        if len(given) != 1:
-            raise ValueError("a stop condition sets exactly one of step_count, has_tool_call or custom")
-        if self.custom is not None and not STOP_NAME.match(self.custom):
-            raise ValueError(
-                f"custom stop condition {self.custom!r} must be dotted lowercase words, e.g. 'billing.paid'"
-            )
-        return self
-
-
-class Budget(BaseModel):
-    """Spending caps for one turn; crossing one ends the turn with finish reason `budget`."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    max_tool_calls: int | None = Field(default=None, ge=0)
-    """Most tool calls over the whole turn; a step that would exceed it ends the turn instead."""
-    max_wall_clock_s: float | None = Field(default=None, gt=0)
-    """Seconds since the turn's first step started, checked before each step (approval waits count)."""
-    max_tokens: int | None = Field(default=None, ge=1)
-    """Most input plus output tokens over the whole turn, checked after each step."""
-    answer_reserve_tokens: int | None = Field(default=None, ge=0)
-    """Object mode: tokens of `max_tokens` held back for the reserved answer step. Tool steps stop once
-    the turn's tokens plus this reserve reach `max_tokens`; unset, the reserve is the last step's tokens
-    (the answer step reads the same transcript plus the last tool results)."""
-
-
 class LoopConfig(BaseModel):
     """How long an agent's loop may run. A caller's `LoopOverrides` may only tighten it."""
 
@@ -108,7 +75,15 @@ class LoopConfig(BaseModel):
     stop_when: list[StopWhen] = Field(default_factory=list)
     """Extra stop conditions; the first one met ends the turn."""
     budget: Budget = Field(default_factory=Budget)
-    """Caps on tool calls, wall-clock time and tokens."""
+    """Caps on tool calls, wall-clock time and tokens; or a preset's name (`"small"`, `"standard"`, `"long"`,
+    STEPQ_BUDGET_PRESETS), read when the agent is defined."""
+
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _budget_preset(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return budget_preset(value, get_settings().budget_presets)
+        return value
 
     def limits(self) -> LoopLimits:
         step_counts = [s.step_count for s in self.stop_when if s.step_count is not None]
@@ -245,6 +220,16 @@ class AgentDefinition(BaseModel):
     function_model: FunctionModel | None = None
     """The offline `function` provider's model: `FunctionModel(fn)` (answers computed from each request)
     or `TestModel()`; the default provider when set and no `script` is."""
+
+    context_schema: type[BaseModel] | None = Field(default=None, exclude=True)
+    """A pydantic model for the runtime context a submit passes (`context=`): validated at submit (one line
+    naming the field), stored with the turn, given to tools as `ctx.context` and to `prepare_step` (which may
+    return an updated one for the later steps). See `stepq.agents.runtime_context`."""
+    prepare_call: Callable[[CallContext], CallOverrides | dict[str, Any] | None] | None = Field(
+        default=None, exclude=True
+    )
+    """`fn(CallContext) -> CallOverrides | dict | None`, called on the worker once per turn before its first step
+    (never again, redeliveries included): the turn's `model`, extra `instructions` and `context`."""
 
     _tool_modules: dict[str, str] = PrivateAttr(default_factory=dict)  # tool name -> the module declaring it
 

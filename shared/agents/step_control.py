@@ -36,6 +36,7 @@ class StepContext:
     cost: float | None = None  # the turn's cost so far (when STEPQ_PRICES has the models)
     tool_calls_made: int = 0
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    context: Any = None  # the turn's runtime context (an instance of the agent's context_schema; None: none)
 
 
 class StepOverrides(BaseModel):
@@ -54,6 +55,9 @@ class StepOverrides(BaseModel):
     """This step's cap on output tokens."""
     system: str | None = None
     """Extra system text for this step, after the agent's system prompt."""
+    context: Any = None
+    """A new runtime context for this step and the later ones (validated against the agent's context_schema,
+    stored with the turn); None keeps the current one."""
 
 
 PrepareStep = Callable[[StepContext], "StepOverrides | Mapping[str, Any] | None"]

@@ -9,15 +9,14 @@ turn with finish reason `custom-stop`, and `stop_detail` names the predicate.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from stepq.errors import DefinitionError
-from stepq.models import Message, ToolCall, ToolResult, Usage
+from stepq.models import STOP_NAME, Message, ToolCall, ToolResult, Usage
 
-NAME = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z][a-z0-9_]*)*$")
+NAME = STOP_NAME  # the models own the syntax: a policy's stop_when (stepq.models) checks it too
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class ToolContext:
     metadata: Mapping[str, Any]
     logger: logging.Logger
     cancelled: CancelSignal = field(default_factory=CancelSignal)
+    context: Any = None  # the turn's runtime context: an instance of the agent's context_schema (None: none)
 
     def run_process(
         self,

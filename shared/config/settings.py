@@ -22,14 +22,25 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, Settin
 from stepq.config import module_models
 from stepq.config.module_models import ModuleModel
 from stepq.errors import ConfigurationError
-from stepq.models import SCOPE_ALL, Fallback, Policy, RateLimit, check_scope
+from stepq.models import (
+    DEFAULT_BUDGET_PRESETS,
+    PRESET_NAME,
+    SCOPE_ALL,
+    Budget,
+    Fallback,
+    Policy,
+    RateLimit,
+    check_scope,
+)
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")  # +sentinel: failover, +cluster
 # Values never echoed in an error message (the variable is named, the value is not): these, and every
 # SecretStr setting.
 # Agent modules bundled with stepq that moved, by their old names (still accepted in STEPQ_AGENT_MODULES).
 MOVED_AGENT_MODULES = {"stepq.demo_agents": "stepq.agents.demo"}
-SECRET_SETTINGS = frozenset({"approval_secret", "approval_old_secrets", "jwt_secret", "api_keys"})
+SECRET_SETTINGS = frozenset(
+    {"approval_secret", "approval_old_secrets", "jwt_secret", "api_keys", "credentials_key", "credentials_old_keys"}
+)
 # HMAC-SHA256 keys shorter than its 32-byte output are guessable sooner than the MAC itself
 MIN_APPROVAL_SECRET_BYTES = 32
 NEW_SECRET_COMMAND = "export STEPQ_APPROVAL_SECRET=$(openssl rand -hex 32)"
@@ -66,6 +77,10 @@ class Settings(BaseSettings):
     approval_secret: SecretStr | None = None
     approval_old_secrets: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     approval_ttl_s: float = Field(default=3600.0, gt=0)
+    # the key-encryption key of tenants' provider API keys in Redis (a Fernet key; see docs/tenants.md), and the
+    # older ones still opened while keys sealed with them are re-sealed (comma-separated)
+    credentials_key: SecretStr | None = None
+    credentials_old_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
 
     provider: str | None = None
     model: str | None = None
@@ -76,6 +91,9 @@ class Settings(BaseSettings):
     # the environment layer of the resolution chain (stepq.policy.resolution): JSON, one Policy for every agent
     # ({"max_steps": 5, "models": ["anthropic/*"]}) or policies by scope ({"*": {...}, "support.refunds": {...}})
     policy: dict[str, Policy] = Field(default_factory=dict)
+    # budgets by name (`small`, `standard`, `long` and any added): JSON {"name": {max_tool_calls, max_tokens, ...}};
+    # a name given replaces the default of that name, the other defaults stay (see stepq.models.DEFAULT_BUDGET_PRESETS)
+    budget_presets: dict[str, Budget] = Field(default_factory=lambda: dict(DEFAULT_BUDGET_PRESETS))
 
     # Celery / durability
     redis_outage_s: float = Field(default=60.0, ge=0)  # how long Redis calls retry through an outage before failing
@@ -223,6 +241,15 @@ class Settings(BaseSettings):
             return module_models.check({k: ModuleModel.model_validate(v) for k, v in value.items()})
         return value
 
+    @field_validator("budget_presets")
+    @classmethod
+    def _preset_names(cls, value: dict[str, Budget]) -> dict[str, Budget]:
+        """Named presets join the defaults; a name is lowercase (`small`, `nightly-batch`)."""
+        for name in value:
+            if not PRESET_NAME.match(name):
+                raise ValueError(f"preset name {name!r} must be lowercase letters, digits, '-' or '_'")
+        return {**DEFAULT_BUDGET_PRESETS, **value}
+
     @field_validator("policy", mode="before")
     @classmethod
     def _policy_scopes(cls, value: object) -> object:
@@ -233,6 +260,15 @@ class Settings(BaseSettings):
             return {SCOPE_ALL: value}
         for scope in value:
             check_scope(str(scope))
+        return value
+
+    @field_validator("policy")
+    @classmethod
+    def _no_quota(cls, value: dict[str, Policy]) -> dict[str, Policy]:
+        """A quota counts a tenant's usage: only a tenant's policy holds one, never silently ignored here."""
+        for scope, policy in value.items():
+            if policy.quota is not None:
+                raise ValueError(f"{scope}: a quota belongs in a tenant's policy (stepq policy set --quota-tokens N)")
         return value
 
     @field_validator("key_prefix")
@@ -251,7 +287,9 @@ class Settings(BaseSettings):
             return list(dict.fromkeys(MOVED_AGENT_MODULES.get(name, name) for name in value))
         return value
 
-    @field_validator("approval_old_secrets", "gateway_cors_origins", "attachment_url_allow", mode="before")
+    @field_validator(
+        "approval_old_secrets", "credentials_old_keys", "gateway_cors_origins", "attachment_url_allow", mode="before"
+    )
     @classmethod
     def _split_secrets(cls, value: object) -> object:
         if isinstance(value, str):
@@ -274,6 +312,10 @@ class Settings(BaseSettings):
                 env[key] = self.jwt_secret.get_secret_value() if self.jwt_secret else ""
             elif name == "approval_old_secrets":
                 env[key] = ",".join(s.get_secret_value() for s in self.approval_old_secrets)
+            elif name == "credentials_key":
+                env[key] = self.credentials_key.get_secret_value() if self.credentials_key else ""
+            elif name == "credentials_old_keys":
+                env[key] = ",".join(s.get_secret_value() for s in self.credentials_old_keys)
             elif name in ("agent_modules", "gateway_cors_origins", "attachment_url_allow"):
                 env[key] = ",".join(value)
             elif isinstance(value, dict | list):
@@ -281,6 +323,12 @@ class Settings(BaseSettings):
             else:
                 env[key] = str(value)
         return env
+
+    @property
+    def credential_keks(self) -> list[str]:
+        """The key-encryption keys, newest first (the first seals; all open)."""
+        keys = [self.credentials_key, *self.credentials_old_keys] if self.credentials_key else self.credentials_old_keys
+        return [k.get_secret_value() for k in keys if k is not None]
 
     @property
     def embedded(self) -> bool:

@@ -2,10 +2,12 @@
 
 `open_step` runs on every delivery that holds the lease: a redelivered step's stale content is reset,
 a requested cancel ends the turn, and the resolution chain (stepq.policy.resolution) sets this step's
-limits and agent (a `refuse` kill switch fails the turn). `start_running` applies the limit known before
-the model call (wall clock) and makes a queued turn visible as running. `plan_call` then builds the
+limits and agent (a `refuse` kill switch fails the turn) and finds the tenant's usage quotas the step counts
+toward. `start_running` applies what is known before the model call (a spent quota, the wall clock), runs the
+agent's `prepare_call` once per turn, and makes a queued turn visible as running. `plan_call` then builds the
 model call: the tools, tool choice and model of this step (the agent's, its prepare_step's, the
-caller's) under the policies, and the request, with the files' bytes filled in for this call only.
+caller's) under the policies, the tenant's own API key if it has one, and the request, with the files' bytes
+filled in for this call only.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from stepq.agents import mcp as mcp_tools
-from stepq.engine import step_plan, stopping, structured
+from stepq.engine import call_hook, quota_check, step_plan, stopping, structured, tenant_keys
 from stepq.engine.compaction import view
 from stepq.engine.context import Decision, StepContext, none
 from stepq.engine.finish import fail, finish, finish_limit
@@ -59,20 +61,32 @@ def open_step(ctx: StepContext, start: StepStart) -> Decision | None:
     ctx.checkpoint = start.checkpoint
     if start.cancel_requested:
         return finish(ctx, TurnStatus.CANCELLED, FinishReason.CANCELLED)
+    ctx.policy_version = start.policy_version
+    ctx.quota_usage = start.quota_usage
     effective = apply_policy(ctx, start.policy_version)
     if effective.kill_switch == "refuse":
         return fail(ctx, effective.kill_message(ctx.agent.id))
     ctx.agent = effective.agent  # tools and mutation policy as the policies leave them
+    quota_check.count_toward(ctx)
     return None
 
 
 def start_running(ctx: StepContext) -> Decision | None:
     """The wall-clock limit (known before the call) and a queued turn shown as running; None: call the model."""
     state = ctx.state
+    spent = quota_check.before_model_call(ctx)
+    if spent is not None:
+        return spent
     wall_clock = LoopStop.WALL_CLOCK_BUDGET
     if stopping.over_wall_clock(state) and not stopping.answers_anyway(state, ctx.agent, wall_clock):
         return finish_limit(ctx, wall_clock)
-    if state.status == TurnStatus.QUEUED:  # visible as running while the first step streams
+    prepared = None
+    if not state.call_prepared and ctx.agent.prepare_call is not None:
+        try:  # once per turn: stored with the commit below, so a redelivery after it never calls it again
+            prepared = call_hook.prepare(ctx.agent, state)
+        except call_hook.PrepareCallError as exc:
+            return fail(ctx, str(exc))
+    if state.status == TurnStatus.QUEUED or prepared:  # visible as running while the first step streams
         state.status = TurnStatus.RUNNING
         state.started_at = state.started_at or time.time()
         if not ctx.commit(release=False):
@@ -87,7 +101,12 @@ def apply_policy(ctx: StepContext, version: int) -> Effective:
     tenant = tenant_of(state.metadata)
     doc = rt.policies.at_version(tenant, version) if tenant else None
     layers = layers_for(
-        agent.id, caller=state.caller_policy, tenant=tenant, tenant_doc=doc, environment=rt.settings.policy
+        agent.id,
+        caller=state.caller_policy,
+        tenant=tenant,
+        tenant_doc=doc,
+        environment=rt.settings.policy,
+        presets=rt.settings.budget_presets,
     )
     if state.base_limits is None:  # a turn stored before the resolution chain: its limits are its base
         state.base_limits = state.limits
@@ -132,6 +151,7 @@ def plan_call(ctx: StepContext) -> ModelCall | Decision:
         if refusal:
             return fail(ctx, refusal)
         adapter = create_adapter(state.provider, agent, state.model)
+        tenant_keys.apply(ctx, adapter)  # the tenant's own API key, when it stored one for this provider
     except Exception as exc:
         return fail(ctx, str(exc))
     # this step's tools (plan, caller's features); an MCP tool whose server changed its schema is not offered
@@ -167,7 +187,7 @@ def _request(
     return StepRequest.model_construct(
         provider=state.provider,
         model=state.model,
-        system=step_plan.system_text(agent, plan),
+        system=step_plan.system_text(agent, plan, state.instructions),
         messages=messages,
         tools=specs,
         tool_choice=tool_choice,

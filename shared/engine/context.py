@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from stepq.agents.definition import AgentDefinition
 from stepq.engine.emitter import StepEmitter
@@ -26,6 +26,7 @@ from stepq.policy.resolution import Effective
 from stepq.providers.base import StepRequest
 from stepq.store.batch_runs import BatchClaim
 from stepq.store.leases import StepLease
+from stepq.store.quotas import Window
 from stepq.store.turns import PreparedWrite
 
 
@@ -93,20 +94,36 @@ class Delivery:
     observers: tuple[StepObserver, ...] = ()  # who sees the lifecycle points (engine/lifecycle.py); () for most
     attempt_started_at: float | None = None  # wall clock of the model call now running (its trace's start)
     tool_timings: dict[str, tuple[float, float]] = field(default_factory=dict)  # call id -> (start, seconds)
+    quota_windows: list[Window] = field(default_factory=list)  # the tenant's quotas this step counts toward
 
     def commit(self, release: bool = True) -> bool:
         """A fenced commit: only while this delivery's lease is held; the step's last commit releases it."""
         lease = self.lease
+        counting = self._quota_count()
         prepared = self.rt.turns.prepare_commit(self.state, lease_token=lease.token, release=release)
         checkpoint, self.pending_checkpoint = self.pending_checkpoint, None
         if checkpoint is not None:  # not written yet, and moot once this commits
             self.emitter.discard_write(checkpoint.script, checkpoint.keys)
-        # the step's events go out just before its commit, in the same round trip
-        [reply] = self.emitter.flush_with((prepared.script, prepared.keys, prepared.args))
+        # the step's events go out just before its commit, in the same round trip (with its usage's count)
+        [reply, *_] = self.emitter.flush_with((prepared.script, prepared.keys, prepared.args), *counting)
         ok = self.rt.turns.finish_commit(prepared, reply)
         if ok and release:
             lease.released = True
         return ok
+
+    def _quota_count(self) -> list[tuple[Any, list[str], list[Any]]]:
+        """The write adding this commit's new trace rows' tokens and cost to the tenant's quota counters."""
+        if not self.quota_windows:
+            return []
+        new = self.state.trace.steps[self.state._stored_trace :]
+        tokens = sum(t.usage.input_tokens + t.usage.output_tokens for t in new)
+        cost = sum(t.cost or 0.0 for t in new)
+        if not tokens and not cost:
+            return []
+        quotas = self.rt.quotas
+        return [
+            (quotas.script, [w.key for w in self.quota_windows], quotas.count_args(self.quota_windows, tokens, cost))
+        ]
 
     def describe(self, exc: BaseException) -> str:
         """An unexpected exception as events and the turn's error show it: one line, bounded, secrets masked."""
@@ -128,3 +145,5 @@ class StepContext(Delivery):
     checkpoint: StepOutput | None = None  # the model's answer to this step, stored before a crash: replayed
     effective: Effective | None = None  # this step's policies resolved (see begin.apply_policy)
     tools_refused: list[dict[str, str]] = field(default_factory=list)  # MCP tools not offered this step, and why
+    policy_version: int = 0  # of the tenant policies, read with the lease: the tenant's credentials are read at it
+    quota_usage: dict[str, Any] = field(default_factory=dict)  # the quota counters read with the lease

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from stepq.agents import runtime_context
 from stepq.agents.definition import AgentDefinition
 from stepq.agents.tools import ToolContext, ToolDefinition
 from stepq.approvals import canonical_args_hash
@@ -190,6 +191,7 @@ class StepDispatcher:
             idempotency_key=f"{self.state.turn_id}:{call.id}",
             metadata=self.state.metadata,
             logger=log.getChild(definition.name),
+            context=runtime_context.typed(self.agent.context_schema, self.state.context),
         )
         started, clock = time.time(), time.monotonic()
         outcome = self.execution.run(definition, call, args, ctx)

@@ -62,7 +62,7 @@ class StepRunner:
         the step is fenced by its number, and its final commit checks and releases the lease."""
         rt = self.rt
         token = rt.leases.new_token()
-        start = rt.turns.begin_step(turn_id, step, token, rt.leases.ttl_ms)
+        start = rt.turns.begin_step(turn_id, step, token, rt.leases.ttl_ms, rt.quotas.expected(turn_id))
         if isinstance(start, LeaseHeld):  # look again just after the lease would lapse (its holder may be dead)
             countdown = min(rt.settings.effective_reschedule_countdown_s, start.remaining_s + 0.05)
             return Decision("reschedule", step=step, countdown=countdown, reason="leased")

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from pydantic import ValidationError
 
+from stepq.agents import runtime_context
 from stepq.agents.definition import AgentDefinition
 from stepq.agents.step_control import StepContext, StepOverrides, check_choice, tightest
 from stepq.agents.tools import ToolDefinition
@@ -119,26 +120,41 @@ def _ask(agent: AgentDefinition, state: TurnState) -> StepOverrides | None:
         cost=state.cost,
         tool_calls_made=state.tool_calls_made,
         metadata=dict(state.metadata),
+        context=runtime_context.typed(agent.context_schema, state.context),
     )
     try:
         answer = fn(context)
     except Exception as exc:
         log.exception("prepare_step of agent %s raised", agent.id)
         raise PrepareStepError(f"prepare_step of agent {agent.id} raised {type(exc).__name__}: {exc}") from exc
-    if answer is None or isinstance(answer, StepOverrides):
-        return answer
+    if answer is None:
+        return None
+    if isinstance(answer, StepOverrides):
+        return _with_context(agent, state, answer)
     if not isinstance(answer, Mapping):
         raise PrepareStepError(
             f"prepare_step of agent {agent.id} returned {type(answer).__name__}; return StepOverrides, a dict or None"
         )
     try:
-        return StepOverrides.model_validate(dict(answer))
+        return _with_context(agent, state, StepOverrides.model_validate(dict(answer)))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise PrepareStepError(
             f"prepare_step of agent {agent.id} returned bad overrides: {first['msg']} at {where}"
         ) from None
+
+
+def _with_context(agent: AgentDefinition, state: TurnState, asked: StepOverrides) -> StepOverrides:
+    """prepare_step's new runtime context, validated, becomes the turn's (stored with this step's commit)."""
+    if asked.context is not None:
+        try:
+            state.context = runtime_context.check_context(
+                agent.id, agent.context_schema, asked.context, "prepare_step's context"
+            )
+        except runtime_context.ContextError as exc:
+            raise PrepareStepError(f"prepare_step of agent {agent.id}: {exc}") from None
+    return asked
 
 
 def _last_calls(state: TurnState) -> list[ToolCall]:
@@ -167,6 +183,7 @@ def callable_tools(agent: AgentDefinition, state: TurnState) -> list[ToolDefinit
     return step_tools(agent, state, plan)
 
 
-def system_text(agent: AgentDefinition, plan: StepPlan) -> str | None:
-    parts = [p for p in (agent.instructions, plan.system) if p]
+def system_text(agent: AgentDefinition, plan: StepPlan, turn: str | None = None) -> str | None:
+    """The agent's instructions, the turn's (prepare_call's `instructions`), then this step's extra text."""
+    parts = [p for p in (agent.instructions, turn, plan.system) if p]
     return "\n\n".join(parts) or None

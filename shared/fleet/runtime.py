@@ -20,10 +20,12 @@ from stepq.fleet.ratelimit import RateLimiter
 from stepq.store.approvals import ApprovalStore
 from stepq.store.batch_runs import BatchRunStore
 from stepq.store.connection import get_redis
+from stepq.store.credentials import CredentialStore
 from stepq.store.events import EventLog
 from stepq.store.keys import Keys
 from stepq.store.leases import LeaseManager
 from stepq.store.policies import PolicyStore
+from stepq.store.quotas import QuotaStore
 from stepq.store.threads import ThreadStore
 from stepq.store.tool_results import ToolResultStore
 from stepq.store.turns import TurnStore
@@ -47,6 +49,14 @@ class Runtime:
     agents: AgentRegistry
     limiter: RateLimiter
     _signer: ApprovalSigner | None = field(default=None, repr=False)
+    _quotas: QuotaStore | None = field(default=None, repr=False)
+
+    @property
+    def quotas(self) -> QuotaStore:
+        """Usage quota counters (store/quotas.py), with the counters this process expects each turn to check."""
+        if self._quotas is None:
+            self._quotas = QuotaStore(self.redis, self.keys)
+        return self._quotas
 
     @classmethod
     def build(cls, settings: Settings) -> Runtime:
@@ -72,6 +82,11 @@ class Runtime:
             agents=agents,
             limiter=RateLimiter(client, keys, hold_ttl_s=max(settings.lease_ttl_s * 4, 300.0)),
         )
+
+    @property
+    def credentials(self) -> CredentialStore:
+        """Tenants' sealed provider credentials (written by `stepq tenant-key`; workers read them with the policy)."""
+        return CredentialStore(self.redis, self.keys)
 
     @property
     def signer(self) -> ApprovalSigner:

@@ -26,8 +26,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepq.agents.definition import AgentDefinition
+from stepq.agents.step_control import tightest
+from stepq.errors import PolicyError
+from stepq.models import (
+    DEFAULT_BUDGET_PRESETS,
+    Budget,
+    LoopLimits,
+    Policy,
+    PolicySource,
+    Quota,
+    UnknownPresetError,
+    budget_preset,
+)
 from stepq.models import SCOPE_ALL as SCOPE_ALL  # a policy document's syntax, kept with its model
-from stepq.models import LoopLimits, Policy, PolicySource
 from stepq.models import check_scope as check_scope
 
 LAYERS = ("request", "caller", "tenant", "environment", "agent", "default")
@@ -66,8 +77,10 @@ def layers_for(
     tenant: str | None = None,
     tenant_doc: Mapping[str, Policy] | None = None,
     environment: Mapping[str, Policy] | None = None,
+    presets: Mapping[str, Budget] = DEFAULT_BUDGET_PRESETS,
 ) -> list[Layer]:
-    """Every policy that applies to one turn of `agent_id`, highest layer first."""
+    """Every policy that applies to one turn of `agent_id`, highest layer first; a policy's budget preset is
+    read from `presets` (STEPQ_BUDGET_PRESETS) into the caps it leaves unset."""
     layers: list[Layer] = []
     if caller is not None:
         layers.append(Layer("caller", "the caller's policy", caller))
@@ -75,7 +88,32 @@ def layers_for(
         layers.append(Layer("tenant", f"tenant {tenant}'s policy ({scope})", policy))
     for scope, policy in matching(environment or {}, agent_id):
         layers.append(Layer("environment", f"STEPQ_POLICY ({scope})", policy))
-    return layers
+    return [_with_preset(x, presets) for x in layers]
+
+
+def _with_preset(layer: Layer, presets: Mapping[str, Budget]) -> Layer:
+    """A layer whose policy names a budget preset, with the preset's caps where the policy sets none itself.
+    A name this process does not know fails closed (PolicyError naming the layer), never runs unbounded."""
+    name = layer.policy.budget
+    if name is None:
+        return layer
+    try:
+        preset = budget_preset(name, presets)
+    except UnknownPresetError as exc:
+        raise PolicyError(f"{layer.label}: {exc}") from None
+    caps = {k: v for k, v in preset.model_dump().items() if k in NUMBERS and v is not None}
+    unset = {k: v for k, v in caps.items() if getattr(layer.policy, k) is None}
+    return Layer(layer.name, layer.label, layer.policy.model_copy(update=unset))
+
+
+def quota_rules(tenant: str, tenant_doc: Mapping[str, Policy], agent_id: str) -> list[tuple[str, Quota, str]]:
+    """The tenant's quotas that count a turn of `agent_id`: `(scope, quota, label)` for each matching scope that
+    sets one (`*` counts all the tenant's turns, a module or agent scope only theirs)."""
+    return [
+        (scope, policy.quota, f"tenant {tenant}'s quota ({scope})")
+        for scope, policy in matching(tenant_doc, agent_id)
+        if policy.quota is not None
+    ]
 
 
 def base_sources(agent: AgentDefinition, overrides: Any = None) -> dict[str, str]:
@@ -159,6 +197,9 @@ def resolve(
     update: dict[str, Any] = {}
     _mutation(eff, agent, layers, update)
     _tools(eff, agent, layers, update)
+    _stops(eff, layers)
+    _tool_choice(eff, agent, layers)
+    _prompt_sections(eff, agent, layers, update)
     _kill_switch(eff, layers, step, update)
     if update:
         eff.agent = agent.model_copy(update=update)
@@ -226,6 +267,79 @@ def _tools(eff: Effective, agent: AgentDefinition, layers: list[Layer], update: 
         if agent.active_tools is not None:
             update["active_tools"] = [n for n in agent.active_tools if n in kept]
     eff.sources["allowed_tools"] = PolicySource(value=kept, layer=layer)
+
+
+def _stops(eff: Effective, layers: list[Layer]) -> None:
+    """A layer's stop conditions join the turn's: each can only end the turn sooner, so none is dropped."""
+    limits = eff.limits
+    for x in reversed(layers):  # lowest first: a higher layer takes the credit for the tightest step count
+        stops = x.policy.stop_when or []
+        counts = [s.step_count for s in stops if s.step_count is not None]
+        if counts and (limits.stop_after_steps is None or min(counts) < limits.stop_after_steps):
+            limits.stop_after_steps = min(counts)
+        limits.stop_on_tool = sorted({*limits.stop_on_tool, *(s.has_tool_call for s in stops if s.has_tool_call)})
+        limits.stop_custom = list(dict.fromkeys([*limits.stop_custom, *(s.custom for s in stops if s.custom)]))
+        if stops:
+            eff.sources["stop_when"] = PolicySource(
+                value=[s.model_dump(exclude_none=True) for s in stops], layer=x.name
+            )
+
+
+def _tool_choice(eff: Effective, agent: AgentDefinition, layers: list[Layer]) -> None:
+    """Every step's tool choice, tightened layer by layer (it rides the turn's limits, which prepare_step cannot
+    loosen); where neither contains the other, the higher layer's choice binds."""
+    limits = eff.limits
+    current = limits.tool_choice or agent.tool_choice
+    layer = "request" if limits.tool_choice is not None else "agent"
+    for x in reversed(layers):  # lowest first
+        asked = x.policy.tool_choice
+        if asked is None:
+            continue
+        tight = tightest(current, asked)
+        if tight != current:
+            current, layer = tight if tight is not None else asked, x.name
+    if layer not in ("request", "agent"):
+        limits.tool_choice = current
+        eff.sources["tool_choice"] = PolicySource(value=current, layer=layer)
+
+
+def _prompt_sections(eff: Effective, agent: AgentDefinition, layers: list[Layer], update: dict[str, Any]) -> None:
+    """A layer's text for a section the agent declares replaces the agent's (a higher layer's wins); a name the
+    agent does not declare is left out, and the trace records it, so a policy cannot add prompt text of its own."""
+    sections, layer, ignored = dict(agent.prompt_sections), "", []
+    for x in reversed(layers):  # lowest first: the highest layer that set a section is the one credited
+        for name, text in (x.policy.prompt_sections or {}).items():
+            if name in sections:
+                sections[name], layer = text, x.name
+            else:
+                ignored.append(name)
+    if layer:
+        update["prompt_sections"] = sections
+        changed = sorted(n for n in sections if sections[n] != agent.prompt_sections[n])
+        eff.sources["prompt_sections"] = PolicySource(value=changed, layer=layer)
+    if ignored:
+        eff.sources["prompt_sections_ignored"] = PolicySource(value=sorted(set(ignored)), layer="agent")
+
+
+def policy_model(agent: AgentDefinition, layers: Iterable[Layer], own: list[str]) -> tuple[str, str, str] | None:
+    """The `(layer, provider, model)` the highest layer's `default_model` sets, or None when no layer sets one.
+    It must be within the agent's allowed models: every layer's allowlist, or (none listing models) `own`, the
+    agent's default model and fallbacks; PolicyError naming the layer otherwise."""
+    layers = list(layers)
+    for x in layers:  # highest first
+        chosen = x.policy.default_model
+        if chosen is None:
+            continue
+        provider, _, model = chosen.partition("/")
+        allowed = allowed_patterns(layers)
+        admitted = allowed if allowed is not None else own
+        if not any(model_matches(p, provider, model) for p in admitted):
+            shown = ", ".join(admitted) or "none"
+            raise PolicyError(
+                f"{x.label} sets default_model {chosen}, which agent {agent.id} does not allow (allowed: {shown})"
+            )
+        return x.name, provider, model
+    return None
 
 
 def _kill_switch(eff: Effective, layers: list[Layer], step: int, update: dict[str, Any]) -> None:

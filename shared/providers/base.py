@@ -92,6 +92,13 @@ class ProviderAdapter(ABC):
         """The provider's batch API for this adapter's model, or None when it has none (steps run online)."""
         return None
 
+    def use_credential(self, api_key: str) -> None:
+        """Send this adapter's calls with a tenant's API key instead of the fleet's (see docs/tenants.md); the
+        providers that take one (anthropic, openai, openai-compatible) override it."""
+        raise ProviderError(
+            f"provider {self.name!r} takes no tenant API key; remove the tenant's key for it", retryable=False
+        )
+
 
 # --------------------------------------------------------------------------- provider batch APIs
 

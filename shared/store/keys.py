@@ -221,6 +221,16 @@ class Keys:
         """SET of tenants that have a policy (what `stepq policy show` lists)."""
         return f"{self.prefix}:policy:{{{self.prefix}:policy}}:tenants"
 
+    def credentials(self, tenant: str) -> str:
+        """HASH of a tenant's provider credentials: provider -> sealed record JSON (never a key in clear). In the
+        policies' slot: a change bumps `policy_version`, which every step already reads with its lease."""
+        return f"{self.prefix}:policy:{{{self.prefix}:policy}}:credentials:{tenant}"
+
+    def quota(self, tenant: str, scope: str, window_s: float, index: int) -> str:
+        """HASH of one tenant's usage (`tokens`, `cost`) in one window of one quota; a tenant's counters share a
+        `{<prefix>:quota:<tenant>}` tag (one slot), and each expires a window after its own ends."""
+        return f"{self.prefix}:quota:{{{self.prefix}:quota:{tenant}}}:{scope}:{window_s:g}:{index}"
+
     # ----------------------------------------------------------------- threads
 
     def thread(self, thread_id: str) -> str:

@@ -16,6 +16,8 @@ from pydantic import ValidationError
 
 from stepq.errors import StepqError
 from stepq.models import Policy
+from stepq.store import credentials
+from stepq.store.credentials import Sealed
 from stepq.store.keys import Keys
 
 # KEYS: the tenant's hash, the version, the tenants set. ARGV: tenant, scope, expected JSON ('' = none), new
@@ -51,6 +53,7 @@ class PolicyStore:
         self._write = client.register_script(_WRITE)
         self._clear = client.register_script(_CLEAR)
         self._cache: dict[str, tuple[int, Document]] = {}
+        self._credentials: dict[str, dict[str, Sealed]] = {}  # read with the policy, at the cached version
         self._lock = threading.Lock()
 
     def _script_keys(self, tenant: str) -> list[str]:
@@ -68,12 +71,26 @@ class PolicyStore:
             cached = self._cache.get(tenant)
         if cached is not None and cached[0] == version:
             return cached[1]
-        doc = self.get(tenant)  # may already be newer than `version`: the next step reads it again, harmless
+        # may already be newer than `version`: the next step reads it again, harmless. The tenant's sealed
+        # credentials come in the same round trip (their changes bump the same version).
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.keys.policy(tenant))
+        pipe.hgetall(self.keys.credentials(tenant))
+        raw, sealed = pipe.execute()
+        doc = {_text(scope): _parse(tenant, _text(scope), value) for scope, value in sorted(raw.items())}
         with self._lock:
+            if len(self._cache) >= 4096:  # many tenants: start over rather than grow without bound
+                self._cache, self._credentials = {}, {}
             self._cache[tenant] = (version, doc)
-            if len(self._cache) > 4096:  # many tenants: start over rather than grow without bound
-                self._cache = {tenant: (version, doc)}
+            self._credentials[tenant] = credentials.parse(sealed)
         return doc
+
+    def credentials_at_version(self, tenant: str, version: int) -> dict[str, Sealed]:
+        """The tenant's sealed provider credentials as of `version`, read with its policy (no round trip of
+        their own; see `at_version`)."""
+        self.at_version(tenant, version)
+        with self._lock:
+            return self._credentials.get(tenant, {})
 
     def update(self, tenant: str, scope: str, changes: dict[str, Any], unset: list[str] | None = None) -> Policy | None:
         """Merge `changes` into the scope's policy and drop the `unset` fields; None once nothing is left.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
@@ -110,10 +110,15 @@ return 1
 _BEGIN = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {0, redis.call('PTTL', KEYS[1])} end
 redis.call('SET', KEYS[2], ARGV[3])
-return {1, redis.call('GET', KEYS[3]), redis.call('EXISTS', KEYS[4]), redis.call('GET', KEYS[5]),
+local out = {1, redis.call('GET', KEYS[3]), redis.call('EXISTS', KEYS[4]), redis.call('GET', KEYS[5]),
         redis.call('GET', KEYS[6]), redis.call('LRANGE', KEYS[7], ARGV[4], -1),
         redis.call('LRANGE', KEYS[8], ARGV[5], -1), redis.call('LLEN', KEYS[7]), redis.call('GET', KEYS[9])}
+for i = 10, #KEYS do out[#out + 1] = redis.call('HMGET', KEYS[i], 'tokens', 'cost') end
+return out
 """
+# KEYS[10...], when given: the quota counters of the turn's tenant this process expects the step to check
+# (store/quotas.py; on a single Redis only: on a cluster they live in the tenant's slot and are read apart), so
+# the check before the model call costs no round trip of its own.
 
 _SAVE = "redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]) return 1"
 
@@ -152,6 +157,7 @@ class StepStart:
     cancel_requested: bool
     checkpoint: StepOutput | None
     policy_version: int = 0  # of the tenant policies (store/policies.py): a changed one is read again
+    quota_usage: dict[str, Any] = field(default_factory=dict)  # counter key -> [tokens, cost] as read with the lease
 
 
 @dataclass(frozen=True)
@@ -321,8 +327,12 @@ class TurnStore:
             return self.load(turn_id)
         return self._assemble(turn_id, raw, messages, new_messages, trace, new_trace)
 
-    def begin_step(self, turn_id: str, step: int, token: str, ttl_ms: int) -> StepStart | LeaseHeld:
-        """Take the lease and read everything a step needs, in one round trip; LeaseHeld when another holds it."""
+    def begin_step(
+        self, turn_id: str, step: int, token: str, ttl_ms: int, quota_keys: list[str] | None = None
+    ) -> StepStart | LeaseHeld:
+        """Take the lease and read everything a step needs, in one round trip; LeaseHeld when another holds it.
+        `quota_keys`: usage counters to read with it (not on a cluster, see _BEGIN)."""
+        quota_keys = [] if self.indexes.separate else list(quota_keys or [])
         k = self.keys
         messages, trace = self._history.get(turn_id)
         reply = self._begin(
@@ -336,12 +346,14 @@ class TurnStore:
                 k.messages(turn_id),
                 k.trace(turn_id),
                 k.absent(turn_id) if self.indexes.separate else k.policy_version,
+                *quota_keys,
             ],
             args=[token, ttl_ms, step, len(messages), len(trace)],
         )
         if not reply[0]:
             return LeaseHeld(max(int(reply[1]), 0) / 1000)
-        _, emitted, cancel, checkpoint, raw, new_messages, new_trace, total, policy_version = reply
+        _, emitted, cancel, checkpoint, raw, new_messages, new_trace, total, policy_version = reply[:9]
+        quota_usage = dict(zip(quota_keys, reply[9:], strict=True))
         if self.indexes.separate:  # a cluster: the version lives in the policies' slot
             policy_version = self.client.get(k.policy_version)
         state = None
@@ -356,7 +368,9 @@ class TurnStore:
             saved_step, _, body = str(checkpoint).partition("\x1f")
             saved = StepOutput.model_validate_json(body) if saved_step == str(step) else None
         version = int(policy_version) if policy_version else 0
-        return StepStart(state, int(emitted) if emitted is not None else None, bool(cancel), saved, version)
+        start = StepStart(state, int(emitted) if emitted is not None else None, bool(cancel), saved, version)
+        start.quota_usage = quota_usage
+        return start
 
     def _assemble(
         self,

@@ -4,21 +4,52 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from stepq.agents.definition import AgentDefinition, Budget, StopWhen
+from stepq.agents.runtime_context import check_context
 from stepq.agents.step_control import at_most, check_choice
 from stepq.agents.stops import get_stop_condition, unknown_message
 from stepq.config import module_models
-from stepq.errors import MissingFeaturesError, OverrideError, PolicyError, SubmitError, UnknownAgentError
+from stepq.errors import (
+    MissingFeaturesError,
+    OverrideError,
+    PolicyError,
+    QuotaExceededError,
+    SubmitError,
+    UnknownAgentError,
+)
 from stepq.fleet.runtime import Runtime
 from stepq.jsonsafe import non_finite_path
-from stepq.models import EventType, LoopLimits, Message, Policy, SystemMessage, TurnState, UserMessage, new_turn_id
-from stepq.policy.resolution import Effective, Layer, base_sources, layers_for, resolve, tenant_of
-from stepq.providers.registry import model_layer, resolve_model
+from stepq.models import (
+    DEFAULT_BUDGET_PRESETS,
+    EventType,
+    LoopLimits,
+    Message,
+    Policy,
+    SystemMessage,
+    TurnState,
+    UnknownPresetError,
+    UserMessage,
+    budget_preset,
+    new_turn_id,
+)
+from stepq.policy.resolution import (
+    Effective,
+    Layer,
+    base_sources,
+    layers_for,
+    policy_model,
+    quota_rules,
+    resolve,
+    tenant_of,
+)
+from stepq.providers.registry import choose_model, model_layer, resolve_model
+from stepq.store import quotas
 from stepq.store.keys import idempotency_home
 from stepq.turns import attachments as files
 from stepq.turns import trace_context
@@ -34,13 +65,21 @@ class LoopOverrides(BaseModel):
 
     max_steps: int | None = Field(default=None, ge=1)
     stop_when: list[StopWhen] = Field(default_factory=list)
-    budget: Budget = Field(default_factory=Budget)
+    budget: Budget | str = Field(default_factory=Budget)  # or a preset's name: `small`, `standard`, `long`, ...
     active_tools: list[str] | None = None  # a subset of the tools the agent shows
     tool_choice: str | None = None  # as tight as the agent's or tighter: auto < required < a tool; auto < none
 
 
-def parse_overrides(overrides: LoopOverrides | dict[str, Any] | None) -> LoopOverrides | None:
-    """A caller's `loop=` as LoopOverrides; OverrideError naming what is wrong."""
+def parse_overrides(
+    overrides: LoopOverrides | dict[str, Any] | None, presets: Mapping[str, Budget] = DEFAULT_BUDGET_PRESETS
+) -> LoopOverrides | None:
+    """A caller's `loop=` as LoopOverrides, a budget preset's name replaced by its budget; OverrideError naming
+    what is wrong."""
+    if isinstance(overrides, LoopOverrides) and isinstance(overrides.budget, str):
+        try:
+            return overrides.model_copy(update={"budget": budget_preset(overrides.budget, presets)})
+        except UnknownPresetError as exc:
+            raise OverrideError(f"loop.budget: {exc}") from None
     if overrides is None or isinstance(overrides, LoopOverrides):
         return overrides
     if not isinstance(overrides, dict):
@@ -50,9 +89,10 @@ def parse_overrides(overrides: LoopOverrides | dict[str, Any] | None) -> LoopOve
             + hint
         )
     try:
-        return LoopOverrides.model_validate(overrides)
+        parsed = LoopOverrides.model_validate(overrides)
     except ValidationError as exc:
         raise OverrideError(f"invalid loop overrides: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from None
+    return parse_overrides(parsed, presets)
 
 
 def tighten(
@@ -82,6 +122,7 @@ def tighten(
         if stop.custom is not None and get_stop_condition(stop.custom) is None:
             raise OverrideError(f"loop.stop_when: {unknown_message(stop.custom)}")
     budget = overrides.budget
+    assert isinstance(budget, Budget)  # parse_overrides replaced a preset's name
     max_steps = narrower("max_steps", overrides.max_steps, limits.max_steps)
     max_tool_calls = narrower("budget.max_tool_calls", budget.max_tool_calls, limits.max_tool_calls)
     max_tokens = narrower("budget.max_tokens", budget.max_tokens, limits.max_tokens)
@@ -230,24 +271,61 @@ def _unknown_field(raw: Any, parsed: Any, loc: str) -> str | None:
 
 
 def _caller_policy(policy: Policy | dict[str, Any] | None) -> Policy | None:
-    if policy is None or isinstance(policy, Policy):
-        return policy
+    if policy is None:
+        return None
+    if isinstance(policy, Policy):
+        return _without_quota(policy)
     if not isinstance(policy, dict):
         raise SubmitError(
             f"policy must be a Policy or a mapping such as {{'max_steps': 3}}, not {type(policy).__name__}"
         )
     try:
-        return Policy.model_validate(policy)
+        parsed = Policy.model_validate(policy)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise SubmitError(f"invalid policy: {first['msg']} at {'.'.join(map(str, first['loc']))}") from None
+    return _without_quota(parsed)
+
+
+def _without_quota(policy: Policy) -> Policy:
+    """A caller's policy cannot hold a quota (it counts a tenant's usage): refused, never silently ignored."""
+    if policy.quota is not None:
+        raise SubmitError("policy.quota counts a tenant's usage: set it in the tenant's policy, not the caller's")
+    return policy
+
+
+def _check_quota(rt: Runtime, agent_id: str, metadata: dict[str, Any], layers: list[Layer]) -> None:
+    """A tenant whose quota is spent is refused before anything is stored (HTTP 429 with Retry-After)."""
+    tenant = tenant_of(metadata)
+    if tenant is None or not any(x.name == "tenant" and x.policy.quota for x in layers):
+        return
+    rules = quota_rules(tenant, rt.policies.get(tenant), agent_id)
+    windows = [quotas.window(rt.keys, tenant, scope, quota, label, time.time()) for scope, quota, label in rules]
+    spent = quotas.denial(windows, rt.quotas.read([w.key for w in windows]))
+    if spent is not None:
+        raise QuotaExceededError(spent.message, resets_at=spent.window.resets_at, retry_after_s=spent.retry_after_s)
+
+
+def own_models(agent: AgentDefinition, rt: Runtime, module: tuple[str | None, str | None]) -> list[str]:
+    """The models an agent runs unasked (its default and its fallbacks): what a policy may choose among when no
+    layer lists models (as `GET /v1/agents` shows them)."""
+    provider, model = choose_model(agent, None, None, rt.settings.provider, rt.settings.model, module)
+    fallbacks = [f"{f.provider}/{f.model}" for f in agent.fallbacks or rt.settings.fallbacks]
+    return [f"{provider}/{model}", *fallbacks] if provider and model else fallbacks
 
 
 def policy_layers(rt: Runtime, agent_id: str, caller: Policy | None, metadata: dict[str, Any]) -> list[Layer]:
     """The caller's, the tenant's (read now) and the environment's policies for a turn of `agent_id`."""
     tenant = tenant_of(metadata)
     tenant_doc = rt.policies.get(tenant) if tenant else None
-    return layers_for(agent_id, caller=caller, tenant=tenant, tenant_doc=tenant_doc, environment=rt.settings.policy)
+    return layers_for(
+        agent_id,
+        caller=caller,
+        tenant=tenant,
+        tenant_doc=tenant_doc,
+        environment=rt.settings.policy,
+        presets=rt.settings.budget_presets,
+    )
 
 
 def new_turn_state(
@@ -268,6 +346,7 @@ def new_turn_state(
     policy: Policy | dict[str, Any] | None = None,
     home: str | None = None,
     traceparent: str | None = None,
+    context: Any = None,
 ) -> tuple[AgentDefinition, TurnState]:
     """Validate a submit and build the turn it asks for, storing nothing (a thread stores its turns itself).
     `home` places the turn's keys (a thread's turns live beside their thread, see stepq.store.keys)."""
@@ -295,12 +374,14 @@ def new_turn_state(
     bad = non_finite_path(metadata)
     if bad:
         raise SubmitError(f"metadata{bad[1:]} is NaN or Infinity, which JSON cannot carry: send null or a string")
+    stored_context = None if context is None else check_context(agent.id, agent.context_schema, context)
     caller = _caller_policy(policy)
     layers = policy_layers(rt, agent.id, caller, metadata or {})
     ceiling = resolve(agent, agent.loop.limits(), base_sources(agent), layers)
     if ceiling.kill_switch == "refuse":
         raise PolicyError(ceiling.kill_message(agent.id))
-    overrides = parse_overrides(loop)
+    _check_quota(rt, agent.id, metadata or {}, layers)
+    overrides = parse_overrides(loop, rt.settings.budget_presets)
     asked = [name for name, value in (("provider", provider), ("model", model)) if value]
     asked += ["loop"] if overrides is not None and overrides.model_fields_set else []
     if asked and not ceiling.runtime_override:
@@ -309,8 +390,14 @@ def new_turn_state(
             f"{ceiling.runtime_override_label}"
         )
     module = module_models.for_agent(rt.settings.module_models, agent.id)
+    set_by = None if provider or model else policy_model(agent, layers, own_models(agent, rt, module))
     chosen_provider, chosen_model = resolve_model(
-        agent, provider, model, rt.settings.provider, rt.settings.model, module=module
+        agent,
+        set_by[1] if set_by else provider,
+        set_by[2] if set_by else model,
+        rt.settings.provider,
+        rt.settings.model,
+        module=module,
     )
     refusal = ceiling.model_refusal(chosen_provider, chosen_model)
     if refusal:
@@ -318,6 +405,8 @@ def new_turn_state(
     base = tighten(ceiling.agent, overrides, features, ceiling=ceiling)
     sources = base_sources(agent, overrides)
     sources["model"] = model_layer(agent, provider, model, rt.settings.provider, rt.settings.model, module)
+    if set_by is not None:
+        sources["model"] = set_by[0]
     pending = files.Pending()
     state = TurnState(
         turn_id=new_turn_id(idempotency_home(agent.id, idempotency_key) if idempotency_key else home),
@@ -336,6 +425,7 @@ def new_turn_state(
         idempotency_key=idempotency_key,
         created_at=time.time(),
         traceparent=trace_context.valid(traceparent),  # every step's spans join this trace
+        context=stored_context,
     )
     try:
         TurnState.model_validate_json(state.model_dump_json())
@@ -365,6 +455,7 @@ def create_turn(
     policy: Policy | dict[str, Any] | None = None,
     sent: bool = True,
     traceparent: str | None = None,
+    context: Any = None,
 ) -> tuple[TurnState, bool]:
     """Validate and store a turn. Returns (state, created); created is False for a repeated key.
     `sent=False`: the caller records its send of step 0 (`mark_sent`); until then the sweeper sends it."""
@@ -384,6 +475,7 @@ def create_turn(
         provider_batch=provider_batch,
         policy=policy,
         traceparent=traceparent,
+        context=context,
     )
     batch_id = state.metadata.get("batch_id")
     files.upload(state._objects)

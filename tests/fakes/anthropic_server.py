@@ -12,6 +12,7 @@ The unmodified `anthropic` SDK reaches it through `ANTHROPIC_BASE_URL`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -56,6 +57,9 @@ class RecordedRequest:
     headers: dict[str, str]  # lower-cased names; credential values are not kept
     body: dict[str, Any]
     received_at: float = field(default_factory=time.time)  # when the upstream saw it (rate-limit tests)
+    key_sha256: str | None = (
+        None  # sha256 of the credential sent (x-api-key, or a bearer token): which key, not the key
+    )
 
 
 # --------------------------------------------------------------------------- event builders
@@ -279,7 +283,9 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 body = {"_unparseable": raw.decode("utf-8", "replace")}
             headers = {k.lower(): ("<present>" if k.lower() in _SECRET_HEADERS else v) for k, v in self.headers.items()}
-            fake.add_request(RecordedRequest(path=self.path, headers=headers, body=body))
+            credential = self.headers.get("x-api-key") or self.headers.get("authorization", "").removeprefix("Bearer ")
+            key_sha256 = hashlib.sha256(credential.encode()).hexdigest() if credential else None
+            fake.add_request(RecordedRequest(path=self.path, headers=headers, body=body, key_sha256=key_sha256))
             if self.path == "/token":  # Google's OAuth token endpoint, for Claude on Vertex AI
                 self._json(200, {"access_token": "ya29.fake-token", "expires_in": 3600, "token_type": "Bearer"})
                 return

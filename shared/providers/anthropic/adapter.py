@@ -83,6 +83,21 @@ def shared_client() -> anthropic.Anthropic:
         return client
 
 
+def keyed_client(api_key: str) -> anthropic.Anthropic:
+    """A client that sends a tenant's own key (`x-api-key`), one per key; the cache key is the key's hash."""
+    key = ("tenant", hashlib.sha256(api_key.encode()).hexdigest(), *_env_fingerprint())
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            client = anthropic.Anthropic(api_key=api_key, auth_token=None, max_retries=0)
+            _clients[key] = client
+            while len(_clients) > _CLIENT_CACHE_SIZE:
+                _clients.popitem(last=False)
+        else:
+            _clients.move_to_end(key)
+        return client
+
+
 # --------------------------------------------------------------------------- the adapter
 
 
@@ -100,6 +115,11 @@ class AnthropicAdapter(ProviderAdapter):
 
     def classify(self, exc: BaseException, stall_s: float) -> ProviderError:
         return classify_error(exc, stall_s, self.label, self.auth_hint)
+
+    def use_credential(self, api_key: str) -> None:
+        if self.name != "anthropic":  # a platform client (Vertex) authenticates otherwise
+            super().use_credential(api_key)
+        self.client_factory = lambda: keyed_client(api_key)
 
     def check_tools(self, tools: list[ToolSpec]) -> None:
         _check_tools(tools)

@@ -158,9 +158,23 @@ class OpenAIAdapter(ProviderAdapter):
         self.label = label
         self.auth_hint = auth_hint
         self.secret_vars = secret_vars  # variables whose values are masked in errors, besides the standard ones
+        self.base_url: str | None = None  # an OpenAI-compatible server's (a tenant's key goes to the same one)
 
     def check_tools(self, tools: list[ToolSpec]) -> None:
         _check_tools(tools)
+
+    def use_credential(self, api_key: str) -> None:
+        if self.name not in ("openai", "openai-compatible"):  # Azure authenticates per deployment
+            super().use_credential(api_key)
+        base_url = self.base_url
+
+        def keyed() -> Any:
+            return _cached(
+                ("tenant", *_hashed(base_url, api_key)),
+                lambda: openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0),
+            )
+
+        self.client_factory = keyed
 
     def is_malformed(self, output: StepOutput) -> bool:
         """A call whose arguments were not a JSON object earns one corrective retry."""
@@ -226,6 +240,7 @@ def create_compatible_adapter(agent: AdapterAgent, model: str) -> ProviderAdapte
         secret_vars=(str(options["api_key_env"]),) if options.get("api_key_env") else (),
     )
     adapter.name = "openai-compatible"
+    adapter.base_url = base_url
     return adapter
 
 
