@@ -29,7 +29,7 @@ from stepq.fleet.protocol import worker_queues
 from stepq.logging import configure_logging
 from stepq.models import Event, EventType, TurnResult, TurnStatus
 from stepq.producer import batch as batch_cli
-from stepq.producer import cli_agents, cli_policy, cli_tenant_keys, cli_tool_results
+from stepq.producer import cli_agents, cli_listings, cli_policy, cli_tenant_keys, cli_tool_results
 from stepq.producer.cli_start import load_settings as load_settings
 from stepq.producer.cli_start import reach_redis as reach_redis
 from stepq.producer.client import Client
@@ -318,6 +318,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
             created_at=state.created_at,
             finished_at=state.finished_at,
             metadata=state.metadata,
+            origin=state.metadata.get("origin"),
             pending_approvals=pending,
             pending_tool_calls=client_calls(state),
         )
@@ -593,6 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_tenant_keys.add_parser(sub)
 
     cli_agents.add_parser(sub)
+    cli_listings.add_parsers(sub)
 
     p = sub.add_parser("cancel", help="cancel a turn")
     p.add_argument("turn")
@@ -676,6 +678,7 @@ ONE_SHOT = frozenset(
         cmd_cancel,
         *cli_policy.COMMANDS,
         *cli_tenant_keys.COMMANDS,
+        *cli_listings.COMMANDS,
     }
 )
 

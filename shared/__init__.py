@@ -66,8 +66,10 @@ from stepq.models import (
 )
 from stepq.producer.client import ApprovalReceipt, Client, TurnHandle
 from stepq.providers.function import FunctionModel, FunctionRequest, FunctionResponse, TestModel
+from stepq.providers.replay import Replay, load_case, replay_case
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
 from stepq.turns.attachments import Attachment
+from stepq.turns.listings import ApprovalItem, Listing, ThreadItem, TurnItem
 from stepq.turns.submit import LoopOverrides
 from stepq.turns.threads import Multitask, Thread, ThreadTurn
 
@@ -80,6 +82,7 @@ __all__ = [
     "AgentDefinition",
     "AgentExtension",
     "ApprovalError",
+    "ApprovalItem",
     "ApprovalReceipt",
     "ApprovalRefusal",
     "Attachment",
@@ -99,6 +102,7 @@ __all__ = [
     "FunctionRequest",
     "FunctionResponse",
     "InvalidOutputError",
+    "Listing",
     "LoopConfig",
     "LoopOverrides",
     "LoopStop",
@@ -114,6 +118,7 @@ __all__ = [
     "ProviderError",
     "QuotaExceededError",
     "RateLimit",
+    "Replay",
     "ScriptFailure",
     "ScriptStep",
     "ScriptToolCall",
@@ -130,6 +135,7 @@ __all__ = [
     "TestModel",
     "Thread",
     "ThreadBusyError",
+    "ThreadItem",
     "ThreadNotFoundError",
     "ThreadTurn",
     "ToolArgumentError",
@@ -141,6 +147,7 @@ __all__ = [
     "ToolResultsRefusal",
     "TranscriptError",
     "TurnHandle",
+    "TurnItem",
     "TurnNotFoundError",
     "TurnResult",
     "TurnState",
@@ -150,6 +157,8 @@ __all__ = [
     "WaitTimeoutError",
     "__version__",
     "client_tool",
+    "load_case",
+    "replay_case",
     "stop_condition",
     "tool",
 ]

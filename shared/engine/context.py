@@ -104,8 +104,11 @@ class Delivery:
         checkpoint, self.pending_checkpoint = self.pending_checkpoint, None
         if checkpoint is not None:  # not written yet, and moot once this commits
             self.emitter.discard_write(checkpoint.script, checkpoint.keys)
-        # the step's events go out just before its commit, in the same round trip (with its usage's count)
-        [reply, *_] = self.emitter.flush_with((prepared.script, prepared.keys, prepared.args), *counting)
+        # the step's events go out just before its commit, in the same round trip (with the listings' update
+        # and its usage's quota count)
+        reply, *_ = self.emitter.flush_with(
+            (prepared.script, prepared.keys, prepared.args), *prepared.riders, *counting
+        )
         ok = self.rt.turns.finish_commit(prepared, reply)
         if ok and release:
             lease.released = True

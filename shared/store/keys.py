@@ -11,6 +11,8 @@ script and transaction touches one slot while a deployment's keys spread over th
   shard `crc32(turn_id) % index_shards`, and shard n of both lists shares one tag.
 - A batch's keys share a `{batch_id}` tag, a rate-limit scope's a `{scope}` tag, the tenant policies'
   one `{<prefix>:policy}` tag, the provider-batch queues and batches one `{<prefix>:pbatch}` tag.
+- A tenant's listings (turns, approvals, threads: stepq.store.listings) share one `{<prefix>:ls:<tenant hash>}`
+  tag.
 - The few fleet-wide keys (worker heartbeats, the sweep lock, the pending-approvals gauge, the set of
   driven batches) are single keys that no script combines with others.
 
@@ -230,6 +232,14 @@ class Keys:
         """HASH of one tenant's usage (`tokens`, `cost`) in one window of one quota; a tenant's counters share a
         `{<prefix>:quota:<tenant>}` tag (one slot), and each expires a window after its own ends."""
         return f"{self.prefix}:quota:{{{self.prefix}:quota:{tenant}}}:{scope}:{window_s:g}:{index}"
+
+    # ----------------------------------------------------------------- listings
+
+    def listing(self, tenant: str, name: str) -> str:
+        """One of a tenant's listing keys (stepq.store.listings). They share one hash tag per tenant (hashed:
+        any characters, fixed length), so a script updates or pages them all in one slot."""
+        digest = hashlib.sha256(tenant.encode()).hexdigest()[:16]
+        return f"{self.prefix}:ls:{{{self.prefix}:ls:{digest}}}:{name}"
 
     # ----------------------------------------------------------------- threads
 
