@@ -39,8 +39,9 @@ from stepq.logging import redact_url
 from stepq.models import Event, EventType, Policy, TurnResult, TurnState
 from stepq.store.connection import ever_reached
 from stepq.turns import client_results as client_tools
-from stepq.turns import threads
+from stepq.turns import listings, threads
 from stepq.turns.attachments import Attachment
+from stepq.turns.fork import fork_turn
 from stepq.turns.submit import LoopOverrides, create_turn
 
 P = ParamSpec("P")
@@ -497,6 +498,98 @@ class Client:
         if continued.interrupt is not None:
             self.cancel(continued.interrupt)
         return TurnHandle(self, continued.state.turn_id)
+
+    @_store_errors
+    def fork(
+        self,
+        turn_id: str,
+        *,
+        from_step: int,
+        prompt: str | None = None,
+        overrides: LoopOverrides | dict[str, Any] | None = None,
+        model: str | None = None,
+        tenant: str | None = None,
+        policy: Policy | dict[str, Any] | None = None,
+    ) -> TurnHandle:
+        """Start a new turn from step `from_step` of `turn_id`: its transcript is the original's up to that
+        step (the tool results recorded then are reused, never run again), optionally with `prompt` as the
+        last user message, `overrides` tightening the loop (as `submit(loop=...)`) and another `model`. The
+        new turn's `metadata.origin` is `{turn_id, step}`. With `tenant`, another tenant's turn is not found.
+        Raises TurnNotFoundError or SubmitError (nothing stored then)."""
+        state = fork_turn(
+            self.runtime,
+            turn_id,
+            from_step=from_step,
+            prompt=prompt,
+            overrides=overrides,
+            model=model,
+            tenant=tenant,
+            policy=policy,
+        )
+        self._send_step(state.turn_id, 0, state.priority)
+        return TurnHandle(self, state.turn_id, True)
+
+    # ------------------------------------------------------------------ listings
+
+    @_store_errors
+    def list_turns(
+        self,
+        *,
+        tenant: str = "",
+        status: str | None = None,
+        agent: str | None = None,
+        thread: str | None = None,
+        batch: str | None = None,
+        since: float | None = None,
+        cursor: str | None = None,
+        limit: int = listings.DEFAULT_LIMIT,
+    ) -> listings.Listing:
+        """The tenant's turns, newest first: filter by status, agent, thread, batch, or created since (unix
+        seconds). A page has at most `limit` items (1 to 200); `next_cursor` gets the next. `tenant` is the
+        turns' `metadata.tenant` ('' for turns submitted without one). Bad input raises SubmitError."""
+        return listings.list_turns(
+            self.runtime,
+            tenant,
+            status=status,
+            agent=agent,
+            thread=thread,
+            batch=batch,
+            since=since,
+            cursor=cursor,
+            limit=limit,
+        )
+
+    @_store_errors
+    def pending_approvals(
+        self,
+        *,
+        tenant: str = "",
+        turn: str | None = None,
+        cursor: str | None = None,
+        limit: int = listings.DEFAULT_LIMIT,
+    ) -> listings.Listing:
+        """The tenant's approvals waiting for a reviewer, newest first: tool, arguments as the reviewer sees
+        them, turn, creation and expiry (never the token)."""
+        return listings.list_approvals(self.runtime, tenant, pending=True, turn=turn, cursor=cursor, limit=limit)
+
+    @_store_errors
+    def decided_approvals(
+        self,
+        *,
+        tenant: str = "",
+        turn: str | None = None,
+        cursor: str | None = None,
+        limit: int = listings.DEFAULT_LIMIT,
+    ) -> listings.Listing:
+        """The tenant's decided approvals (approved, denied, expired, cancelled), latest decision first."""
+        return listings.list_approvals(self.runtime, tenant, pending=False, turn=turn, cursor=cursor, limit=limit)
+
+    @_store_errors
+    def list_threads(
+        self, *, tenant: str = "", cursor: str | None = None, limit: int = listings.DEFAULT_LIMIT
+    ) -> listings.Listing:
+        """The tenant's threads, most recently active first (title, agent, turns, running or idle)."""
+        return listings.list_threads(self.runtime, tenant, cursor=cursor, limit=limit)
 
     # ------------------------------------------------------------------ approvals
 

@@ -370,11 +370,12 @@ def test_mutation_step_parks_then_runs_once_approved(costs_rt, counter, prefix):
     assert parked.action == "none" and parked.reason == "parked (awaiting_approval)"
     # trip 0: the step-start script
     # trip 1: the approval's record (MULTI, HSET, EXPIRE, EXEC: a transaction; one per gated call)
-    # trip 2: the step's events (step-start, step-finish, tool-call) and the fenced commit that parks the turn
+    # trip 2: the step's events (step-start, step-finish, tool-call), the approval's pending listing, the fenced
+    #         commit that parks the turn and the turn's listing moving with its status (stepq.store.listings)
     # trip 3: the pending-approvals index (ZADD, stepq_pending_approvals), after the commit
     # trip 4: the approval-request event, after the commit (a reviewer never sees a request for a turn
     #         that did not park)
-    assert counter.redis_cost() == Cost(trips=5, commands=9), counter.describe()
+    assert counter.redis_cost() == Cost(trips=5, commands=11), counter.describe()
 
     approve(costs_rt, turn_id)
     resumed = counted(costs_rt, turn_id, 1)
@@ -384,8 +385,9 @@ def test_mutation_step_parks_then_runs_once_approved(costs_rt, counter, prefix):
     # trip 1: the approval's record (HGETALL; one trip per approval): the decision
     # trip 2: the results already stored for the step's calls (HMGET): none, so the tool runs
     # trip 3: right after it returns: its stored result
-    # trip 4: the tool-result event and the fenced commit (step-finish went out when the step parked)
-    assert counter.redis_cost() == Cost(trips=5, commands=6), counter.describe()
+    # trip 4: the tool-result event, the fenced commit (step-finish went out when the step parked) and the
+    #         turn's listing leaving awaiting_approval for running (stepq.store.listings)
+    assert counter.redis_cost() == Cost(trips=5, commands=7), counter.describe()
 
 
 @pytest.mark.parametrize("deltas", STREAM_DELTAS)
@@ -397,9 +399,10 @@ def test_streamed_answer_step(costs_rt, counter, prefix, deltas):
     assert state is not None and state.status == TurnStatus.COMPLETED
     # trip 0: the step-start script
     # trip 1: step-start and the first delta, at once (the first delta after a quiet window is not held back)
-    # trip 2: the other deltas (one text-delta event) and step-finish, and the fenced commit that finishes
+    # trip 2: the other deltas (one text-delta event) and step-finish, the fenced commit that finishes and the
+    #         turn's listing moving with its status (stepq.store.listings)
     # trip 3: turn-finish, after the commit (a subscriber that sees it can read the finished turn)
-    assert counter.redis_cost() == Cost(trips=4, commands=5), counter.describe()
+    assert counter.redis_cost() == Cost(trips=4, commands=6), counter.describe()
 
 
 @pytest.mark.parametrize("deltas", STREAM_DELTAS)
@@ -408,8 +411,8 @@ def test_streamed_answer_step_publishing_every_delta(unbatched_rt, counter, pref
     turn_id = warm_turn(unbatched_rt, f"cost.stream_{deltas}", prefix)
     assert counted(unbatched_rt, turn_id, 1).action == "none"
     # trip 0: the step-start script; trip 1: step-start and the first delta; then one trip per further delta;
-    # then step-finish with the fenced commit, and turn-finish after it
-    assert counter.redis_cost() == Cost(trips=3 + deltas, commands=4 + deltas), counter.describe()
+    # then step-finish with the fenced commit and the turn's listing, and turn-finish after it
+    assert counter.redis_cost() == Cost(trips=3 + deltas, commands=5 + deltas), counter.describe()
 
 
 # --------------------------------------------------------------------------- per delta
@@ -442,7 +445,7 @@ def test_json_and_redis_cost_per_delta_published_one_by_one(unbatched_rt, counte
     # fixed: the trips as in test_streamed_answer_step_publishing_every_delta; json: the envelopes of
     # step-start, step-finish and turn-finish; pydantic: the commit's state, its new message and its new
     # trace entry out, the step-start's state in
-    assert fixed == Cost(trips=3, commands=4, json_encodes=3, pydantic_encodes=3, pydantic_decodes=1), fixed
+    assert fixed == Cost(trips=3, commands=5, json_encodes=3, pydantic_encodes=3, pydantic_decodes=1), fixed
 
 
 def test_json_and_redis_cost_per_delta_coalesced(costs_rt, counter, prefix):
@@ -452,4 +455,4 @@ def test_json_and_redis_cost_per_delta_coalesced(costs_rt, counter, prefix):
     assert per_delta == Cost(trips=0, commands=0), (per_delta, fixed)
     # fixed: the trips as in test_streamed_answer_step; json: the envelopes of step-start, the first delta,
     # the other deltas, step-finish and turn-finish; pydantic as above
-    assert fixed == Cost(trips=4, commands=5, json_encodes=5, pydantic_encodes=3, pydantic_decodes=1), fixed
+    assert fixed == Cost(trips=4, commands=6, json_encodes=5, pydantic_encodes=3, pydantic_decodes=1), fixed

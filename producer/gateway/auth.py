@@ -26,7 +26,8 @@ from stepq.models import Policy
 from stepq.producer.gateway.errors import GatewayError
 from stepq.producer.gateway.health import RedisHealth
 
-SCOPES = frozenset({"submit", "read", "approve"})
+# `review`: see the approval inbox (GET /v1/approvals) without deciding; `approve` may see it too
+SCOPES = frozenset({"submit", "read", "approve", "review"})
 
 
 @dataclass(frozen=True)
@@ -201,17 +202,21 @@ def credential_of(request: Request) -> str | None:
     return request.headers.get("x-api-key") or None
 
 
-def require(scope: str) -> Callable[[Request], Awaitable[Principal]]:
-    """A FastAPI dependency: the caller's principal, which must hold `scope` (401 / 403 / 429 otherwise; 503 at
-    once while the gateway knows Redis is down, since every route behind a credential needs it)."""
-    if scope not in SCOPES:
-        raise ValueError(f"unknown scope {scope!r}; known: {sorted(SCOPES)}")
+def require(scope: str, *alternatives: str) -> Callable[[Request], Awaitable[Principal]]:
+    """A FastAPI dependency: the caller's principal, which must hold `scope` or one of `alternatives` (401 / 403 /
+    429 otherwise; 503 at once while the gateway knows Redis is down, since every route behind a credential
+    needs it)."""
+    accepted = (scope, *alternatives)
+    for name in accepted:
+        if name not in SCOPES:
+            raise ValueError(f"unknown scope {name!r}; known: {sorted(SCOPES)}")
 
     async def dependency(request: Request) -> Principal:
         config: AuthConfig = request.app.state.auth
         principal = config.authenticate(credential_of(request))
-        if not principal.may(scope):
-            raise GatewayError(403, "forbidden", f"this credential lacks the {scope!r} scope")
+        if not any(principal.may(name) for name in accepted):
+            either = " or ".join(repr(name) for name in accepted)
+            raise GatewayError(403, "forbidden", f"this credential lacks the {either} scope")
         health: RedisHealth | None = getattr(request.app.state, "redis_health", None)
         if health is not None:
             health.refuse_while_down()

@@ -4,15 +4,16 @@ still verifies it (HMAC, arguments hash, once only, expiry)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from stepq.producer.gateway.auth import Principal, require
 from stepq.producer.gateway.errors import GatewayError
 from stepq.producer.gateway.routes_turns import gateway
 from stepq.producer.gateway.service import Gateway
+from stepq.turns import listings
 
 router = APIRouter(prefix="/v1/approvals", tags=["approvals"])
 
@@ -27,6 +28,27 @@ class DecisionBody(BaseModel):
     args: dict[str, Any] | None = Field(
         default=None, description="approve with these arguments instead (tools declared editable=True)"
     )
+
+
+@router.get("")
+async def list_approvals(
+    gw: Annotated[Gateway, Depends(gateway)],
+    principal: Annotated[Principal, Depends(require("review", "approve"))],
+    state: Annotated[
+        Literal["pending", "decided"], Query(description="waiting for a reviewer, or decided")
+    ] = "pending",
+    turn: Annotated[str | None, Query(description="only this turn's")] = None,
+    cursor: Annotated[str | None, Query(description="the previous page's next_cursor")] = None,
+    limit: Annotated[int, Query(ge=1, le=listings.MAX_LIMIT)] = listings.DEFAULT_LIMIT,
+) -> dict[str, Any]:
+    """Your tenant's approval inbox: pending approvals newest first (tool, arguments as you decide on them, turn,
+    expiry), or decided ones latest first (decision, who, when). Needs the `review` or `approve` scope."""
+    page = await gw.run_sync(
+        lambda: listings.list_approvals(
+            gw.runtime, principal.tenant, pending=state == "pending", turn=turn, cursor=cursor, limit=limit
+        )
+    )
+    return page.model_dump(mode="json")
 
 
 @router.post("/{approval_id}")

@@ -18,6 +18,8 @@ from stepq.producer.gateway.auth import Principal, require
 from stepq.producer.gateway.errors import GatewayError
 from stepq.producer.gateway.service import Gateway, not_found_turn
 from stepq.producer.gateway.streams import follow_batches
+from stepq.turns import listings
+from stepq.turns.listings import origin_of
 
 router = APIRouter(prefix="/v1/turns", tags=["turns"])
 
@@ -111,6 +113,7 @@ def describe(state: TurnState) -> dict[str, Any]:
         "created_at": state.created_at,
         "updated_at": state.updated_at,
         "finished_at": state.finished_at,
+        "origin": origin_of(state),
     }
     if state.parked is not None and not state.status.terminal:
         out["pending_approvals"] = pending_approvals(state.parked)
@@ -144,6 +147,34 @@ def pending_approvals(parked: ParkedStep) -> list[dict[str, Any]]:
         }
         for a in parked.approvals
     ]
+
+
+@router.get("")
+async def list_turns(
+    gw: Annotated[Gateway, Depends(gateway)],
+    principal: Annotated[Principal, Depends(require("read"))],
+    status: Annotated[str | None, Query(description="queued, running, awaiting_approval, completed, ...")] = None,
+    agent: str | None = None,
+    thread: str | None = None,
+    batch: str | None = None,
+    since: Annotated[float | None, Query(description="created at or after this unix time (seconds)")] = None,
+    cursor: Annotated[str | None, Query(description="the previous page's next_cursor")] = None,
+    limit: Annotated[int, Query(ge=1, le=listings.MAX_LIMIT)] = listings.DEFAULT_LIMIT,
+) -> dict[str, Any]:
+    """Your tenant's turns, newest first, filtered; `next_cursor` (null on the last page) gets the next page."""
+    page = await gw.run_sync(
+        lambda: gw.client.list_turns(
+            tenant=principal.tenant,
+            status=status,
+            agent=agent,
+            thread=thread,
+            batch=batch,
+            since=since,
+            cursor=cursor,
+            limit=limit,
+        )
+    )
+    return page.model_dump(mode="json")
 
 
 @router.get("/{turn_id}")
@@ -209,6 +240,44 @@ async def _stream(gw: Gateway, turn_id: str, cursor: int) -> AsyncIterator[bytes
     finally:
         metrics.open_streams.dec()
         metrics.stream_duration.observe(time.monotonic() - started)
+
+
+class ForkBody(BaseModel):
+    """Fork a turn from a step: its transcript up to `from_step`, then the model asked again from there."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    from_step: int
+    prompt: str | None = Field(default=None, description="replaces the last user message before the step")
+    overrides: dict[str, Any] | None = Field(default=None, description="loop overrides that may only tighten")
+    model: str | None = Field(default=None, description="another model (`provider/model` allowed), if allowed")
+
+
+@router.post("/{turn_id}/fork", status_code=201)
+async def fork(
+    turn_id: str,
+    body: ForkBody,
+    gw: Annotated[Gateway, Depends(gateway)],
+    principal: Annotated[Principal, Depends(require("submit"))],
+) -> dict[str, Any]:
+    """A new turn from step `from_step` of this one (its stored tool results reused, never run again)."""
+    await gw.owned_turn(turn_id, principal)
+    handle = await gw.run_sync(
+        lambda: gw.client.fork(
+            turn_id,
+            from_step=body.from_step,
+            prompt=body.prompt,
+            overrides=body.overrides,
+            model=body.model,
+            tenant=principal.tenant,
+            policy=principal.policy,
+        )
+    )
+    return {
+        "turn_id": handle.turn_id,
+        "origin": {"turn_id": turn_id, "step": body.from_step},
+        "events_url": f"/v1/turns/{handle.turn_id}/events",
+    }
 
 
 @router.post("/{turn_id}/cancel", status_code=202)

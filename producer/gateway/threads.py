@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict
 
 from stepq.producer.gateway.auth import Principal, require
 from stepq.producer.gateway.service import Gateway
+from stepq.turns import listings
 from stepq.turns.threads import Multitask, Thread
 
 router = APIRouter(prefix="/v1/threads", tags=["threads"])
@@ -70,6 +71,18 @@ async def create(
         lambda: gw.client.create_thread(body.agent, metadata=body.metadata, tenant=principal.tenant)
     )
     return Created(thread_id=thread.thread_id, agent=thread.agent, created_at=thread.created_at)
+
+
+@router.get("")
+async def list_threads(
+    gw: Annotated[Gateway, Depends(gateway)],
+    principal: Annotated[Principal, Depends(require("read"))],
+    cursor: Annotated[str | None, Query(description="the previous page's next_cursor")] = None,
+    limit: Annotated[int, Query(ge=1, le=listings.MAX_LIMIT)] = listings.DEFAULT_LIMIT,
+) -> dict[str, Any]:
+    """Your tenant's threads, most recently active first: title, agent, turns, and whether one runs now."""
+    page = await gw.run_sync(lambda: gw.client.list_threads(tenant=principal.tenant, cursor=cursor, limit=limit))
+    return page.model_dump(mode="json")
 
 
 @router.get("/{thread_id}")

@@ -81,7 +81,7 @@ class Delivery:
         if checkpoint is not None:  # not written yet, and moot once this commits
             self.emitter.discard_write(checkpoint.script, checkpoint.keys)
         # the step's events go out just before its commit, in the same round trip
-        [reply] = self.emitter.flush_with((prepared.script, prepared.keys, prepared.args))
+        reply, *_ = self.emitter.flush_with((prepared.script, prepared.keys, prepared.args), *prepared.riders)
         ok = self.rt.turns.finish_commit(prepared, reply)
         if ok and release:
             lease.released = True

@@ -78,7 +78,9 @@ def _decide(
     now = time.time()
     if record.status == "pending":
         _check_turn_waits(rt, record, now)
-    refusal, status = rt.approvals.decide(approval_id, approved, reviewer[:200], reason[:2000], now, edit)
+    refusal, status = rt.approvals.decide(
+        approval_id, approved, reviewer[:200], reason[:2000], now, edit, tenant=record.tenant
+    )
     if refusal in (None, ApprovalRefusal.EXPIRED):
         untrack_pending(rt, approval_id)  # no longer waiting for a person (stepq_pending_approvals)
     if refusal == ApprovalRefusal.EXPIRED:
@@ -116,7 +118,7 @@ def _check_turn_waits(rt: Runtime, record: ApprovalRecord, now: float) -> None:
     state = rt.turns.load(record.turn_id)
     if state is not None and state.status.parked and state.step == record.step:
         return
-    rt.approvals.cancel([record.approval_id], now, "turn no longer waiting")
+    rt.approvals.cancel([record.approval_id], now, "turn no longer waiting", record.tenant)
     untrack_pending(rt, record.approval_id)
     where = "gone (expired)" if state is None else state.status.value
     raise ApprovalError(

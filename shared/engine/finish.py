@@ -18,6 +18,7 @@ from stepq.engine.pricing import add_costs
 from stepq.fleet.metrics import TURNS, untrack_pending
 from stepq.models import EventType, FinishReason, LoopStop, StepLoss, StepTrace, TurnStatus
 from stepq.store.batch_runs import TurnEnd
+from stepq.store.listings import tenant_of
 from stepq.turns import threads
 
 
@@ -61,7 +62,7 @@ def finish(d: Delivery, status: TurnStatus, reason: FinishReason) -> Decision:
     if parked is not None:  # ended while parked: a decision arriving from now on is refused
         tracing.resume_trace(state, parked.step_trace)
         ids = [a.approval_id for a in parked.approvals]
-        rt.approvals.cancel(ids, time.time(), f"turn {status.value}")
+        rt.approvals.cancel(ids, time.time(), f"turn {status.value}", tenant_of(state))
     if not d.commit():
         return none(StepLoss.COMMIT_LOST)
     start_next = threads.turn_finished(rt, state)  # before turn-finish: a reader may continue at once

@@ -27,6 +27,7 @@ from stepq.models import (
 )
 from stepq.store.approvals import ApprovalRecord
 from stepq.store.keys import home
+from stepq.store.listings import tenant_of
 
 
 def park(ctx: StepContext, output: StepOutput, trace: StepTrace, waiting: list[PreparedCall]) -> Decision:
@@ -70,19 +71,21 @@ def _create_approvals(
         assert p.args is not None
         approval_id = new_approval_id(home(state.turn_id))
         claim = ApprovalClaim(approval_id, state.turn_id, p.call.id, p.call.name, p.args_hash, expires_at)
-        rt.approvals.create(
-            ApprovalRecord(
-                approval_id=approval_id,
-                turn_id=state.turn_id,
-                step=state.step,
-                tool_call_id=p.call.id,
-                tool_name=p.call.name,
-                args=p.args,
-                args_hash=p.args_hash,
-                expires_at=expires_at,
-                token=rt.signer.sign(claim),  # kept server-side: the approve paths read it from here
-            )
+        record = ApprovalRecord(
+            approval_id=approval_id,
+            turn_id=state.turn_id,
+            step=state.step,
+            tool_call_id=p.call.id,
+            tool_name=p.call.name,
+            args=p.args,
+            args_hash=p.args_hash,
+            expires_at=expires_at,
+            token=rt.signer.sign(claim),  # kept server-side: the approve paths read it from here
+            tenant=tenant_of(state),
+            agent=state.agent,
         )
+        rt.approvals.create(record, listed=False)
+        ctx.emitter.defer_write(*rt.approvals.listing_write(record))  # rides with the parking commit
         pending.append(
             PendingApproval(
                 approval_id=approval_id,

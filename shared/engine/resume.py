@@ -22,6 +22,7 @@ from stepq.engine.park import await_tool_results
 from stepq.engine.tools_stage import dispatcher_for, publish_result, refusal, update_plan
 from stepq.models import EventType, ParkedStep, ToolCall, ToolResult, ToolResultMessage, ToolResultStatus, TurnStatus
 from stepq.store.approvals import ApprovalRecord
+from stepq.store.listings import tenant_of
 
 
 def resume(ctx: StepContext) -> Decision:
@@ -64,7 +65,7 @@ def _still_pending(ctx: StepContext, parked: ParkedStep, records: dict[str, Appr
         if record is not None and record.status == "pending":
             if now < record.expires_at:
                 return True
-            ctx.rt.approvals.expire(pending.approval_id, now)
+            ctx.rt.approvals.expire(pending.approval_id, now, tenant_of(ctx.state))
             record.status = "expired"
             ctx.emitter.publish(
                 EventType.APPROVAL_DECISION,

@@ -23,6 +23,7 @@ from stepq.store.connection import get_redis
 from stepq.store.events import EventLog
 from stepq.store.keys import Keys
 from stepq.store.leases import LeaseManager
+from stepq.store.listings import ListingStore
 from stepq.store.policies import PolicyStore
 from stepq.store.threads import ThreadStore
 from stepq.store.tool_results import ToolResultStore
@@ -42,6 +43,7 @@ class Runtime:
     tool_results: ToolResultStore
     approvals: ApprovalStore
     threads: ThreadStore
+    listings: ListingStore
     policies: PolicyStore
     batches: BatchRunStore
     agents: AgentRegistry
@@ -56,7 +58,9 @@ class Runtime:
         if not settings.embedded or settings.agent_modules:
             agents.load_modules(settings.agent_modules)
         # on a cluster the sweeper's lists are in other slots than the turns: updated around the scripts
-        turns = TurnStore(client, keys, settings.event_ttl_s, separate_indexes=settings.redis_cluster)
+        separate = settings.redis_cluster
+        listings = ListingStore(client, keys, settings.event_ttl_s, settings.thread_ttl_s, separate)
+        turns = TurnStore(client, keys, settings.event_ttl_s, separate_indexes=separate, listings=listings)
         return cls(
             settings=settings,
             redis=client,
@@ -65,8 +69,9 @@ class Runtime:
             events=EventLog(client, keys, settings.event_maxlen),
             leases=LeaseManager(client, keys, settings.lease_ttl_s, settings.cancel_poll_s),
             tool_results=ToolResultStore(client, keys, turns.indexes),
-            approvals=ApprovalStore(client, keys, settings.event_ttl_s),
-            threads=ThreadStore(client, keys, settings.thread_ttl_s, turns.indexes),
+            approvals=ApprovalStore(client, keys, settings.event_ttl_s, listings),
+            threads=ThreadStore(client, keys, settings.thread_ttl_s, turns.indexes, listings),
+            listings=listings,
             policies=PolicyStore(client, keys),
             batches=BatchRunStore(client, keys, settings.event_ttl_s),
             agents=agents,

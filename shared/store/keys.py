@@ -11,6 +11,8 @@ script and transaction touches one slot while a deployment's keys spread over th
   shard `crc32(turn_id) % index_shards`, and shard n of both lists shares one tag.
 - A batch's keys share a `{batch_id}` tag, a rate-limit scope's a `{scope}` tag, the tenant policies'
   one `{<prefix>:policy}` tag, the provider-batch queues and batches one `{<prefix>:pbatch}` tag.
+- A tenant's listings (turns, approvals, threads: stepq.store.listings) share one `{<prefix>:ls:<tenant hash>}`
+  tag.
 - The few fleet-wide keys (worker heartbeats, the sweep lock, the pending-approvals gauge, the set of
   driven batches) are single keys that no script combines with others.
 
@@ -218,6 +220,14 @@ class Keys:
     def policy_tenants(self) -> str:
         """SET of tenants that have a policy (what `stepq policy show` lists)."""
         return f"{self.prefix}:policy:{{{self.prefix}:policy}}:tenants"
+
+    # ----------------------------------------------------------------- listings
+
+    def listing(self, tenant: str, name: str) -> str:
+        """One of a tenant's listing keys (stepq.store.listings). They share one hash tag per tenant (hashed:
+        any characters, fixed length), so a script updates or pages them all in one slot."""
+        digest = hashlib.sha256(tenant.encode()).hexdigest()[:16]
+        return f"{self.prefix}:ls:{{{self.prefix}:ls:{digest}}}:{name}"
 
     # ----------------------------------------------------------------- threads
 

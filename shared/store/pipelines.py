@@ -31,3 +31,21 @@ def queue_evalsha(
         pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
     else:
         pipe.evalsha(script.sha, len(keys), *keys, *args)
+
+
+def run_scripts(
+    pipe: redis.client.Pipeline | ClusterPipeline, writes: list[tuple[Script, list[str], list[Any]]]
+) -> list[Any]:
+    """Send script calls in one round trip (in a MULTI when `pipe` is transactional) and return their replies.
+    A call the server's script cache missed (it was flushed) did not run: it runs again alone, in order, so
+    each call still runs exactly once and after the ones before it."""
+    for script, keys, args in writes:
+        queue_evalsha(pipe, script, keys, args)
+    replies = pipe.execute(raise_on_error=False)
+    for index, reply in enumerate(replies):
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            script, keys, args = writes[index]
+            replies[index] = script(keys=keys, args=args)
+        elif isinstance(reply, Exception):
+            raise reply
+    return list(replies)

@@ -20,20 +20,28 @@ import redis
 
 from stepq.store.indexes import ACTIVE, SweepIndexes
 from stepq.store.keys import Keys
+from stepq.store.listings import THREAD_IN_SCRIPT, ListingStore
 
 # KEYS: thread, transcript, turns, queue
+#       [, the tenant's `threads` listing: single Redis only (each script below likewise)]
 # ARGV: ttl, agent, tenant, metadata json, now
-_CREATE = """
+_CREATE = (
+    THREAD_IN_SCRIPT
+    + """
 redis.call('HSET', KEYS[1], 'agent', ARGV[2], 'tenant', ARGV[3], 'metadata', ARGV[4],
            'created_at', ARGV[5], 'updated_at', ARGV[5], 'running', '', 'after', '', 'base', 0)
 redis.call('EXPIRE', KEYS[1], ARGV[1])
+if KEYS[5] then list_thread(KEYS[5], string.match(KEYS[1], '([^:]+)$'), ARGV[5], ARGV[1]) end
 return 1
 """
+)
 
 # KEYS: thread, transcript, turns, queue, turn, turn version, turn messages, the turn's thread input, the turn's
 #       `active` shard, the turn's `absent` key (KEYS[9] is it on a cluster: the shard is listed around the script)
 # ARGV: policy, turn id, turn state json, now, ttl, new messages...
-_SUBMIT = """
+_SUBMIT = (
+    THREAD_IN_SCRIPT
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing', ''} end
 local running = redis.call('HGET', KEYS[1], 'running') or ''
 if running ~= '' and ARGV[1] == 'reject' then return {'busy', running} end
@@ -56,14 +64,18 @@ else
 end
 redis.call('HSET', KEYS[1], 'updated_at', ARGV[4])
 for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
+if KEYS[11] then list_thread(KEYS[11], string.match(KEYS[1], '([^:]+)$'), ARGV[4], ARGV[5]) end
 return {outcome, running}
 """
+)
 
 # KEYS: thread, transcript, turns, queue, next turn's messages, next turn's thread input (`Keys.absent` for none),
 #       the finishing turn's thread input, the next turn's `active` shard (on a cluster, or with no next turn:
 #       KEYS[10]), the finishing turn's `absent` key
 # ARGV: turn id, the queue head the caller expects ('' = none), ttl, now, the turn's whole transcript...
-_FINISH = """
+_FINISH = (
+    THREAD_IN_SCRIPT
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'gone', ''} end
 local running = redis.call('HGET', KEYS[1], 'running') or ''
 if running ~= ARGV[1] then
@@ -93,8 +105,10 @@ else
 end
 redis.call('HSET', KEYS[1], 'updated_at', ARGV[4])
 for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[3]) end
+if KEYS[10] then list_thread(KEYS[10], string.match(KEYS[1], '([^:]+)$'), ARGV[4], ARGV[3]) end
 return {outcome, head}
 """
+)
 
 
 @dataclass(frozen=True)
@@ -114,11 +128,14 @@ class StoredThread:
 
 
 class ThreadStore:
-    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int, indexes: SweepIndexes) -> None:
+    def __init__(
+        self, client: redis.Redis, keys: Keys, ttl_s: int, indexes: SweepIndexes, listings: ListingStore | None = None
+    ) -> None:
         self.client = client
         self.keys = keys
         self.ttl_s = ttl_s
         self.indexes = indexes
+        self.listings = listings or ListingStore(client, keys, ttl_s, ttl_s, indexes.separate)
         self._create = client.register_script(_CREATE)
         self._submit = client.register_script(_SUBMIT)
         self._finish = client.register_script(_FINISH)
@@ -127,8 +144,21 @@ class ThreadStore:
         k = self.keys
         return [k.thread(thread_id), k.thread_messages(thread_id), k.thread_turns(thread_id), k.thread_queue(thread_id)]
 
+    def _listed(self, tenant: str) -> list[str]:
+        """The listing key the scripts update themselves (single Redis), else none (see `_after`)."""
+        return [] if self.indexes.separate else [self.listings.thread_key(tenant)]
+
+    def _after(self, tenant: str, thread_id: str, now: float) -> None:
+        """On a cluster the tenant's listing is in another slot: updated right after the thread's own script."""
+        if self.indexes.separate:
+            self.listings.list_thread(tenant, thread_id, now)
+
     def create(self, thread_id: str, agent: str, tenant: str, metadata: dict[str, Any], now: float) -> None:
-        self._create(keys=self._thread_keys(thread_id), args=[self.ttl_s, agent, tenant, json.dumps(metadata), now])
+        self._create(
+            keys=[*self._thread_keys(thread_id), *self._listed(tenant)],
+            args=[self.ttl_s, agent, tenant, json.dumps(metadata), now],
+        )
+        self._after(tenant, thread_id, now)
 
     def load(self, thread_id: str) -> StoredThread | None:
         keys = self._thread_keys(thread_id)
@@ -163,7 +193,14 @@ class ThreadStore:
         return cast(list[str | None], self.client.mget([self.keys.turn(t) for t in turn_ids]))
 
     def submit(
-        self, thread_id: str, turn_id: str, state_json: str, policy: str, messages: list[str], now: float
+        self,
+        thread_id: str,
+        turn_id: str,
+        state_json: str,
+        policy: str,
+        messages: list[str],
+        now: float,
+        tenant: str = "",
     ) -> tuple[str, str | None]:
         """Store a turn of the thread under `policy`. Returns (outcome, the turn running before it):
         outcome is `started`, `queued`, `busy` (refused under `reject`) or `missing` (no such thread)."""
@@ -177,6 +214,7 @@ class ThreadStore:
             k.thread_input(turn_id),
             k.absent(turn_id) if separate else self.indexes.key(ACTIVE, turn_id),
             k.absent(turn_id),
+            *self._listed(tenant),
         ]
         # on a cluster: on the sweeper's list before it may start (a submitter dying next leaves it findable); off
         # again if it waits behind the running turn or was refused, unless a finishing turn started it meanwhile
@@ -185,9 +223,11 @@ class ThreadStore:
         outcome, running = self._submit(keys=keys, args=[policy, turn_id, state_json, now, self.ttl_s, *messages])
         if outcome != "started" and added:
             self.indexes.remove_if(ACTIVE, turn_id, now)
+        if outcome in ("started", "queued"):
+            self._after(tenant, thread_id, now)
         return outcome, running or None
 
-    def finish(self, thread_id: str, turn_id: str, messages: list[str], now: float) -> str | None:
+    def finish(self, thread_id: str, turn_id: str, messages: list[str], now: float, tenant: str = "") -> str | None:
         """Fold the finished turn's transcript into the thread and start the next waiting turn: returns the
         turn to send (also on a repeated finish, until that turn moves on; a repeated send is fenced)."""
         k = self.keys
@@ -201,6 +241,7 @@ class ThreadStore:
                 k.thread_input(turn_id),
                 self.indexes.key(ACTIVE, head) if head and not separate else k.absent(turn_id),
                 k.absent(turn_id),
+                *self._listed(tenant),
             ]
             # on a cluster, the turn this may start goes on the sweeper's list first (see `submit`), with this
             # call's own score even when its submitter listed it: a late take-back by the submitter (which saw
@@ -210,6 +251,8 @@ class ThreadStore:
             if added and outcome != "start":
                 self.indexes.remove_if(ACTIVE, head, now)
             if outcome != "moved":
+                if outcome in ("idle", "start"):
+                    self._after(tenant, thread_id, now)
                 return str(found) if outcome in ("start", "again") else None
             head = str(found)
         raise RuntimeError(f"thread {thread_id}: its queue kept changing while turn {turn_id} finished")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
@@ -27,6 +27,8 @@ from redis.commands.core import Script
 from stepq.models import Message, StepOutput, StepTrace, TurnState, TurnStatus
 from stepq.store.indexes import ACTIVE, AWAITING, RUNNING, SweepIndexes, on_awaiting_list
 from stepq.store.keys import Keys, home, idempotency_home
+from stepq.store.listings import ListingStore
+from stepq.store.pipelines import run_scripts
 
 # KEYS: idempotency key (or KEYS[6]), turn, version, messages, sent-step, the turn's `absent` (names no key),
 #       its `active` shard, the batch's counted turns, the batch record (each of the last three: or KEYS[6])
@@ -141,6 +143,8 @@ class PreparedWrite:
     expected_version: int = 0
     previous_status: TurnStatus | None = None  # as stored before the commit, with its list entry's score
     previous_score: float = 0.0
+    # writes that ride in the same round trip right after this one (the listing update when the status changes)
+    riders: list[tuple[Script, list[str], list[Any]]] = field(default_factory=list)
 
 
 @dataclass
@@ -192,11 +196,20 @@ class _HistoryCache:
 
 
 class TurnStore:
-    def __init__(self, client: redis.Redis, keys: Keys, ttl_s: int, separate_indexes: bool = False) -> None:
-        """`separate_indexes` (on a Redis Cluster): the sweeper's lists are updated around the scripts."""
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        ttl_s: int,
+        separate_indexes: bool = False,
+        listings: ListingStore | None = None,
+    ) -> None:
+        """`separate_indexes` (on a Redis Cluster): the sweeper's lists (and the listings) are updated around the
+        scripts."""
         self.client = client
         self.keys = keys
         self.ttl_s = ttl_s
+        self.listings = listings or ListingStore(client, keys, ttl_s, ttl_s, separate_indexes)
         self._history = _HistoryCache()
         self.indexes = SweepIndexes(client, keys, separate_indexes)
         self._create = client.register_script(_CREATE)
@@ -224,31 +237,37 @@ class TurnStore:
         if separate:
             self.indexes.add(ACTIVE, state.turn_id, state.updated_at)
         in_script_batch = batch_id is not None and not separate
-        existing = self._create(
-            keys=[
-                idem,
-                k.turn(state.turn_id),
-                k.version(state.turn_id),
-                k.messages(state.turn_id),
-                k.sent_step(state.turn_id),
-                absent,
-                absent if separate else self.indexes.key(ACTIVE, state.turn_id),
-                k.batch_created(batch_id) if in_script_batch and batch_id else absent,
-                k.batch(batch_id) if in_script_batch and batch_id else absent,
-            ],
-            args=[
-                state.model_dump_json(exclude=_HISTORY_FIELDS),
-                state.turn_id,
-                self.ttl_s,
-                state.updated_at,
-                "0" if sent else "-1",
-                *messages,
-            ],
-        )
+        create_keys = [
+            idem,
+            k.turn(state.turn_id),
+            k.version(state.turn_id),
+            k.messages(state.turn_id),
+            k.sent_step(state.turn_id),
+            absent,
+            absent if separate else self.indexes.key(ACTIVE, state.turn_id),
+            k.batch_created(batch_id) if in_script_batch and batch_id else absent,
+            k.batch(batch_id) if in_script_batch and batch_id else absent,
+        ]
+        create_args = [
+            state.model_dump_json(exclude=_HISTORY_FIELDS),
+            state.turn_id,
+            self.ttl_s,
+            state.updated_at,
+            "0" if sent else "-1",
+            *messages,
+        ]
+        if separate:
+            existing = self._create(keys=create_keys, args=create_args)
+        else:  # single Redis: the turn and its listing in one MULTI (the listing only if this stored the turn)
+            pipe = self.client.pipeline(transaction=True)
+            writes = [(self._create, create_keys, create_args), self.listings.turn_write(state, 0)]
+            existing = run_scripts(pipe, writes)[0]
         if existing and separate:
             self.indexes.remove(ACTIVE, state.turn_id)  # the unused new id (the stored turn keeps its own entry)
         if not existing:
             self._stored(state)
+            if separate:  # the listing's slot is the tenant's: its own call, after the turn exists
+                self.listings.list_turn(state)
         if batch_id is not None and separate:
             self._count(
                 keys=[k.batch_created(batch_id), k.batch(batch_id)], args=[existing or state.turn_id, self.ttl_s]
@@ -399,7 +418,11 @@ class TurnStore:
         """Write `state` if nobody committed since it was loaded (and, given a lease token, only while that
         lease is still held); bumps `state.version` on success. `release` frees the lease in the same call."""
         prepared = self.prepare_commit(state, lease_token, release)
-        return self.finish_commit(prepared, prepared.script(keys=prepared.keys, args=prepared.args))
+        if not prepared.riders:
+            return self.finish_commit(prepared, prepared.script(keys=prepared.keys, args=prepared.args))
+        pipe = self.client.pipeline(transaction=True)  # single Redis: the commit and its listing in one MULTI
+        replies = run_scripts(pipe, [(prepared.script, prepared.keys, prepared.args), *prepared.riders])
+        return self.finish_commit(prepared, replies[0])
 
     def prepare_commit(self, state: TurnState, lease_token: str | None = None, release: bool = False) -> PreparedWrite:
         """The commit as a script call, so a caller can send it in the same round trip as other writes;
@@ -439,7 +462,11 @@ class TurnStore:
             *new_messages,
             *new_trace,
         ]
-        return PreparedWrite(self._commit, keys, args, state, expected, state._stored_status, state._stored_score)
+        prepared = PreparedWrite(self._commit, keys, args, state, expected, state._stored_status, state._stored_score)
+        if state.status != state._stored_status and not self.indexes.separate:
+            # the listing moves with the status, in the commit's round trip, applied only if the commit took
+            prepared.riders.append(self.listings.turn_write(state, state.version))
+        return prepared
 
     def finish_commit(self, prepared: PreparedWrite, reply: Any) -> bool:
         state = prepared.state
@@ -452,6 +479,8 @@ class TurnStore:
             self.indexes.after_commit(
                 state.turn_id, state.status, prepared.previous_status, prepared.previous_score, state._stored_score
             )
+            if state.status != prepared.previous_status:  # a cluster: the listing is in the tenant's slot
+                self.listings.list_turn(state)
         return True
 
     def checkpoint_write(self, turn_id: str, step: int, output_json: str) -> PreparedWrite:

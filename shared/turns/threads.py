@@ -178,7 +178,10 @@ def continue_thread(
         policy.value,
         new_messages,
         time.time(),
+        stored.tenant,
     )
+    if outcome in ("started", "queued"):
+        rt.turns.listings.list_turn(state)  # the tenant's listing is in another slot than the thread's turn
     if outcome in ("missing", "busy"):
         rt.turns.drop_thread_files(thread_id, added)
     else:
@@ -215,7 +218,10 @@ def turn_finished(rt: Runtime, state: TurnState) -> str | None:
         return None
     messages = [_MESSAGE.dump_json(m).decode() for m in well_formed(state.messages)]
     rt.turns.renew_thread_files(state.thread_id, rt.settings.thread_ttl_s)
-    return rt.threads.finish(state.thread_id, state.turn_id, messages, time.time())
+    tenant = state.metadata.get("tenant")
+    return rt.threads.finish(
+        state.thread_id, state.turn_id, messages, time.time(), tenant if isinstance(tenant, str) else ""
+    )
 
 
 def settle(rt: Runtime, thread_id: str) -> str | None:
@@ -230,7 +236,8 @@ def settle(rt: Runtime, thread_id: str) -> str | None:
     if state is not None and not state.status.terminal:
         return None
     messages = [] if state is None else [_MESSAGE.dump_json(m).decode() for m in well_formed(state.messages)]
-    return rt.threads.finish(thread_id, running, messages, time.time())
+    tenant = state.metadata.get("tenant") if state is not None else None
+    return rt.threads.finish(thread_id, running, messages, time.time(), tenant if isinstance(tenant, str) else "")
 
 
 def _not_found(thread_id: object) -> ThreadNotFoundError:
