@@ -193,3 +193,24 @@ def test_at_390_px_the_conversation_gets_the_width_and_no_word_is_broken(
         assert page.evaluate("document.documentElement.scrollWidth") <= 390  # nothing sticks out sideways
         assert page.evaluate(WORDS_BROKEN) == []
         expect(page.get_by_role("button", name="Approve")).to_be_visible()
+
+
+def test_the_chat_list_comes_from_the_server_so_a_chat_started_elsewhere_opens_here(
+    context: Any, stack: ChatStack, shots: Shots
+) -> None:
+    title = f"hello from another device {uuid.uuid4().hex[:6]}"
+    body = {
+        "id": f"elsewhere-{uuid.uuid4().hex[:8]}",
+        "messages": [{"role": "user", "parts": [{"type": "text", "text": title}]}],
+    }
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with httpx.stream("POST", f"{stack.url}/v1/chat?agent=chat.plain", json=body, headers=headers, timeout=60) as sent:
+        assert sent.status_code == 200
+        assert any(line == "data: [DONE]" for line in sent.iter_lines())  # answered in full
+    page = open_chat(context, stack, shots, "server-list", "chat.plain")  # a browser that never saw that chat
+    listed = page.get_by_test_id("thread").filter(has_text=title)
+    expect(listed).to_have_count(1)
+    listed.click()
+    expect(page.get_by_test_id("message-user")).to_have_text([title])
+    expect(answer(page).get_by_test_id("text")).to_contain_text("Hello from stepq")
+    expect(page.locator("[data-testid=thread].current")).to_have_text(title)

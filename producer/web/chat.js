@@ -19,6 +19,7 @@ const state = {
   stopping: false, // Stop was pressed: the turn is cancelled, its stream ends on its own
   notice: '',
   agents: [], // GET /v1/agents
+  threads: null, // GET /v1/threads items (null until listed: the page then shows the chats it knows itself)
 };
 
 // ------------------------------------------------------------------ HTTP
@@ -240,6 +241,7 @@ async function consume(response, { replay = false } = {}) {
   for await (const chunk of chunks(response)) {
     builder.apply(chunk);
     if (chunk.type === 'start') {
+      if (chunk.messageMetadata?.threadId) knowThread(state.chatId, chunk.messageMetadata.threadId);
       // a replayed message may already be on the page (the same id): keep one copy
       const twin = state.messages.findIndex((m) => m !== message && m.id === message.id);
       if (twin >= 0) state.messages.splice(twin, 1);
@@ -283,6 +285,7 @@ async function post(messages, trigger, messageId, action) {
     state.busy = false;
     state.stopping = false;
     render();
+    loadThreads();
   }
   return null;
 }
@@ -373,7 +376,9 @@ async function resume(chatId, explanation = '') {
   }
 }
 
-// ------------------------------------------------------------------ the chat list (kept in this browser)
+// ------------------------------------------------------------------ the chat list
+// The server's list (GET /v1/threads: every chat of this tenant, from any browser) merged with the chats this
+// browser started: a chat keeps the id it was opened with here; one started elsewhere opens by its thread id.
 
 function chats() {
   try {
@@ -383,12 +388,50 @@ function chats() {
   }
 }
 
-function remember(text) {
-  const list = chats().filter((c) => c.id !== state.chatId);
-  const existing = chats().find((c) => c.id === state.chatId);
-  list.unshift({ id: state.chatId, agent: state.agent, title: existing?.title || text.slice(0, 60), at: Date.now() });
+function saveChats(list) {
   localStorage.setItem(CHATS_STORE, JSON.stringify(list.slice(0, 100)));
+}
+
+function remember(text) {
+  const existing = chats().find((c) => c.id === state.chatId);
+  const list = chats().filter((c) => c.id !== state.chatId);
+  list.unshift({ ...existing, id: state.chatId, agent: state.agent, title: existing?.title || text.slice(0, 60), at: Date.now() });
+  saveChats(list);
   renderThreads();
+}
+
+/** The thread behind a chat this browser knows (the stream's metadata names it), to match the server's list. */
+function knowThread(chatId, threadId) {
+  const list = chats();
+  const entry = list.find((c) => c.id === chatId);
+  if (!entry || entry.threadId === threadId) return;
+  entry.threadId = threadId;
+  saveChats(list);
+  renderThreads();
+}
+
+async function loadThreads() {
+  try {
+    const response = await api('/v1/threads?limit=50');
+    if (!response.ok) return; // the chats this browser knows stay listed
+    state.threads = (await response.json()).items;
+  } catch {
+    return;
+  }
+  renderThreads();
+}
+
+function chatList() {
+  const local = chats();
+  if (state.threads === null) return local;
+  const byThread = new Map(local.filter((c) => c.threadId).map((c) => [c.threadId, c]));
+  const listed = state.threads.map((t) => {
+    const here = byThread.get(t.thread_id);
+    return { id: here?.id || t.thread_id, agent: t.agent, title: t.title || here?.title, threadId: t.thread_id, running: t.status === 'running' };
+  });
+  const onServer = new Set(state.threads.map((t) => t.thread_id));
+  const unlisted = local.filter((c) => !c.threadId && !onServer.has(c.id)); // begun here, not yet on the server
+  return [...unlisted, ...listed];
 }
 
 function newId() {
@@ -407,7 +450,7 @@ function setBanner(text, isError = false) {
 function renderThreads() {
   const nav = $('threads');
   nav.replaceChildren(
-    ...chats().map((chat) => {
+    ...chatList().map((chat) => {
       const link = document.createElement('a');
       link.href = `#chat=${encodeURIComponent(chat.id)}`;
       link.textContent = chat.title || chat.id;
@@ -618,6 +661,7 @@ async function main() {
   window.addEventListener('storage', (event) => {
     if (event.key === CHATS_STORE) renderThreads(); // a chat started in another tab
   });
+  loadThreads();
   const chatId = params.get('chat');
   const known = chats().find((c) => c.id === chatId);
   await openChat(chatId || newId(), known?.agent || state.agent);
