@@ -29,7 +29,7 @@ from stepq.fleet.protocol import worker_queues
 from stepq.logging import configure_logging
 from stepq.models import Event, EventType, TurnResult, TurnStatus
 from stepq.producer import batch as batch_cli
-from stepq.producer import cli_agents, cli_policy, cli_tool_results
+from stepq.producer import cli_agents, cli_listings, cli_policy, cli_tool_results
 from stepq.producer.cli_start import load_settings as load_settings
 from stepq.producer.cli_start import reach_redis as reach_redis
 from stepq.producer.client import Client
@@ -295,6 +295,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
             created_at=state.created_at,
             finished_at=state.finished_at,
             metadata=state.metadata,
+            origin=state.metadata.get("origin"),
             pending_approvals=pending,
             pending_tool_calls=client_calls(state),
         )
@@ -567,6 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_policy.add_parser(sub)
 
     cli_agents.add_parser(sub)
+    cli_listings.add_parsers(sub)
 
     p = sub.add_parser("cancel", help="cancel a turn")
     p.add_argument("turn")
@@ -640,7 +642,9 @@ def _main(raw: list[str]) -> int:
 
 
 # commands that do one thing and exit (not `worker` and `serve`, which wait Redis outages out, nor `demo`)
-ONE_SHOT = frozenset({cmd_run, cmd_events, cmd_show, cmd_status, cmd_approve, cmd_cancel, *cli_policy.COMMANDS})
+ONE_SHOT = frozenset(
+    {cmd_run, cmd_events, cmd_show, cmd_status, cmd_approve, cmd_cancel, *cli_policy.COMMANDS, *cli_listings.COMMANDS}
+)
 
 
 if __name__ == "__main__":

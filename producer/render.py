@@ -278,4 +278,13 @@ def state_lines(state: TurnState) -> list[tuple[str, str]]:
         ("step", str(state.step)),
         ("created", when(state.created_at)),
         ("finished", when(state.finished_at)),
+        *_origin_line(state),
     ]
+
+
+def _origin_line(state: TurnState) -> list[tuple[str, str]]:
+    """A forked turn's origin (`stepq.turns.fork`): the turn and step it was forked from."""
+    origin = state.metadata.get("origin")
+    if not isinstance(origin, dict):
+        return []
+    return [("forked", f"from {origin.get('turn_id')} at step {origin.get('step')}")]

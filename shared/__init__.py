@@ -64,8 +64,10 @@ from stepq.models import (
 )
 from stepq.producer.client import ApprovalReceipt, Client, TurnHandle
 from stepq.providers.function import FunctionModel, FunctionRequest, FunctionResponse, TestModel
+from stepq.providers.replay import Replay, load_case, replay_case
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
 from stepq.turns.attachments import Attachment
+from stepq.turns.listings import ApprovalItem, Listing, ThreadItem, TurnItem
 from stepq.turns.submit import LoopOverrides
 from stepq.turns.threads import Multitask, Thread, ThreadTurn
 
@@ -78,6 +80,7 @@ __all__ = [
     "AgentDefinition",
     "AgentExtension",
     "ApprovalError",
+    "ApprovalItem",
     "ApprovalReceipt",
     "ApprovalRefusal",
     "Attachment",
@@ -96,6 +99,7 @@ __all__ = [
     "FunctionRequest",
     "FunctionResponse",
     "InvalidOutputError",
+    "Listing",
     "LoopConfig",
     "LoopOverrides",
     "LoopStop",
@@ -110,6 +114,7 @@ __all__ = [
     "PolicyError",
     "ProviderError",
     "RateLimit",
+    "Replay",
     "ScriptFailure",
     "ScriptStep",
     "ScriptToolCall",
@@ -126,6 +131,7 @@ __all__ = [
     "TestModel",
     "Thread",
     "ThreadBusyError",
+    "ThreadItem",
     "ThreadNotFoundError",
     "ThreadTurn",
     "ToolArgumentError",
@@ -137,6 +143,7 @@ __all__ = [
     "ToolResultsRefusal",
     "TranscriptError",
     "TurnHandle",
+    "TurnItem",
     "TurnNotFoundError",
     "TurnResult",
     "TurnState",
@@ -146,6 +153,8 @@ __all__ = [
     "WaitTimeoutError",
     "__version__",
     "client_tool",
+    "load_case",
+    "replay_case",
     "stop_condition",
     "tool",
 ]

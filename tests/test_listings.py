@@ -111,7 +111,7 @@ def test_an_expired_approval_leaves_the_pending_listing(client, prefix, rt):
     assert rt.redis.zcard(rt.listings.approval_keys("acme")[0]) == 0  # the pending index itself, not only the page
 
 
-def test_filters_by_agent_and_since_and_another_tenants_turns_never_appear(worker, client, prefix):
+def test_filters_by_agent_and_since_and_another_tenants_turns_never_appear(worker, client, prefix, rt):
     first = client.submit("rt.basic", prompt="a", metadata={"prefix": prefix, "tenant": "acme"})
     first.wait(timeout=60)
     cut = time.time()
@@ -125,6 +125,8 @@ def test_filters_by_agent_and_since_and_another_tenants_turns_never_appear(worke
     assert _turn_ids(client.list_turns(tenant="acme", since=cut)) == [parked.turn_id, second.turn_id]
     assert _turn_ids(client.list_turns(tenant="globex")) == [other.turn_id]
     assert client.list_turns(tenant="initech").items == []
+    # each tenant's index holds only its own turns (the page's own check is a second line, not the first)
+    assert (_index_sizes(rt, "acme")["turns"], _index_sizes(rt, "globex")["turns"]) == (3, 1)
 
 
 def test_pages_follow_the_cursor_newest_first_without_repeats(worker, client, prefix):
@@ -209,3 +211,23 @@ def test_threads_are_listed_by_last_activity_with_title_turns_and_status(worker,
     page = client.list_threads(tenant="acme", limit=1)
     assert [t.thread_id for t in page.items] == [second.thread_id]
     assert [t.thread_id for t in client.list_threads(tenant="acme", cursor=page.next_cursor).items] == [first.thread_id]
+
+
+def test_a_page_shows_what_is_stored_even_when_an_index_entry_lags_behind(client, prefix, rt):
+    """On a cluster the listing is written right after the commit: a process dying in between leaves the entry
+    at the old status until the turn's next change. A page reads each turn's record, so it never shows a
+    turn under a status (or a tenant) it does not have."""
+    from stepq.engine.runner import StepRunner
+    from stepq.turns.submit import create_turn
+
+    state, _ = create_turn(rt, "rt.basic", prompt="go", metadata={"prefix": prefix, "tenant": "acme"})
+    queued = rt.turns.load(state.turn_id)
+    runner = StepRunner(rt)
+    runner.deliver(state.turn_id, 0)
+    runner.deliver(state.turn_id, 1)
+    assert rt.turns.load(state.turn_id).status == TurnStatus.COMPLETED
+    rt.listings.list_turn(queued)  # the lagging entry: the index says queued again
+    assert rt.redis.zcard(rt.listings.turn_keys("acme")[3]) == 1  # st:queued holds it
+    assert client.list_turns(tenant="acme", status="queued").items == []
+    [item] = client.list_turns(tenant="acme").items
+    assert item.status == "completed"

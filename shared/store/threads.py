@@ -71,7 +71,7 @@ return {outcome, running}
 
 # KEYS: thread, transcript, turns, queue, next turn's messages, next turn's thread input (`Keys.absent` for none),
 #       the finishing turn's thread input, the next turn's `active` shard (on a cluster, or with no next turn:
-#       KEYS[10]), the finishing turn's `absent` key
+#       the same key as KEYS[9]), the finishing turn's `absent` key
 # ARGV: turn id, the queue head the caller expects ('' = none), ttl, now, the turn's whole transcript...
 _FINISH = (
     THREAD_IN_SCRIPT
@@ -100,7 +100,7 @@ else
   for i = 1, #input do redis.call('RPUSH', KEYS[5], input[i]) end
   redis.call('DEL', KEYS[6])
   redis.call('HSET', KEYS[1], 'running', head, 'after', ARGV[1], 'base', #transcript)
-  if KEYS[9] ~= KEYS[10] then redis.call('ZADD', KEYS[9], ARGV[4], head) end
+  if KEYS[8] ~= KEYS[9] then redis.call('ZADD', KEYS[8], ARGV[4], head) end
   outcome = 'start'
 end
 redis.call('HSET', KEYS[1], 'updated_at', ARGV[4])
