@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # `make demo` installs only the embedded extra (no dev toolchain); an up-to-date dev install covers it.
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test test-stress lint format bench clean
+.PHONY: demo test test-stress lint format bench clean vendor-web
 
 demo: $(DEMO_STAMP)
 	$(BIN)/stepq demo
@@ -59,6 +59,19 @@ $(DEMO_STAMP): pyproject.toml
 	if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then :; \
 	else $(BIN)/python -m pip install --quiet -e '.[embedded]'; fi
 	touch $(DEMO_STAMP)
+
+# The browser libraries the web pages ship (Markdown, sanitizing), pinned in web-vendor/package.json and
+# copied with their licenses into producer/web/vendor/. The copies are committed, so `pip install stepq`
+# users get them without npm and the pages load nothing from a CDN; run this after bumping a version.
+VENDOR := producer/web/vendor
+vendor-web:
+	cd web-vendor && npm ci --no-audit --no-fund
+	mkdir -p $(VENDOR)
+	sed '/^\/\/# sourceMappingURL=/d' web-vendor/node_modules/marked/lib/marked.esm.js > $(VENDOR)/marked.esm.js
+	sed '/^\/\/# sourceMappingURL=/d' web-vendor/node_modules/dompurify/dist/purify.es.mjs > $(VENDOR)/purify.es.mjs
+	cp web-vendor/node_modules/marked/LICENSE.md $(VENDOR)/marked.LICENSE.txt 2>/dev/null || cp web-vendor/node_modules/marked/LICENSE $(VENDOR)/marked.LICENSE.txt
+	cp web-vendor/node_modules/dompurify/LICENSE $(VENDOR)/purify.LICENSE.txt
+	cd web-vendor && node -e 'const l=require("./package-lock.json").packages;console.log(["marked","dompurify"].map(n=>n+" "+l["node_modules/"+n].version).join("\n"))' > ../$(VENDOR)/VERSIONS.txt
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -174,3 +174,29 @@ repair = AgentDefinition(
         ScriptStep(object={"name": "Ada Lovelace", "email": "ada@engines.example"}),
     ],
 )
+
+
+suggests = AgentDefinition(
+    id="chat.suggests",
+    description="Offers starter prompts; answers in Markdown, with a code block and HTML it must not run.",
+    suggestions=["What can you do?", {"label": "Show me some code", "prompt": "show me a code sample"}],
+    script=[
+        ScriptStep(
+            text=(
+                "## Here it is\n\nSome **bold** text and a list:\n\n- one\n- two\n\n"
+                "```python\nprint('hi')\n```\n\n"
+                'Raw HTML stays text: <img src="x" onerror="window.__pwned = 1"> '
+                "<script>window.__pwned = 2</script> [a link](javascript:window.__pwned=3)"
+            )
+        )
+    ],
+)
+
+
+card = AgentDefinition(
+    id="abstract.card",  # sorts first in GET /v1/agents, as an object-mode batch agent does in the demo
+    description="Object mode: a contact card for a pipeline; not one to chat with.",
+    execution_mode="object",
+    output=Card,
+    script=[ScriptStep(object={"name": "Ada Lovelace", "email": "ada@engines.example"})],
+)

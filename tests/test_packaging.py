@@ -109,6 +109,11 @@ def test_wheel_has_one_top_level_name_and_runs_beside_a_users_own_shared_package
     (wheel,) = wheels.glob("stepq-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         top_level = {name.split("/", 1)[0] for name in zf.namelist()}
+        shipped = set(zf.namelist())
+    web = "stepq/producer/web"  # the pages and their vendored libraries: users get them without npm or a CDN
+    pages = {f"{web}/index.html", f"{web}/markdown.js", f"{web}/vendor/marked.esm.js", f"{web}/vendor/purify.es.mjs"}
+    pages |= {f"{web}/vendor/marked.LICENSE.txt", f"{web}/console/index.html", f"{web}/console/console.js"}
+    assert pages <= shipped, sorted(pages - shipped)
     assert {name for name in top_level if not name.endswith(".dist-info")} == {"stepq"}, sorted(top_level)
 
     venv = tmp_path / "venv"

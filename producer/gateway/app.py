@@ -11,7 +11,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from stepq.config.settings import Settings
 from stepq.errors import ConfigurationError
-from stepq.producer.gateway import routes_approvals, routes_meta, routes_tool_results, routes_turns
+from stepq.producer.gateway import routes_approvals, routes_inspect, routes_meta, routes_tool_results, routes_turns
 from stepq.producer.gateway.auth import AuthConfig
 from stepq.producer.gateway.errors import install_error_handlers
 from stepq.producer.gateway.limits import RequestLimiter
@@ -55,6 +55,7 @@ def create_app(
     app.include_router(routes_tool_results.router)
     app.include_router(routes_approvals.router)
     app.include_router(routes_meta.router)
+    app.include_router(routes_inspect.router)
     for name in OPTIONAL_ROUTERS:
         try:
             module = importlib.import_module(name)

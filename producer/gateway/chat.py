@@ -5,7 +5,8 @@
     GET  /v1/chat/{id}/messages     the chat so far as UIMessages (a page's initial `messages`)
 
 A chat id is a thread, created on first use and scoped to the caller's tenant (clients choose chat ids,
-so two tenants' equal ids are two threads). The agent is `?agent=` on the URL, else the body's `agent`,
+so two tenants' equal ids are two threads); a thread id of the caller's own (`thr_…`, from GET /v1/threads)
+is also a chat id, naming that thread. The agent is `?agent=` on the URL, else the body's `agent`,
 else the thread's, else STEPQ_GATEWAY_CHAT_AGENT. The last message decides what a POST does:
 
 - a user message: its text and files (file parts: `data:` URLs, or URLs on STEPQ_ATTACHMENT_URL_ALLOW,
@@ -44,6 +45,7 @@ from stepq.turns.threads import Thread
 router = APIRouter(prefix="/v1/chat", tags=["chat"])
 
 MAX_CHAT_ID = 200
+THREAD_ID_PREFIX = "thr_"  # a chat id that is a thread id opens that thread (the chat page's list of threads)
 
 
 class ChatRequest(BaseModel):
@@ -182,7 +184,9 @@ async def _existing_thread(gw: Gateway, principal: Principal, chat_id: str) -> T
         raise GatewayError(422, "invalid-request", f"a chat id has 1 to {MAX_CHAT_ID} characters")
     thread_id = await gw.redis.get(gw.runtime.keys.chat(principal.tenant, chat_id))
     if not isinstance(thread_id, str) or not thread_id:
-        return None
+        if not chat_id.startswith(THREAD_ID_PREFIX):
+            return None
+        thread_id = chat_id  # a thread from GET /v1/threads, opened as a chat (only the caller's own: see below)
     try:
         return await gw.run_sync(lambda: gw.client.get_thread(thread_id, tenant=principal.tenant))
     except ThreadNotFoundError:  # expired after its TTL: the chat starts over

@@ -2,9 +2,13 @@
 // It speaks the same endpoints any AI SDK client does: POST /v1/chat (a UI message stream back),
 // GET /v1/chat/{id}/stream (resume) and GET /v1/chat/{id}/messages (history). The small reader
 // below applies UI message stream chunks the way the `ai` package's processUIMessageStream does.
+// The model's text is Markdown, rendered by ./markdown.js (vendored marked + DOMPurify: no HTML of its own).
+
+import { markdown } from './markdown.js';
 
 const KEY_STORE = 'stepq.apiKey';
 const CHATS_STORE = 'stepq.chats';
+const AGENT_STORE = 'stepq.agent'; // the agent last chosen in the menu, used for new chats after a reload
 
 const $ = (id) => document.getElementById(id);
 const state = {
@@ -12,7 +16,10 @@ const state = {
   agent: null,
   messages: [], // UIMessages
   busy: false,
+  stopping: false, // Stop was pressed: the turn is cancelled, its stream ends on its own
   notice: '',
+  agents: [], // GET /v1/agents
+  threads: null, // GET /v1/threads items (null until listed: the page then shows the chats it knows itself)
 };
 
 // ------------------------------------------------------------------ HTTP
@@ -23,23 +30,33 @@ function authHeaders() {
 }
 
 async function api(path, init = {}) {
+  const sent = localStorage.getItem(KEY_STORE);
   const response = await fetch(path, { ...init, headers: { ...authHeaders(), ...(init.headers || {}) } });
   if (response.status === 401) {
-    await askForKey();
+    // a key was sent and refused: say so, instead of silently asking again
+    await askForKey(sent ? `That key was not accepted (${(await errorOf(response)).message}). Check it and enter it again.` : '');
     return api(path, init);
   }
   return response;
 }
 
-function askForKey() {
-  return new Promise((resolve) => {
+let asking = null; // one dialog for every request that met a 401 at once
+function askForKey(problem) {
+  const error = $('key-error');
+  error.hidden = !problem;
+  error.textContent = problem;
+  if (asking) return asking;
+  asking = new Promise((resolve) => {
     const dialog = $('key-dialog');
     $('key-form').onsubmit = () => {
       localStorage.setItem(KEY_STORE, $('key').value.trim());
+      asking = null;
       resolve();
     };
     dialog.showModal();
+    $('key').focus();
   });
+  return asking;
 }
 
 async function errorText(response) {
@@ -224,6 +241,7 @@ async function consume(response, { replay = false } = {}) {
   for await (const chunk of chunks(response)) {
     builder.apply(chunk);
     if (chunk.type === 'start') {
+      if (chunk.messageMetadata?.threadId) knowThread(state.chatId, chunk.messageMetadata.threadId);
       // a replayed message may already be on the page (the same id): keep one copy
       const twin = state.messages.findIndex((m) => m !== message && m.id === message.id);
       if (twin >= 0) state.messages.splice(twin, 1);
@@ -236,6 +254,7 @@ async function consume(response, { replay = false } = {}) {
 // ------------------------------------------------------------------ actions
 
 async function send(text) {
+  $('input').focus(); // the next message is typed where the last one was, whatever sent it (Enter, button, chip)
   const user = { id: newId(), role: 'user', parts: [{ type: 'text', text }] };
   state.messages.push(user);
   remember(text);
@@ -264,9 +283,27 @@ async function post(messages, trigger, messageId, action) {
     setBanner(`connection lost: ${error.message}; reload to reconnect`, true);
   } finally {
     state.busy = false;
+    state.stopping = false;
     render();
+    loadThreads();
   }
   return null;
+}
+
+/** Stop: cancel the turn being answered (POST /v1/turns/{id}/cancel). Its stream then ends by itself, with
+ * the status `cancelled`, so what the page shows is what the server kept. */
+async function stop() {
+  const message = state.messages.at(-1);
+  if (!state.busy || state.stopping || message?.role !== 'assistant' || !message.id) return;
+  state.stopping = true;
+  render();
+  const response = await api(`/v1/turns/${encodeURIComponent(message.id)}/cancel`, { method: 'POST' });
+  if (!response.ok) {
+    state.stopping = false;
+    setBanner(`Could not stop the answer: ${await errorText(response)}`, true);
+  }
+  render();
+  $('input').focus();
 }
 
 async function decide(message, part, approved) {
@@ -309,6 +346,7 @@ async function openChat(chatId, agent, explanation = '') {
   if (state.chatId !== chatId) return;
   state.messages = body.messages;
   if (body.agent) state.agent = body.agent;
+  $('agent').value = state.agent; // the menu shows who this chat talks to
   render();
   document.body.dataset.ready = 'yes';
   if (body.active) await resume(chatId, explanation);
@@ -333,11 +371,14 @@ async function resume(chatId, explanation = '') {
     note('');
   } finally {
     state.busy = false;
+    state.stopping = false;
     render();
   }
 }
 
-// ------------------------------------------------------------------ the chat list (kept in this browser)
+// ------------------------------------------------------------------ the chat list
+// The server's list (GET /v1/threads: every chat of this tenant, from any browser) merged with the chats this
+// browser started: a chat keeps the id it was opened with here; one started elsewhere opens by its thread id.
 
 function chats() {
   try {
@@ -347,12 +388,50 @@ function chats() {
   }
 }
 
-function remember(text) {
-  const list = chats().filter((c) => c.id !== state.chatId);
-  const existing = chats().find((c) => c.id === state.chatId);
-  list.unshift({ id: state.chatId, agent: state.agent, title: existing?.title || text.slice(0, 60), at: Date.now() });
+function saveChats(list) {
   localStorage.setItem(CHATS_STORE, JSON.stringify(list.slice(0, 100)));
+}
+
+function remember(text) {
+  const existing = chats().find((c) => c.id === state.chatId);
+  const list = chats().filter((c) => c.id !== state.chatId);
+  list.unshift({ ...existing, id: state.chatId, agent: state.agent, title: existing?.title || text.slice(0, 60), at: Date.now() });
+  saveChats(list);
   renderThreads();
+}
+
+/** The thread behind a chat this browser knows (the stream's metadata names it), to match the server's list. */
+function knowThread(chatId, threadId) {
+  const list = chats();
+  const entry = list.find((c) => c.id === chatId);
+  if (!entry || entry.threadId === threadId) return;
+  entry.threadId = threadId;
+  saveChats(list);
+  renderThreads();
+}
+
+async function loadThreads() {
+  try {
+    const response = await api('/v1/threads?limit=50');
+    if (!response.ok) return; // the chats this browser knows stay listed
+    state.threads = (await response.json()).items;
+  } catch {
+    return;
+  }
+  renderThreads();
+}
+
+function chatList() {
+  const local = chats();
+  if (state.threads === null) return local;
+  const byThread = new Map(local.filter((c) => c.threadId).map((c) => [c.threadId, c]));
+  const listed = state.threads.map((t) => {
+    const here = byThread.get(t.thread_id);
+    return { id: here?.id || t.thread_id, agent: t.agent, title: t.title || here?.title, threadId: t.thread_id, running: t.status === 'running' };
+  });
+  const onServer = new Set(state.threads.map((t) => t.thread_id));
+  const unlisted = local.filter((c) => !c.threadId && !onServer.has(c.id)); // begun here, not yet on the server
+  return [...unlisted, ...listed];
 }
 
 function newId() {
@@ -371,7 +450,7 @@ function setBanner(text, isError = false) {
 function renderThreads() {
   const nav = $('threads');
   nav.replaceChildren(
-    ...chats().map((chat) => {
+    ...chatList().map((chat) => {
       const link = document.createElement('a');
       link.href = `#chat=${encodeURIComponent(chat.id)}`;
       link.textContent = chat.title || chat.id;
@@ -410,23 +489,59 @@ function el(tag, attrs = {}, ...children) {
 
 const json = (value) => (typeof value === 'string' ? value : JSON.stringify(value, null, 2));
 
+// what a tool call's state means to the person reading the chat (never the SDK's state names)
+const TOOL_STATUS = {
+  'input-streaming': 'preparing',
+  'input-available': 'running',
+  'approval-requested': 'waiting for your approval',
+  'output-available': 'done',
+  'output-error': 'failed',
+  'output-denied': 'denied',
+};
+
+function toolStatus(part) {
+  if (part.state === 'approval-responded') return part.approval?.approved ? 'approved, running' : 'denied';
+  return TOOL_STATUS[part.state] || 'running';
+}
+
+/** "lookup_order" -> "Lookup order": the tool's name as a heading; the exact name stays in its title. */
+const humanName = (name) => {
+  const words = name.replace(/[_.-]+/g, ' ').trim();
+  return words.charAt(0).toUpperCase() + words.slice(1);
+};
+
+/** Arguments or a result as a two-column table (name, value); anything else as a block of JSON. */
+function valueTable(value, testid) {
+  if (!value || typeof value !== 'object' || Array.isArray(value) || !Object.keys(value).length) {
+    return el('pre', { testid }, json(value ?? ''));
+  }
+  const table = el('table', { class: 'args', testid });
+  for (const [key, item] of Object.entries(value)) {
+    const shown = typeof item === 'string' ? item : JSON.stringify(item);
+    table.append(el('tr', { testid: `${testid}-row` }, el('th', { scope: 'row' }, key), el('td', {}, el('code', {}, shown))));
+  }
+  return table;
+}
+
 function drawTool(message, part) {
   const name = part.type.slice('tool-'.length);
-  const box = el('div', { class: 'tool', testid: 'tool', 'data-tool': name, 'data-state': part.state },
-    el('span', { class: 'state' }, part.state),
-    el('div', { class: 'name' }, name),
-    part.input !== undefined ? el('pre', { testid: 'tool-input' }, json(part.input)) : null);
+  const status = toolStatus(part);
+  const box = el('div', { class: 'tool', testid: 'tool', 'data-tool': name, 'data-state': part.state, role: 'group', 'aria-label': `${humanName(name)}: ${status}` },
+    el('div', { class: 'head' },
+      el('span', { class: 'name', testid: 'tool-name', title: name }, humanName(name)),
+      el('span', { class: 'status', testid: 'tool-status' }, status)),
+    part.input !== undefined ? valueTable(part.input, 'tool-input') : null);
   if (part.state === 'approval-requested') {
     box.append(
       el('button', { type: 'button', testid: 'approve', onclick: () => decide(message, part, true) }, 'Approve'),
       el('button', { type: 'button', testid: 'deny', onclick: () => decide(message, part, false) }, 'Deny'),
     );
   } else if (part.state === 'output-available') {
-    box.append(el('pre', { testid: 'tool-output' }, json(part.output)));
+    box.append(el('div', { class: 'caption' }, 'Result'), valueTable(part.output, 'tool-output'));
   } else if (part.state === 'output-error') {
     box.append(el('pre', { class: 'error', testid: 'tool-error' }, part.errorText));
   } else if (part.state === 'output-denied') {
-    box.append(el('div', { class: 'error', testid: 'tool-denied' }, 'denied'));
+    box.append(el('div', { class: 'error', testid: 'tool-denied' }, 'You denied this call; the agent was told.'));
   }
   return box;
 }
@@ -447,13 +562,16 @@ function drawMessage(message) {
   const box = el('div', { class: `msg ${message.role}`, testid: `message-${message.role}`, 'data-id': message.id });
   for (const part of message.parts.filter((p) => p.type === 'data-plan')) box.append(drawPlan(part));
   for (const part of message.parts) {
-    if (part.type === 'text') box.append(el('div', { class: 'text', testid: 'text' }, part.text));
+    if (part.type === 'text') {
+      box.append(message.role === 'user' ? el('div', { class: 'text', testid: 'text' }, part.text) : markdown(part.text, { class: 'text markdown', 'data-testid': 'text' }));
+    }
     else if (part.type === 'reasoning') {
       box.append(el('details', { class: 'reasoning', testid: 'reasoning' }, el('summary', {}, 'Reasoning'), part.text));
     } else if (part.type.startsWith('tool-')) box.append(drawTool(message, part));
   }
   if (message.error) box.append(el('div', { class: 'error', testid: 'error' }, message.error));
   if (message.role === 'assistant' && message.metadata?.status) box.dataset.status = message.metadata.status;
+  if (message.metadata?.status === 'cancelled') box.append(el('div', { class: 'notice', testid: 'stopped' }, 'Stopped.'));
   return box;
 }
 
@@ -466,29 +584,63 @@ function draw() {
   $('input').disabled = awaiting;
   $('send').disabled = state.busy || awaiting;
   $('composer-hint').hidden = !awaiting;
+  const stopButton = $('stop');
+  stopButton.hidden = !state.busy;
+  stopButton.disabled = state.stopping;
+  stopButton.textContent = state.stopping ? 'Stopping…' : 'Stop';
   document.body.dataset.busy = state.busy ? 'yes' : 'no';
+  drawSuggestions();
+}
+
+/** The agent's starter prompts, while the chat is empty: one click sends one. */
+function drawSuggestions() {
+  const box = $('suggestions');
+  const agent = state.agents.find((a) => a.id === state.agent);
+  const offered = !state.messages.length && !state.busy ? agent?.suggestions || [] : [];
+  box.hidden = !offered.length;
+  box.replaceChildren(...offered.map((s) => el('button', { type: 'button', testid: 'suggestion', onclick: () => send(s.prompt || s.label) }, s.label)));
 }
 
 // ------------------------------------------------------------------ start
 
-async function loadAgents() {
+/** The agent a new chat talks to: the URL's, else the one chosen last in this browser, else the first chat
+ * agent (object-mode agents answer with JSON for pipelines, not with conversation). */
+function defaultAgent(agents, asked) {
+  const known = (id) => id && agents.some((a) => a.id === id);
+  if (known(asked)) return asked;
+  const remembered = localStorage.getItem(AGENT_STORE);
+  if (known(remembered)) return remembered;
+  return (agents.find((a) => a.execution_mode !== 'object') || agents[0])?.id || asked;
+}
+
+async function loadAgents(asked) {
   const response = await api('/v1/agents');
-  if (!response.ok) return;
+  if (!response.ok) {
+    setBanner(`The agents could not be listed: ${await errorText(response)}`, true);
+    return;
+  }
   const { agents } = await response.json();
+  state.agents = agents;
   const select = $('agent');
-  select.replaceChildren(...agents.map((a) => el('option', { value: a.id }, a.id)));
-  state.agent = state.agent || agents[0]?.id;
+  select.replaceChildren(...agents.map((a) => el('option', { value: a.id }, a.label && a.label !== a.id ? `${a.label} (${a.id})` : a.id)));
+  state.agent = defaultAgent(agents, asked);
   select.value = state.agent;
   select.onchange = () => {
-    if (!state.messages.length) state.agent = select.value;
+    localStorage.setItem(AGENT_STORE, select.value);
+    if (state.busy) return; // the answer in progress keeps its chat; the choice applies to the next one
+    if (state.messages.length) openChat(newId(), select.value); // a chat keeps its agent: a new one starts
+    else {
+      state.agent = select.value;
+      render();
+    }
   };
 }
 
 async function main() {
   const params = new URLSearchParams(location.hash.slice(1));
   const query = new URLSearchParams(location.search);
-  state.agent = query.get('agent');
-  await loadAgents();
+  await loadAgents(query.get('agent'));
+  $('stop').onclick = stop;
   $('new-chat').onclick = () => {
     state.agent = $('agent').value;
     openChat(newId(), state.agent);
@@ -509,6 +661,7 @@ async function main() {
   window.addEventListener('storage', (event) => {
     if (event.key === CHATS_STORE) renderThreads(); // a chat started in another tab
   });
+  loadThreads();
   const chatId = params.get('chat');
   const known = chats().find((c) => c.id === chatId);
   await openChat(chatId || newId(), known?.agent || state.agent);
