@@ -189,6 +189,7 @@ def _run_turn(
         provider=args.provider,
         model=args.model,
         loop={"max_steps": args.max_steps} if args.max_steps is not None else None,
+        defer_tools=args.defer_tools,
     )
     mode = "approve" if args.approve_all else "deny" if args.deny_all else "ask"
     live = not args.json
@@ -520,6 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--provider", help="provider override (if the agent allows it)")
     p.add_argument("--model", help="model override, `provider/model` allowed (if the agent allows it)")
     p.add_argument("--max-steps", type=int, help="tighten the agent's step limit")
+    p.add_argument("--defer-tools", action="store_true", help="answer every tool call here, as a client-side tool's")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("events", help="print a turn's events")

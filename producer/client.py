@@ -252,6 +252,7 @@ class Client:
         attachments: list[Attachment] | None = None,
         provider_batch: bool = False,
         policy: Policy | dict[str, Any] | None = None,
+        defer_tools: bool = False,
     ) -> TurnHandle:
         """Validate, store and enqueue a turn; returns its handle at once (the turn runs on a worker).
 
@@ -273,6 +274,8 @@ class Client:
             batch API (about half price, answered within hours; no worker waits). See docs/operations.md.
         attachments: `Attachment`s (images, PDFs, text files) added to the last user message; the agent's
             `accepted_media_types` and STEPQ_ATTACHMENT_* limits apply. File parts in `messages` work too.
+        defer_tools: park every tool call for you, whatever the tool declares (`tool-results-request`, then
+            `resume` with the results); a call needing approval reaches you only once approved.
 
         Raises SubmitError (UnknownAgentError, MissingFeaturesError, OverrideError, …) naming the
         problem; nothing is stored then.
@@ -292,6 +295,7 @@ class Client:
             attachments=attachments,
             provider_batch=provider_batch,
             policy=policy,
+            defer_tools=defer_tools,
         )
         if created or (
             idempotency_key is not None

@@ -331,6 +331,7 @@ class ToolSpec(BaseModel):
     name: str
     description: str
     input_schema: dict[str, Any]
+    strict: bool = False  # provider-native strict arguments (OpenAI, Anthropic); others validate in the engine
 
 
 @dataclass(frozen=True)
@@ -437,6 +438,8 @@ class Policy(BaseModel):
     """False refuses per-call provider/model choice and loop overrides (True cannot undo an agent's False)."""
     kill_switch: KillSwitch | None = None
     """`collapse`: one model call with no tools, then the turn ends; `refuse`: no new submits or steps."""
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    """Cap on one model call's output tokens: neither the agent nor its `prepare_step` goes above it."""
 
 
 # A policy document's scopes: the syntax is the document's, so settings (STEPQ_POLICY), the CLI and the
@@ -485,6 +488,7 @@ class StepTrace(BaseModel):
     repair: bool = False  # object mode: this step answered a repair note
     batch: bool = False  # answered through the provider's batch API
     policy: dict[str, PolicySource] = Field(default_factory=dict)  # each effective limit and who set it
+    repaired_calls: list[str] = Field(default_factory=list)  # ids of the calls the agent's repair_tool_call fixed
 
 
 class LoopTrace(BaseModel):
@@ -624,6 +628,10 @@ class StepPlan(BaseModel):
     system: str | None = None  # prepare_step's extra system text
     base: Fallback | None = None
     warnings: list[str] = Field(default_factory=list)
+    temperature: float | None = None  # sampling (the agent's, or prepare_step's for this step)
+    top_p: float | None = None
+    reasoning_effort: str | None = None
+    thinking_budget: int | None = None
 
 
 class PendingApproval(BaseModel):
@@ -729,6 +737,7 @@ class TurnState(BaseModel):
     cost: float | None = None
     error: str | None = None
     plan: list[PlanStep] | None = None  # the visible task plan (agents with task_plan=True)
+    defer_tools: bool = False  # submit's defer_tools=True: every tool call parks for the caller (engine/deferred.py)
 
     def result(self) -> TurnResult:
         return TurnResult(

@@ -40,6 +40,10 @@ class SubmitBody(BaseModel):
     loop: dict[str, Any] | None = Field(default=None, description="overrides that may only tighten the agent's loop")
     provider: str | None = Field(default=None, description="this turn's provider, if the agent and policies allow")
     model: str | None = Field(default=None, description="this turn's model (`provider/model` allowed), likewise")
+    defer_tools: bool = Field(
+        default=False,
+        description="park every tool call for the caller (POST /v1/turns/{id}/tool-results); approvals still apply",
+    )
 
 
 class Submitted(BaseModel):
@@ -85,6 +89,7 @@ async def submit(
             provider=body.provider,
             model=body.model,
             policy=principal.policy,
+            defer_tools=body.defer_tools,
         )
     )
     state = await gw.run_sync(handle.get)
