@@ -390,3 +390,41 @@ def test_a_denied_deferred_call_never_reaches_the_caller(worker, client, openai_
     assert order not in RAN.get("ac_refund", [])
     [sent] = [i for i in openai_fake.bodies()[1]["input"] if i.get("type") == "function_call_output"]
     assert "denied by reviewer: no" in sent["output"]
+
+
+def test_bedrock_batch_bodies_keep_bedrock_s_sampling_and_drop_what_bedrock_has_no_place_for():
+    """Claude on Bedrock batch inference takes the Messages body through InvokeModel: temperature and top_p
+    go in (the online Anthropic API takes none), effort and strict stay out, as on the Converse path."""
+    from stepq.models import ToolSpec, UserMessage
+    from stepq.providers.base import StepRequest
+    from stepq.providers.bedrock.batch import invoke_body
+
+    spec = ToolSpec(name="ac_lookup", description="d", input_schema={"type": "object"}, strict=True)
+    request = StepRequest(
+        provider="bedrock",
+        model="anthropic.claude-test",
+        messages=[UserMessage(content="hi")],
+        tools=[spec],
+        temperature=0.2,
+        top_p=0.7,
+        reasoning_effort="low",
+    )
+    body = invoke_body(request)
+    assert (body["temperature"], body["top_p"]) == (0.2, 0.7)
+    assert "output_config" not in body and "strict" not in body["tools"][0]
+
+
+def test_the_http_submit_body_carries_defer_tools(prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepq.fleet.runtime import get_runtime
+    from tests.conftest import make_settings
+    from tests.gateway_support import api_keys_setting, serve, submit
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-defer")  # ac.deferring's provider is configured
+    settings = make_settings(prefix, api_keys=api_keys_setting(), gateway_rate_limit_rpm=0)
+    with serve(settings) as gw, gw.client() as http:
+        deferring = submit(http, "ac.deferring", "check", defer_tools=True)
+        plain = submit(http, "ac.deferring", "check")
+        refused = http.post("/v1/turns", json={"agent": "ac.deferring", "prompt": "x", "defer_tools": "sometimes"})
+    assert refused.status_code == 422, refused.text
+    turns = get_runtime(settings).turns
+    assert turns.load(deferring).defer_tools is True and turns.load(plain).defer_tools is False
