@@ -122,7 +122,8 @@ def _close_json(call: ToolCall, error: str) -> ToolCall | None:
         args = json.loads(raw + "}")
     except ValueError:
         return None
-    return ToolCall(id="ignored: the call keeps its id", name=call.name, args=args)
+    # a copy that still carries the raw text and another id: the engine keeps the id and drops the raw text
+    return call.model_copy(update={"args": args, "id": "ignored: the call keeps its id"})
 
 
 repairing = AgentDefinition(
@@ -160,6 +161,13 @@ deferring = AgentDefinition(
     id="ac.deferring",
     allowed_tools=["ac_stock", "ac_refund"],
     read_only=False,
+    default_provider="openai",
+    default_model="gpt-test",
+)
+planning_deferring = AgentDefinition(
+    id="ac.planning_deferring",
+    allowed_tools=["ac_stock"],
+    task_plan=True,
     default_provider="openai",
     default_model="gpt-test",
 )

@@ -428,3 +428,21 @@ def test_the_http_submit_body_carries_defer_tools(prefix: str, monkeypatch: pyte
     assert refused.status_code == 422, refused.text
     turns = get_runtime(settings).turns
     assert turns.load(deferring).defer_tools is True and turns.load(plain).defer_tools is False
+
+
+def test_the_task_plan_tool_is_never_deferred(worker, client, openai_fake):  # noqa: F811
+    order = f"o-{uuid.uuid4().hex[:8]}"
+    plan = {"steps": [{"label": "Check the stock", "tool_name": "ac_stock"}]}
+    openai_fake.enqueue(
+        oai.response_stream(
+            oai.call_item("call_p", "update_task_plan", [json.dumps(plan)]),
+            oai.call_item("call_s", "ac_stock", [json.dumps({"order_id": order})]),
+        ),
+        oai.response_text("done"),
+    )
+    handle = client.submit("ac.planning_deferring", prompt="check", defer_tools=True)
+    state = _parks(client, handle.turn_id, TurnStatus.AWAITING_TOOL_RESULTS)
+    assert [c.tool_call_id for c in state.parked.client_calls] == ["call_s"]  # the plan is stepq's, not the caller's
+    assert [s.label for s in state.plan or []] == ["Check the stock"]
+    client.resume(handle.turn_id, {"call_s": "in stock"})
+    assert handle.wait(timeout=120).status == TurnStatus.COMPLETED

@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from stepq.agents import task_plan
 from stepq.agents.definition import AgentDefinition
 from stepq.agents.tools import ToolContext, ToolDefinition
 from stepq.approvals import canonical_args_hash
@@ -133,7 +134,9 @@ class StepDispatcher:
             status = ToolResultStatus.INVALID_ARGUMENTS
             return fail({"error": f"Invalid arguments for {call.name}: {exc}", "status": status.value}, status)
         needs = not definition.client and self.agent.call_needs_approval(definition, args)
-        return PreparedCall(call, definition, args, None, needs_approval=needs, deferred=self.state.defer_tools)
+        # the task-plan tool is stepq's own bookkeeping (it streams the plan), never the caller's to run
+        deferred = self.state.defer_tools and definition.name != task_plan.PLAN_TOOL
+        return PreparedCall(call, definition, args, None, needs_approval=needs, deferred=deferred)
 
     def _breaker_block(self, call: ToolCall) -> ToolResult | None:
         """The TOOL_PERMANENTLY_FAILED result once a tool has used up its strikes (`tool_failure_breaker`), else None."""

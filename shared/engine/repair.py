@@ -51,8 +51,9 @@ def repair_calls(
         error = problem(part, shown) if isinstance(part, ToolCall) else None
         if isinstance(part, ToolCall) and error is not None:
             fixed = _ask(agent, hook, part, error)
-            if fixed is not None:
-                part = fixed.model_copy(update={"id": part.id})  # the call keeps its id: results pair by it
+            if fixed is not None:  # it keeps the call's id (results pair by it), and is no longer malformed
+                data = {k: v for k, v in (fixed.provider_data or {}).items() if k != "invalid_json"} or None
+                part = fixed.model_copy(update={"id": part.id, "provider_data": data})
                 repaired.append(part.id)
         parts.append(part)
     if not repaired:
