@@ -212,6 +212,7 @@ def _run_turn(
         model=args.model,
         loop=_loop(args),
         context=args.context,
+        defer_tools=args.defer_tools,
     )
     mode = "approve" if args.approve_all else "deny" if args.deny_all else "ask"
     live = not args.json
@@ -546,6 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="tighten the agent's step limit")
     p.add_argument("--budget", metavar="PRESET", help="tighten the agent's budget to a preset (small, standard, long)")
     p.add_argument("--context", metavar="JSON", help="the runtime context the agent's tools read (its context_schema)")
+    p.add_argument("--defer-tools", action="store_true", help="answer every tool call here, as a client-side tool's")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("events", help="print a turn's events")

@@ -189,6 +189,9 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--max-tool-calls", dest="max_tool_calls", type=int, help="most tool calls in a turn")
     s.add_argument("--max-tokens", dest="max_tokens", type=int, help="most input+output tokens in a turn")
     s.add_argument("--max-wall-clock-s", dest="max_wall_clock_s", type=float, help="seconds since the first step")
+    s.add_argument(
+        "--max-output-tokens", dest="max_output_tokens", type=int, help="cap on one model call's output tokens"
+    )
     s.add_argument("--allowed-tools", dest="allowed_tools", metavar="A,B", help="tools agents may still show")
     s.add_argument(
         "--mutation-policy",

@@ -257,6 +257,7 @@ class Client:
         policy: Policy | dict[str, Any] | None = None,
         traceparent: str | None = None,
         context: Any = None,
+        defer_tools: bool = False,
     ) -> TurnHandle:
         """Validate, store and enqueue a turn; returns its handle at once (the turn runs on a worker).
 
@@ -282,6 +283,8 @@ class Client:
             OpenTelemetry span, when there is one); see docs/tracing.md.
         context: the runtime context the agent's tools read (`ctx.context`): a dict or an instance of the
             agent's `context_schema`, validated against it (ContextError naming the field); stored with the turn.
+        defer_tools: park every tool call for you, whatever the tool declares (`tool-results-request`, then
+            `resume` with the results); a call needing approval reaches you only once approved.
 
         Raises SubmitError (UnknownAgentError, MissingFeaturesError, OverrideError, …) naming the
         problem; nothing is stored then.
@@ -303,6 +306,7 @@ class Client:
             policy=policy,
             traceparent=traceparent or trace_context.current(),
             context=context,
+            defer_tools=defer_tools,
         )
         if created or (
             idempotency_key is not None

@@ -335,6 +335,7 @@ class ToolSpec(BaseModel):
     name: str
     description: str
     input_schema: dict[str, Any]
+    strict: bool = False  # provider-native strict arguments (OpenAI, Anthropic); others validate in the engine
 
 
 @dataclass(frozen=True)
@@ -568,6 +569,8 @@ class Policy(BaseModel):
     quota: Quota | None = None
     """A tenant's usage over a window (in a tenant policy: per tenant at scope `*`, per module or agent at those
     scopes), checked before every model call: spent, the turn stops with `quota-exceeded` (docs/tenants.md)."""
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    """Cap on one model call's output tokens: neither the agent nor its `prepare_step` goes above it."""
 
 
 # A policy document's scopes: the syntax is the document's, so settings (STEPQ_POLICY), the CLI and the
@@ -622,6 +625,7 @@ class StepTrace(BaseModel):
     parked_at: float | None = None  # when it parked for approvals or client-side results ...
     parked_for: Literal["approval", "tool results"] | None = None
     resumed_at: float | None = None  # ... and when it resumed (the wait's span)
+    repaired_calls: list[str] = Field(default_factory=list)  # ids of the calls the agent's repair_tool_call fixed
 
 
 class LoopTrace(BaseModel):
@@ -761,6 +765,10 @@ class StepPlan(BaseModel):
     system: str | None = None  # prepare_step's extra system text
     base: Fallback | None = None
     warnings: list[str] = Field(default_factory=list)
+    temperature: float | None = None  # sampling (the agent's, or prepare_step's for this step)
+    top_p: float | None = None
+    reasoning_effort: str | None = None
+    thinking_budget: int | None = None
 
 
 class PendingApproval(BaseModel):
@@ -873,6 +881,7 @@ class TurnState(BaseModel):
     context: dict[str, Any] | None = None  # the runtime context (stepq.agents.runtime_context), as JSON
     call_prepared: bool = False  # the agent's prepare_call ran (stored with the commit that starts the turn)
     instructions: str | None = None  # prepare_call's extra system text for every step
+    defer_tools: bool = False  # submit's defer_tools=True: every tool call parks for the caller (engine/deferred.py)
 
     def result(self) -> TurnResult:
         return TurnResult(

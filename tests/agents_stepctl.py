@@ -190,7 +190,7 @@ bad_prepare = AgentDefinition(
 bad_return = AgentDefinition(
     id="sc.bad_return",
     allowed_tools=["sc_lookup"],
-    prepare_step=lambda ctx: {"tool_choice": "auto", "temperature": 2},
+    prepare_step=lambda ctx: {"tool_choice": "auto", "seed": 2},  # no such override (sampling is: temperature...)
     function_model=FunctionModel(_echo_model),
 )
 

@@ -103,7 +103,7 @@ def test_the_plan_is_made_once_per_step_and_a_retry_keeps_it(rt, prefix):
         ("sc.bad_prepare", "prepare_step of agent sc.bad_prepare raised ValueError: no plan for step 0"),
         (
             "sc.bad_return",
-            "prepare_step of agent sc.bad_return returned bad overrides: Extra inputs are not permitted at temperature",
+            "prepare_step of agent sc.bad_return returned bad overrides: Extra inputs are not permitted at seed",
         ),
     ],
 )

@@ -459,7 +459,6 @@ def test_json_and_redis_cost_per_delta_coalesced(costs_rt, counter, prefix):
     assert fixed == Cost(trips=4, commands=6, json_encodes=5, pydantic_encodes=3, pydantic_decodes=1), fixed
 
 
-
 def test_a_tool_step_under_a_tenant_quota_adds_a_command_not_a_round_trip(costs_rt, counter, prefix):
     """Issue 27 item 6: the quota's counter is read with the step-start script (this process ran the turn's
     step 0, so it knows which counter the turn checks) and the step's usage is added in the commit's pipeline."""

@@ -46,12 +46,13 @@ def test_the_chat_route_stores_the_requests_traceparent(prefix, rt):
     settings = make_settings(prefix, api_keys=api_keys_setting(), gateway_rate_limit_rpm=0)
     message = {"id": "u-1", "role": "user", "parts": [{"type": "text", "text": "hello"}]}
     body = {"id": "traced-chat", "messages": [message], "trigger": "submit-message"}
-    with serve(settings) as served, served.client() as http:
-        with http.stream(
-            "POST", "/v1/chat?agent=otel_t.hooked", json=body, headers={"traceparent": GOOD}
-        ) as response:
-            assert response.status_code == 200, response.read()
-            first = next(line for line in response.iter_lines() if line.startswith("data: "))
+    with (
+        serve(settings) as served,
+        served.client() as http,
+        http.stream("POST", "/v1/chat?agent=otel_t.hooked", json=body, headers={"traceparent": GOOD}) as response,
+    ):
+        assert response.status_code == 200, response.read()
+        first = next(line for line in response.iter_lines() if line.startswith("data: "))
     start = json.loads(first.removeprefix("data: "))
     assert start["type"] == "start"
     assert rt.turns.load(start["messageMetadata"]["turnId"]).traceparent == GOOD

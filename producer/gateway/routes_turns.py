@@ -45,6 +45,10 @@ class SubmitBody(BaseModel):
     context: dict[str, Any] | None = Field(
         default=None, description="the runtime context the agent's tools read, checked against its context_schema"
     )
+    defer_tools: bool = Field(
+        default=False,
+        description="park every tool call for the caller (POST /v1/turns/{id}/tool-results); approvals still apply",
+    )
 
 
 class Submitted(BaseModel):
@@ -93,6 +97,7 @@ async def submit(
             policy=principal.policy,
             traceparent=traceparent,  # the caller's W3C trace context: the turn's spans join it
             context=body.context,
+            defer_tools=body.defer_tools,
         )
     )
     state = await gw.run_sync(handle.get)

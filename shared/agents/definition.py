@@ -19,8 +19,9 @@ from stepq.agents.hooks import HOOK_NAMES, FailsTurn, HookFn
 from stepq.agents.mcp import McpTool, check_mcp_names
 from stepq.agents.prompt_parts import Suggestion, check_section_names
 from stepq.agents.runtime_context import CallContext, CallOverrides
-from stepq.agents.step_control import StepContext, StepOverrides, check_choice
+from stepq.agents.step_control import ReasoningEffort, StepContext, StepOverrides, check_choice
 from stepq.agents.stops import get_stop_condition, unknown_message
+from stepq.agents.strict_schema import strict_problem
 from stepq.agents.task_plan import PLAN_GUIDANCE, PLAN_TOOL, plan_tool
 from stepq.agents.tools import ToolDefinition, get_tool
 from stepq.config.settings import get_settings
@@ -33,6 +34,7 @@ from stepq.models import (
     MutationPolicy,
     RateLimit,
     StopWhen,
+    ToolCall,
     ToolSpec,
     budget_preset,
 )
@@ -42,6 +44,7 @@ from stepq.providers.registry import check_tool_schemas, known_providers, split_
 from stepq.providers.scripted import ScriptStep
 
 ExecutionMode = Literal["chat", "object"]
+RepairToolCall = Callable[[ToolCall, str], "ToolCall | None"]
 _AGENT_ID = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
 
 # An object-mode agent answers through one extra tool, `OUTPUT_TOOL`. Tool inputs must be objects,
@@ -220,6 +223,24 @@ class AgentDefinition(BaseModel):
     function_model: FunctionModel | None = None
     """The offline `function` provider's model: `FunctionModel(fn)` (answers computed from each request)
     or `TestModel()`; the default provider when set and no `script` is."""
+    strict_tools: bool = False
+    """Send every tool's schema as a provider-native strict schema (OpenAI, Anthropic: the model's arguments are
+    constrained to it); a tool's own `@tool(strict=...)` wins. Checked strict-compatible at load. Gemini and
+    Bedrock have no strict mode: their arguments are validated against the schema before the tool runs."""
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    """Nucleus sampling mass of every step (provider default when unset); `prepare_step` may set it per step."""
+    reasoning_effort: ReasoningEffort | None = None
+    """`minimal`, `low`, `medium` or `high`: OpenAI's `reasoning_effort`, Gemini's thinking level. Per step too."""
+    thinking_budget: int | None = Field(default=None, ge=0)
+    """Thinking tokens per step: Anthropic's (and Claude on Bedrock's) `budget_tokens`, Gemini's
+    `thinkingBudget` (see docs/agent-contract.md). Wins over `provider_options["thinking_budget"]`."""
+    fall_through_unconfigured: bool = False
+    """When this deployment has not configured `default_provider` (no credential, no SDK), run the turn on the
+    first configured provider of `fallbacks` (in order; STEPQ_FALLBACKS when unset) instead of refusing it."""
+    repair_tool_call: RepairToolCall | None = Field(default=None, exclude=True)
+    """`fn(call, error) -> ToolCall | None`, run on the worker once per malformed call (arguments not JSON, an
+    unknown tool, arguments the schema refuses): the call it returns replaces the model's (traced, stored and
+    gated like any); None keeps the call as sent (then the corrective retry, or the error the model reads)."""
 
     context_schema: type[BaseModel] | None = Field(default=None, exclude=True)
     """A pydantic model for the runtime context a submit passes (`context=`): validated at submit (one line
@@ -356,6 +377,16 @@ class AgentDefinition(BaseModel):
     def writes_allowed(self) -> bool:
         return not self.read_only and self.mutation_policy != "read-only"
 
+    def tool_spec(self, definition: ToolDefinition) -> ToolSpec:
+        """The tool as the model is shown it: strict when the tool says so, else when the agent does."""
+        strict = self.strict_tools if definition.strict is None else definition.strict
+        return ToolSpec(
+            name=definition.name,
+            description=definition.description,
+            input_schema=definition.input_schema,
+            strict=strict,
+        )
+
     def call_needs_approval(self, definition: ToolDefinition, args: dict[str, Any]) -> bool:
         if definition.requires_approval(args):
             return True
@@ -382,6 +413,14 @@ def check_step_tools(agent: AgentDefinition) -> None:
         problem = check_choice(agent.tool_choice, active)
         if problem:
             raise DefinitionError(f"agent {agent.id}: {problem}")
+
+
+def check_strict_tools(agent: AgentDefinition) -> None:
+    """A strict tool's schema must be one a strict mode takes (stepq.agents.strict_schema): refused at load."""
+    for spec in map(agent.tool_spec, agent.visible_tools()):
+        problem = strict_problem(spec.input_schema) if spec.strict else None
+        if problem:
+            raise DefinitionError(f"agent {agent.id}: tool {spec.name!r}: {problem}")
 
 
 def _one_line_problem(text: str, limit: int) -> str | None:
@@ -426,12 +465,11 @@ def check_agent(agent: AgentDefinition) -> None:
         if stop.custom is not None and get_stop_condition(stop.custom) is None:
             raise DefinitionError(f"agent {agent.id}: loop.stop_when: {unknown_message(stop.custom)}")
     check_mcp_names(agent.id, agent.allowed_tools, agent.mcp_tools)
+    check_strict_tools(agent)
     provider, _ = split_shorthand(agent.default_provider, agent.default_model)
     providers = [p for p in (provider, *(f.provider for f in agent.fallbacks)) if p]
     if providers:
-        specs = [
-            ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema) for t in agent.visible_tools()
-        ]
+        specs = [agent.tool_spec(t) for t in agent.visible_tools()]
         if agent.execution_mode == "object":
             specs.append(agent.output_tool())
         for name in dict.fromkeys(providers):  # the fallbacks must take the tools too

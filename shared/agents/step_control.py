@@ -1,5 +1,5 @@
-"""Per-step control: what one step may be told (model, active tools, tool choice, output cap, extra system
-text), by whom, and how the tool choices order from loosest to tightest.
+"""Per-step control: what one step may be told (model, active tools, tool choice, output cap, sampling, extra
+system text), by whom, and how the tool choices order from loosest to tightest.
 
 Three sources shape a step, in this order:
 1. the agent's static `tool_choice` / `active_tools` (every step);
@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from stepq.models import ToolCall, Usage
 
 MODES = ("auto", "none", "required")
+ReasoningEffort = Literal["minimal", "low", "medium", "high"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,15 @@ class StepOverrides(BaseModel):
     context: Any = None
     """A new runtime context for this step and the later ones (validated against the agent's context_schema,
     stored with the turn); None keeps the current one."""
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    """This step's sampling temperature (each provider's own field; Anthropic takes 0 to 1)."""
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    """This step's nucleus sampling mass."""
+    reasoning_effort: ReasoningEffort | None = None
+    """How hard a reasoning model thinks on this step: OpenAI's `reasoning_effort`, Gemini's thinking level."""
+    thinking_budget: int | None = Field(default=None, ge=0)
+    """Tokens this step may spend thinking: Anthropic's (and Claude on Bedrock's) `budget_tokens`, Gemini's
+    `thinkingBudget`; 0 turns thinking off where the provider allows it."""
 
 
 PrepareStep = Callable[[StepContext], "StepOverrides | Mapping[str, Any] | None"]

@@ -74,6 +74,7 @@ class ToolDefinition:
     editable: bool = False  # a reviewer may approve a gated call with edited arguments (re-validated, re-bound)
     required_features: tuple[str, ...] = ()  # a caller lacking any of these never sees the tool
     module: str = ""  # the module that declared it: agents of other modules may declare their own of this name
+    strict: bool | None = None  # provider-native strict arguments; None: the agent's `strict_tools` decides
     _validator: Any = field(default=None, repr=False)
 
     def validate(self, args: Any) -> dict[str, Any]:
@@ -149,6 +150,7 @@ def tool(
     client: bool = False,
     editable: bool = False,
     required_features: Collection[str] = (),
+    strict: bool | None = None,
 ) -> Any:
     """Declare a tool. Its schema comes from `args_model`, `input_schema`, or the type hints.
 
@@ -156,7 +158,10 @@ def tool(
     describe the tool); a call parks the turn until its caller supplies the result with `Client.resume`.
     `editable=True` lets a reviewer approve a gated call with other arguments (`Client.approve(args=...)`).
     `required_features`: features a turn's caller must have for the model to be shown the tool (and for a
-    call to it to run); other callers' turns never see it."""
+    call to it to run); other callers' turns never see it.
+    `strict=True` asks providers with a strict mode (OpenAI, Anthropic) to constrain the model's arguments to
+    the schema (checked strict-compatible when an agent listing the tool loads); None leaves it to the agent's
+    `strict_tools`. Without a strict mode (Gemini, Bedrock) the arguments are validated here, as always."""
     if isinstance(required_features, str):
         raise DefinitionError("required_features must be a list of feature names, not one string")
 
@@ -199,6 +204,7 @@ def tool(
             editable=editable,
             required_features=tuple(required_features),
             module=func.__module__,
+            strict=strict,
         )
         if client and (is_mutation or destructive or needs_approval):
             raise DefinitionError(

@@ -132,6 +132,28 @@ def model_refusal(ctx: StepContext, plan: StepPlan) -> str | None:
     return f"{refusal}: the turn stops here" if refusal else None
 
 
+def output_cap(ctx: StepContext, plan: StepPlan) -> None:
+    """A policy's `max_output_tokens` bounds the step's cap, whatever the agent or its prepare_step asked."""
+    effective = ctx.effective
+    cap = effective.max_output_tokens if effective is not None else None
+    if cap is None or (plan.max_output_tokens is not None and plan.max_output_tokens <= cap):
+        return
+    if plan.max_output_tokens is not None:
+        by = effective.labels.get("max_output_tokens", "a policy") if effective is not None else "a policy"
+        plan.warnings.append(f"max_output_tokens {plan.max_output_tokens} lowered to {cap} by {by}")
+    plan.max_output_tokens = cap
+
+
+def unsent_sampling(plan: StepPlan, adapter: ProviderAdapter) -> None:
+    """A sampling field the step sets but its provider has no field for is traced, not silently dropped."""
+    unsent = [
+        name for name in step_plan.SAMPLING if getattr(plan, name) is not None and name not in adapter.sampling_fields
+    ]
+    warning = f"not sent, {adapter.name} has no such field: {', '.join(unsent)}"
+    if unsent and warning not in plan.warnings:
+        plan.warnings.append(warning)
+
+
 def policy_trace(ctx: StepContext) -> dict[str, PolicySource]:
     """Each effective value of this step and the layer that set it, the model's included."""
     state = ctx.state
@@ -147,6 +169,7 @@ def plan_call(ctx: StepContext) -> ModelCall | Decision:
     state, agent = ctx.state, ctx.agent
     try:
         plan = step_plan.prepare(agent, state)
+        output_cap(ctx, plan)
         refusal = model_refusal(ctx, plan)
         if refusal:
             return fail(ctx, refusal)
@@ -154,9 +177,10 @@ def plan_call(ctx: StepContext) -> ModelCall | Decision:
         tenant_keys.apply(ctx, adapter)  # the tenant's own API key, when it stored one for this provider
     except Exception as exc:
         return fail(ctx, str(exc))
+    unsent_sampling(plan, adapter)
     # this step's tools (plan, caller's features); an MCP tool whose server changed its schema is not offered
     tools, ctx.tools_refused = mcp_tools.offered(step_plan.step_tools(agent, state, plan))
-    specs = [ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema) for t in tools]
+    specs = [agent.tool_spec(t) for t in tools]
     tool_choice: str | None = plan.tool_choice
     output_schema = None
     if agent.execution_mode == "object":
@@ -194,7 +218,10 @@ def _request(
         parallel_tool_calls=agent.parallel_tool_calls,
         output_schema=output_schema,
         max_tokens=plan.max_output_tokens,
-        temperature=agent.temperature,
+        temperature=plan.temperature,
+        top_p=plan.top_p,
+        reasoning_effort=plan.reasoning_effort,
+        thinking_budget=plan.thinking_budget,
         stop_sequences=agent.stop_sequences,
         step=state.step,
         attempt=state.attempt,

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stepq.agents import runtime_context
+from stepq.agents import runtime_context, task_plan
 from stepq.agents.definition import AgentDefinition
 from stepq.agents.tools import ToolContext, ToolDefinition
 from stepq.approvals import canonical_args_hash
@@ -56,6 +56,7 @@ class PreparedCall:
     args: dict[str, Any] | None
     error: ToolResult | None  # set when the call cannot run (unknown tool, bad args, breaker)
     needs_approval: bool = False
+    deferred: bool = False  # the turn defers every call to its caller (submit's defer_tools=True)
 
     @property
     def has_side_effects(self) -> bool:
@@ -65,8 +66,11 @@ class PreparedCall:
 
     @property
     def is_client(self) -> bool:
-        """A valid call of a client-side tool: the turn's caller runs it (the step parks for its result)."""
-        return self.error is None and self.definition is not None and self.definition.client
+        """A valid call the turn's caller runs (the step parks for its result): a client-side tool's, or any
+        call of a deferring turn, once no approval stands in its way (engine/deferred.py)."""
+        if self.error is not None or self.definition is None:
+            return False
+        return self.definition.client or (self.deferred and not self.needs_approval)
 
     @property
     def waits(self) -> bool:
@@ -133,7 +137,9 @@ class StepDispatcher:
             status = ToolResultStatus.INVALID_ARGUMENTS
             return fail({"error": f"Invalid arguments for {call.name}: {exc}", "status": status.value}, status)
         needs = not definition.client and self.agent.call_needs_approval(definition, args)
-        return PreparedCall(call, definition, args, None, needs_approval=needs)
+        # the task-plan tool is stepq's own bookkeeping (it streams the plan), never the caller's to run
+        deferred = self.state.defer_tools and definition.name != task_plan.PLAN_TOOL
+        return PreparedCall(call, definition, args, None, needs_approval=needs, deferred=deferred)
 
     def _breaker_block(self, call: ToolCall) -> ToolResult | None:
         """The TOOL_PERMANENTLY_FAILED result once a tool has used up its strikes (`tool_failure_breaker`), else None."""

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from stepq.agents import task_plan
-from stepq.engine import client_tools, edits, tracing
+from stepq.engine import client_tools, deferred, edits, tracing
 from stepq.engine.context import Decision, StepContext, none
 from stepq.engine.decide import after_tools
 from stepq.engine.dispatch import StepDispatcher, runnable
@@ -35,6 +35,9 @@ def resume(ctx: StepContext) -> Decision:
     records = ctx.rt.approvals.get_many([a.approval_id for a in parked.approvals])
     if _still_pending(ctx, parked, records, now):
         return none("approvals still pending")
+    handed = deferred.hand_over_approved(ctx, parked, records)  # a deferring turn: approved calls go to the caller
+    if handed is not None:
+        return handed
     calls = parked.assistant.tool_calls
     dispatcher = dispatcher_for(ctx, None)
     answered = client_tools.settle(parked, dispatcher, now)

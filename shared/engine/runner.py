@@ -10,6 +10,7 @@ A step reads as its stages, each a module of its own sharing one `StepContext` (
   resume          engine/resume.py      instead of a model call, when the step was parked on its tools;
   call the model  engine/model_call.py  compaction, then a replay, a provider batch or the online call
                                         (a failed call: engine/failure.py retries, fails over or fails);
+  repair          engine/repair.py      the agent's repair_tool_call on each malformed call (if it has one);
   decide          engine/decide.py      trace the answer; a malformed retry or the final answer ...
   run tools       engine/tools_stage.py ... or the tool calls (parked on those that wait: engine/park.py);
   endings         engine/finish.py      advance, finish, fail: each one fenced commit.
@@ -26,7 +27,7 @@ from dataclasses import replace
 import redis
 
 from stepq.agents import mcp as mcp_tools
-from stepq.engine import begin, decide, lifecycle, model_call, structured, tracing
+from stepq.engine import begin, decide, lifecycle, model_call, repair, step_plan, structured, tracing
 from stepq.engine.context import Decision, Delivery, StepContext, emitter_text, maybe, none, worker_id
 from stepq.engine.emitter import StepEmitter
 from stepq.engine.finish import fail
@@ -149,7 +150,9 @@ class StepRunner:
         output = model_call.answer(ctx, call)
         if isinstance(output, Decision):
             return output
+        output, repaired = repair.repair_calls(ctx.agent, output, step_plan.callable_by_name(ctx.agent, ctx.state))
         trace = decide.record_answer(ctx, call, output, started)
+        trace.repaired_calls = repaired
         malformed = decide.retry_malformed(ctx, call, output, trace)
         if malformed is not None:
             return malformed

@@ -1,4 +1,4 @@
-"""Resolve what one step runs with: its tools, tool choice, model, output cap and extra system text.
+"""Resolve what one step runs with: its tools, tool choice, model, output cap, sampling and extra system text.
 
 The agent's static `active_tools` / `tool_choice` are the defaults; its `prepare_step` may replace them for
 one step (never showing a tool the allowlist or the mutation gate hides: such a name is ignored and the
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -23,6 +24,7 @@ from stepq.models import AssistantMessage, Fallback, StepPlan, ToolCall, TurnSta
 from stepq.providers.registry import known_providers, split_shorthand
 
 log = logging.getLogger("stepq.engine")
+SAMPLING = ("temperature", "top_p", "reasoning_effort", "thinking_budget")  # set per step, mapped per provider
 
 
 class PrepareStepError(StepqError):
@@ -62,11 +64,21 @@ def prepare(agent: AgentDefinition, state: TurnState) -> StepPlan:
         system=asked.system if asked is not None and asked.system else None,
         base=base,
         warnings=warnings,
+        **_sampling(agent, asked),
     )
     for warning in warnings:
         log.warning("agent %s step %s: %s", agent.id, state.step, warning)
     state.step_plan = plan
     return plan
+
+
+def _sampling(agent: AgentDefinition, asked: StepOverrides | None) -> dict[str, Any]:
+    """The step's sampling: prepare_step's value where it set one, else the agent's."""
+    picked: dict[str, Any] = {}
+    for name in SAMPLING:
+        value = getattr(asked, name) if asked is not None else None
+        picked[name] = value if value is not None else getattr(agent, name)
+    return picked
 
 
 def _narrow(
@@ -181,6 +193,10 @@ def callable_tools(agent: AgentDefinition, state: TurnState) -> list[ToolDefinit
     if plan.tool_choice == "none":
         return []
     return step_tools(agent, state, plan)
+
+
+def callable_by_name(agent: AgentDefinition, state: TurnState) -> dict[str, ToolDefinition]:
+    return {t.name: t for t in callable_tools(agent, state)}
 
 
 def system_text(agent: AgentDefinition, plan: StepPlan, turn: str | None = None) -> str | None:

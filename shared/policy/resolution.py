@@ -146,6 +146,7 @@ class Effective:
     runtime_override: bool = True
     runtime_override_label: str = ""
     layers: list[Layer] = field(default_factory=list)
+    max_output_tokens: int | None = None  # the tightest layer's cap on one model call's output (None: no cap)
 
     def model_refusal(self, provider: str, model: str) -> str | None:
         """Why no layer's model allowlist takes `provider/model`, or None when every one does."""
@@ -194,6 +195,7 @@ def resolve(
     eff = Effective(agent=agent, limits=base.model_copy(), layers=layers)
     _numbers(eff, agent, base, sources, layers)
     _runtime_override(eff, agent, layers)
+    _output_cap(eff, layers)
     update: dict[str, Any] = {}
     _mutation(eff, agent, layers, update)
     _tools(eff, agent, layers, update)
@@ -224,6 +226,19 @@ def _numbers(
         setattr(eff.limits, axis, value)
         eff.sources[axis] = PolicySource(value=value, layer=name)
         eff.labels[axis] = label
+
+
+def _output_cap(eff: Effective, layers: list[Layer]) -> None:
+    """The lowest `max_output_tokens` of the layers: a ceiling for the agent's and prepare_step's per-step caps
+    (applied to each step's plan, engine/begin.py); the highest layer holding it is credited."""
+    caps = [(x.policy.max_output_tokens, x) for x in layers if x.policy.max_output_tokens is not None]
+    if not caps:
+        return
+    value = min(c[0] for c in caps if c[0] is not None)
+    holder = next(x for cap, x in caps if cap == value)
+    eff.max_output_tokens = value
+    eff.sources["max_output_tokens"] = PolicySource(value=value, layer=holder.name)
+    eff.labels["max_output_tokens"] = holder.label
 
 
 def _runtime_override(eff: Effective, agent: AgentDefinition, layers: list[Layer]) -> None:

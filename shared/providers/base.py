@@ -45,6 +45,16 @@ class StepRequest(BaseModel):
     attempt: int = 0
     options: dict[str, Any] = Field(default_factory=dict)
     purpose: Literal["step", "summary"] = "step"  # summary: compaction's call that summarises older turns
+    # provider-neutral sampling, mapped by each adapter (unset: `options` may still carry the provider's own)
+    top_p: float | None = None
+    reasoning_effort: str | None = None  # minimal | low | medium | high
+    thinking_budget: int | None = None  # thinking tokens (0: off where the provider allows it)
+
+    def sampling(self, name: str) -> Any:
+        """A sampling field (`top_p`, `reasoning_effort`, `thinking_budget`): the step's provider-neutral
+        value, else the agent's provider option of the same name."""
+        value = getattr(self, name)
+        return value if value is not None else self.options.get(name)
 
 
 class AdapterAgent(Protocol):
@@ -67,6 +77,8 @@ class ProviderAdapter(ABC):
     name: str = "abstract"
     tool_failure_breaker: int | None = None  # the provider's preferred breaker (the agent may set one too)
     usage_is_measured: bool = True  # False for offline models whose token counts are stand-ins, not sizes
+    # the provider-neutral sampling fields this adapter sends; a step setting another one is traced as not sent
+    sampling_fields: frozenset[str] = frozenset({"temperature", "top_p", "reasoning_effort", "thinking_budget"})
 
     @abstractmethod
     def stream_step(self, request: StepRequest, emit: Emit, should_stop: ShouldStop) -> StepOutput:

@@ -171,6 +171,21 @@ def check_configured(provider: str) -> None:
         check()
 
 
+def configuration_problem(provider: str) -> str | None:
+    """Why this deployment cannot run `provider` (its check's words: a credential to set, an extra to install),
+    or None when it can."""
+    try:
+        check_configured(provider)
+    except (SubmitError, MissingExtraError) as exc:
+        return str(exc)
+    return None
+
+
+def first_configured(candidates: Iterable[tuple[str, str]]) -> tuple[str, str] | None:
+    """The first (provider, model) of `candidates`, in order, whose provider this deployment has configured."""
+    return next((c for c in candidates if configuration_problem(c[0]) is None), None)
+
+
 def known_providers() -> list[str]:
     return sorted({*_FACTORIES, *_LAZY})
 

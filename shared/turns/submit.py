@@ -53,6 +53,7 @@ from stepq.store import quotas
 from stepq.store.keys import idempotency_home
 from stepq.turns import attachments as files
 from stepq.turns import trace_context
+from stepq.turns.fall_through import fall_through
 from stepq.turns.transcripts import check_pairing
 
 _MESSAGES = TypeAdapter(list[Message])
@@ -347,6 +348,7 @@ def new_turn_state(
     home: str | None = None,
     traceparent: str | None = None,
     context: Any = None,
+    defer_tools: bool = False,
 ) -> tuple[AgentDefinition, TurnState]:
     """Validate a submit and build the turn it asks for, storing nothing (a thread stores its turns itself).
     `home` places the turn's keys (a thread's turns live beside their thread, see stepq.store.keys)."""
@@ -371,6 +373,8 @@ def new_turn_state(
         raise SubmitError("provider_batch=True needs priority='batch': provider batch APIs answer in minutes to hours")
     if metadata is not None and not isinstance(metadata, dict):
         raise SubmitError("metadata must be a JSON object")
+    if not isinstance(defer_tools, bool):
+        raise SubmitError("defer_tools must be true or false")
     bad = non_finite_path(metadata)
     if bad:
         raise SubmitError(f"metadata{bad[1:]} is NaN or Infinity, which JSON cannot carry: send null or a string")
@@ -391,22 +395,27 @@ def new_turn_state(
         )
     module = module_models.for_agent(rt.settings.module_models, agent.id)
     set_by = None if provider or model else policy_model(agent, layers, own_models(agent, rt, module))
-    chosen_provider, chosen_model = resolve_model(
-        agent,
-        set_by[1] if set_by else provider,
-        set_by[2] if set_by else model,
-        rt.settings.provider,
-        rt.settings.model,
-        module=module,
-    )
+    layer = model_layer(agent, provider, model, rt.settings.provider, rt.settings.model, module)
+    try:
+        chosen_provider, chosen_model = resolve_model(
+            agent,
+            set_by[1] if set_by else provider,
+            set_by[2] if set_by else model,
+            rt.settings.provider,
+            rt.settings.model,
+            module=module,
+        )
+    except SubmitError:
+        fallen = fall_through(agent, rt.settings.fallbacks) if layer == "agent" and set_by is None else None
+        if fallen is None:
+            raise  # fails closed, with the provider's own words on what to configure
+        (chosen_provider, chosen_model), layer = fallen, "fall-through"
     refusal = ceiling.model_refusal(chosen_provider, chosen_model)
     if refusal:
         raise PolicyError(f"{refusal}; choose an allowed model")
     base = tighten(ceiling.agent, overrides, features, ceiling=ceiling)
     sources = base_sources(agent, overrides)
-    sources["model"] = model_layer(agent, provider, model, rt.settings.provider, rt.settings.model, module)
-    if set_by is not None:
-        sources["model"] = set_by[0]
+    sources["model"] = set_by[0] if set_by is not None else layer
     pending = files.Pending()
     state = TurnState(
         turn_id=new_turn_id(idempotency_home(agent.id, idempotency_key) if idempotency_key else home),
@@ -422,6 +431,7 @@ def new_turn_state(
         features=sorted(set(features or [])),
         priority=priority or agent.priority,
         provider_batch=bool(provider_batch),
+        defer_tools=defer_tools,
         idempotency_key=idempotency_key,
         created_at=time.time(),
         traceparent=trace_context.valid(traceparent),  # every step's spans join this trace
@@ -456,6 +466,7 @@ def create_turn(
     sent: bool = True,
     traceparent: str | None = None,
     context: Any = None,
+    defer_tools: bool = False,
 ) -> tuple[TurnState, bool]:
     """Validate and store a turn. Returns (state, created); created is False for a repeated key.
     `sent=False`: the caller records its send of step 0 (`mark_sent`); until then the sweeper sends it."""
@@ -476,6 +487,7 @@ def create_turn(
         policy=policy,
         traceparent=traceparent,
         context=context,
+        defer_tools=defer_tools,
     )
     batch_id = state.metadata.get("batch_id")
     files.upload(state._objects)

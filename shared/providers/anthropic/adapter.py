@@ -105,6 +105,7 @@ class AnthropicAdapter(ProviderAdapter):
     """Messages streaming over any SDK client with `.messages.create` (native, or a platform client)."""
 
     name = "anthropic"
+    sampling_fields = frozenset({"reasoning_effort", "thinking_budget"})  # the Messages API has no temperature
     tool_failure_breaker: int | None = None  # the Anthropic API itself needs no failure breaker
     label = "Anthropic"
     auth_hint = AUTH_HINT

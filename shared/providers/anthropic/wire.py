@@ -49,6 +49,8 @@ def tool_declarations(specs: list[ToolSpec]) -> list[Block]:
         decl: Block = {"name": spec.name, "input_schema": object_schema(spec)}
         if spec.description:
             decl["description"] = spec.description
+        if spec.strict:  # strict tool use: the model's input is constrained to the schema
+            decl["strict"] = True
         tools.append(decl)
     return tools
 
@@ -202,11 +204,20 @@ def apply_cache_breakpoints(
 # --------------------------------------------------------------------------- the request
 
 
-def thinking_config(options: dict[str, Any]) -> Block | None:
-    raw = options.get("thinking")
+EFFORTS = {"minimal": "low", "low": "low", "medium": "medium", "high": "high"}  # reasoning_effort -> effort
+
+
+def thinking_config(request: StepRequest) -> Block | None:
+    """Extended thinking: the step's `thinking_budget` (0: disabled), else the raw `thinking` option, else the
+    `thinking_budget` option."""
+    if request.thinking_budget is not None:
+        if request.thinking_budget == 0:
+            return {"type": "disabled"}
+        return {"type": "enabled", "budget_tokens": int(request.thinking_budget)}
+    raw = request.options.get("thinking")
     if isinstance(raw, dict):
         return dict(raw)
-    budget = options.get("thinking_budget")
+    budget = request.options.get("thinking_budget")
     if budget:
         return {"type": "enabled", "budget_tokens": int(budget)}
     return None
@@ -224,7 +235,7 @@ def build_params(request: StepRequest) -> dict[str, Any]:
         )
     system: list[Block] = [{"type": "text", "text": text} for text in system_texts]
     tools = tool_declarations(request.tools)
-    thinking = thinking_config(options)
+    thinking = thinking_config(request)
     max_tokens = request.max_tokens
     budget = int(thinking.get("budget_tokens") or 0) if thinking else 0
     if max_tokens is None:
@@ -255,8 +266,9 @@ def build_params(request: StepRequest) -> dict[str, Any]:
             params["tool_choice"] = choice
     if thinking is not None:
         params["thinking"] = thinking
-    if request.temperature is not None:
-        params["temperature"] = request.temperature
+    # no temperature / top_p: the Messages API of the SDK we build on takes no sampling parameters
+    if request.reasoning_effort is not None:  # `output_config.effort` has no `minimal`: its lowest is `low`
+        params["output_config"] = {"effort": EFFORTS[request.reasoning_effort]}
     if request.stop_sequences:
         params["stop_sequences"] = list(request.stop_sequences)
     betas = options.get("betas")

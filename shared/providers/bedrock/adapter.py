@@ -105,6 +105,7 @@ class BedrockAdapter(ProviderAdapter):
     """One `converse_stream` call per step; blocks keyed by contentBlockIndex."""
 
     name = "bedrock"
+    sampling_fields = frozenset({"temperature", "top_p", "thinking_budget"})  # thinking: Claude's own field
     tool_failure_breaker: int | None = None  # Bedrock reports tool failures with `status: error`; no breaker
 
     def __init__(self, model: str, options: dict[str, Any] | None = None) -> None:

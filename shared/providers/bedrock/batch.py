@@ -41,6 +41,22 @@ def _split(url: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+def invoke_body(request: StepRequest) -> dict[str, Any]:
+    """The InvokeModel body of one step: the Anthropic Messages body as Bedrock takes it. Like the Converse
+    adapter, it carries temperature and top_p (Bedrock's Claude bodies take them) and no effort or strict."""
+    body = build_params(request)
+    for name in ("model", "extra_headers", "output_config"):
+        body.pop(name, None)
+    for tool in body.get("tools", []):
+        tool.pop("strict", None)
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    if request.sampling("top_p") is not None:
+        body["top_p"] = request.sampling("top_p")
+    body["anthropic_version"] = ANTHROPIC_VERSION
+    return body
+
+
 class BedrockBatchAPI(BatchAPI):
     def __init__(self, model: str, region: str | None) -> None:
         self.model = model
@@ -66,10 +82,7 @@ class BedrockBatchAPI(BatchAPI):
     def submit(self, local_id: str, requests: list[tuple[str, StepRequest]]) -> str:
         lines = []
         for custom, request in requests:
-            body = build_params(request)
-            for name in ("model", "extra_headers"):
-                body.pop(name, None)
-            body["anthropic_version"] = ANTHROPIC_VERSION
+            body = invoke_body(request)
             lines.append(json.dumps({"recordId": custom, "modelInput": body}, separators=(",", ":")))
         key = self._key(local_id, "input.jsonl")
         s3 = self._client("s3")

@@ -217,8 +217,8 @@ def build_request(request: StepRequest) -> dict[str, Any]:
         inference["maxTokens"] = request.max_tokens
     if request.temperature is not None:
         inference["temperature"] = request.temperature
-    if request.options.get("top_p") is not None:
-        inference["topP"] = request.options["top_p"]
+    if request.sampling("top_p") is not None:
+        inference["topP"] = request.sampling("top_p")
     if request.stop_sequences:
         inference["stopSequences"] = list(request.stop_sequences)
     if inference:
@@ -227,8 +227,8 @@ def build_request(request: StepRequest) -> dict[str, Any]:
     if tool_config is not None:
         kwargs["toolConfig"] = tool_config
     extra: dict[str, Any] = dict(request.options.get("additional_model_request_fields") or {})
-    budget = request.options.get("thinking_budget")
-    if budget:
+    budget = request.sampling("thinking_budget")
+    if budget:  # Claude on Bedrock: its own thinking field, passed through to the model
         extra.setdefault("thinking", {"type": "enabled", "budget_tokens": int(budget)})
     if extra:
         kwargs["additionalModelRequestFields"] = extra

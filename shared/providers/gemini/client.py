@@ -12,7 +12,6 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
-from typing import Any
 
 from google import genai
 from google.genai import types
@@ -122,8 +121,21 @@ def _tool_config(choice: str | None, names: dict[str, str]) -> types.ToolConfig 
     )
 
 
-def _thinking(options: dict[str, Any]) -> types.ThinkingConfig | None:
-    budget, level = options.get("thinking_budget"), options.get("thinking_level")
+# the provider-neutral reasoning effort as Gemini's thinkingLevel
+THINKING_LEVELS = {
+    "minimal": types.ThinkingLevel.MINIMAL,
+    "low": types.ThinkingLevel.LOW,
+    "medium": types.ThinkingLevel.MEDIUM,
+    "high": types.ThinkingLevel.HIGH,
+}
+
+
+def _thinking(request: StepRequest) -> types.ThinkingConfig | None:
+    """thinkingConfig: the step's budget (`thinkingBudget`) and reasoning effort (`thinkingLevel`), else the
+    provider options of those names."""
+    options = request.options
+    budget = request.sampling("thinking_budget")
+    level = THINKING_LEVELS.get(request.reasoning_effort or "") or options.get("thinking_level")
     include = options.get("include_thoughts")
     if budget is None and level is None and include is None:
         return None
@@ -156,10 +168,10 @@ def build_config(request: StepRequest, system: list[str]) -> types.GenerateConte
         max_output_tokens=request.max_tokens,
         temperature=request.temperature,
         stop_sequences=request.stop_sequences or None,
-        top_p=options.get("top_p"),
+        top_p=request.sampling("top_p"),
         top_k=options.get("top_k"),
         seed=options.get("seed"),
-        thinking_config=_thinking(options),
+        thinking_config=_thinking(request),
         automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
         http_options=types.HttpOptions(
             timeout=int(read_timeout_s * 1000),

@@ -141,6 +141,7 @@ class OpenAIAdapter(ProviderAdapter):
     """One streamed call over any client with `.responses` / `.chat.completions` (OpenAI, compatible, Azure)."""
 
     name = "openai"
+    sampling_fields = frozenset({"temperature", "top_p", "reasoning_effort"})  # no thinking budget on OpenAI
     tool_failure_breaker: int | None = None
 
     def __init__(

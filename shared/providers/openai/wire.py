@@ -205,7 +205,7 @@ def responses_params(request: StepRequest) -> dict[str, Any]:
                     "name": t.name,
                     "description": t.description or "",
                     "parameters": object_schema(t),
-                    "strict": False,
+                    "strict": t.strict,
                 }
                 for t in tools
             ]
@@ -221,7 +221,9 @@ def responses_params(request: StepRequest) -> dict[str, Any]:
         params["max_output_tokens"] = request.max_tokens
     if request.temperature is not None:
         params["temperature"] = request.temperature
-    effort, summary = options.get("reasoning_effort"), options.get("reasoning_summary")
+    if request.sampling("top_p") is not None:
+        params["top_p"] = request.sampling("top_p")
+    effort, summary = request.sampling("reasoning_effort"), options.get("reasoning_summary")
     if effort or summary:
         reasoning: dict[str, Any] = {}
         if effort:
@@ -276,6 +278,18 @@ def chat_messages(request: StepRequest) -> list[Item]:
     return messages
 
 
+def _chat_function(spec: ToolSpec) -> dict[str, Any]:
+    """A Chat Completions function; `strict` only when asked (servers speaking the API may not know the key)."""
+    function: dict[str, Any] = {
+        "name": spec.name,
+        "description": spec.description or "",
+        "parameters": object_schema(spec),
+    }
+    if spec.strict:
+        function["strict"] = True
+    return function
+
+
 def chat_params(request: StepRequest) -> dict[str, Any]:
     """Keyword arguments for `client.chat.completions.create(stream=True, ...)`."""
     options = request.options
@@ -287,13 +301,7 @@ def chat_params(request: StepRequest) -> dict[str, Any]:
     if answers_with_schema(request):
         params["response_format"] = _json_schema_format(request, nested=True)
     elif request.tools:
-        params["tools"] = [
-            {
-                "type": "function",
-                "function": {"name": t.name, "description": t.description or "", "parameters": object_schema(t)},
-            }
-            for t in request.tools
-        ]
+        params["tools"] = [{"type": "function", "function": _chat_function(t)} for t in request.tools]
         choice = request.tool_choice
         if choice is not None:  # unset: the API's default (auto)
             _check_choice(choice, [t.name for t in request.tools])
@@ -308,6 +316,8 @@ def chat_params(request: StepRequest) -> dict[str, Any]:
         params["temperature"] = request.temperature
     if request.stop_sequences:
         params["stop"] = list(request.stop_sequences)
-    if options.get("reasoning_effort"):
-        params["reasoning_effort"] = str(options["reasoning_effort"])
+    if request.sampling("top_p") is not None:
+        params["top_p"] = request.sampling("top_p")
+    if request.sampling("reasoning_effort"):
+        params["reasoning_effort"] = str(request.sampling("reasoning_effort"))
     return params
