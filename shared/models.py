@@ -485,6 +485,8 @@ class StepTrace(BaseModel):
     repair: bool = False  # object mode: this step answered a repair note
     batch: bool = False  # answered through the provider's batch API
     policy: dict[str, PolicySource] = Field(default_factory=dict)  # each effective limit and who set it
+    fingerprint: str | None = None  # the agent definition's fingerprint this step ran with (AgentVersion)
+    agent_version: str | None = None  # and its human `version`, when the agent declares one
 
 
 class LoopTrace(BaseModel):
@@ -657,6 +659,38 @@ class Compaction(BaseModel):
     cut_chars: int = 0
 
 
+UpgradePolicy = Literal["pin", "fail", "continue"]
+
+
+class AgentVersion(BaseModel):
+    """What a running turn depends on in its agent's definition, hashed part by part (stepq.agents.fingerprint):
+    kept with the turn so the next step, maybe on newer code, can tell what changed (stepq.agents.compatibility)."""
+
+    fingerprint: str  # sha256 of every part below but `version` and `on_incompatible`
+    version: str | None = None  # the agent's human version string
+    prompt_version: str | None = None
+    tools: dict[str, str] = Field(default_factory=dict)  # tool name -> hash of its argument schema
+    output: str | None = None  # hash of the object-mode output schema
+    execution_mode: str = "chat"
+    mutation_policy: str = "confirm-required"
+    on_incompatible: UpgradePolicy = "pin"  # kept so a worker without the agent still knows what to do
+
+    @property
+    def short(self) -> str:
+        """The first 12 hex digits: what queue names, `stepq status` and traces show."""
+        return self.fingerprint[:12]
+
+
+class Pin(BaseModel):
+    """A turn held on an older definition: its steps go to `queue`, served by workers that still load it."""
+
+    fingerprint: str
+    queue: str
+    reason: str
+    through_step: int | None = None  # the last step that needs the old code (None: every step of the turn)
+    at: float = Field(default_factory=time.time)
+
+
 class ParkedStep(BaseModel):
     """A step whose tool calls wait for approvals or for client-side results; holds everything to resume it."""
 
@@ -729,6 +763,19 @@ class TurnState(BaseModel):
     cost: float | None = None
     error: str | None = None
     plan: list[PlanStep] | None = None  # the visible task plan (agents with task_plan=True)
+    agent_version: AgentVersion | None = None  # the definition the last step ran with (set at the first step)
+    started_fingerprint: str | None = None  # the definition's fingerprint at the turn's first step
+    pin: Pin | None = None  # held on an older definition after an incompatible deploy (see engine/upgrade.py)
+
+    @property
+    def running_fingerprint(self) -> str | None:
+        """The short fingerprint of the definition this step runs under (a step trace's `fingerprint`)."""
+        return self.agent_version.short if self.agent_version else None
+
+    @property
+    def running_version(self) -> str | None:
+        """...and its human version string (a step trace's `agent_version`)."""
+        return self.agent_version.version if self.agent_version else None
 
     def result(self) -> TurnResult:
         return TurnResult(

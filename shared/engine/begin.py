@@ -1,7 +1,7 @@
 """The first stage of a step: what a delivery checks before it may call the model, and the call it plans.
 
 `open_step` runs on every delivery that holds the lease: a redelivered step's stale content is reset,
-a requested cancel ends the turn, and the resolution chain (stepq.policy.resolution) sets this step's
+a requested cancel ends the turn, a deploy since the last step is checked (engine/upgrade.py), and the resolution chain (stepq.policy.resolution) sets this step's
 limits and agent (a `refuse` kill switch fails the turn). `start_running` applies the limit known before
 the model call (wall clock) and makes a queued turn visible as running. `plan_call` then builds the
 model call: the tools, tool choice and model of this step (the agent's, its prepare_step's, the
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from stepq.agents import mcp as mcp_tools
-from stepq.engine import step_plan, stopping, structured
+from stepq.engine import step_plan, stopping, structured, upgrade
 from stepq.engine.compaction import view
 from stepq.engine.context import Decision, StepContext, none
 from stepq.engine.finish import fail, finish, finish_limit
@@ -58,6 +58,9 @@ def open_step(ctx: StepContext, start: StepStart) -> Decision | None:
     ctx.checkpoint = start.checkpoint
     if start.cancel_requested:
         return finish(ctx, TurnStatus.CANCELLED, FinishReason.CANCELLED)
+    moved = upgrade.check(ctx, ctx.agent)  # the definition this step runs under (a deploy may have changed it)
+    if moved is not None:
+        return moved
     effective = apply_policy(ctx, start.policy_version)
     if effective.kill_switch == "refuse":
         return fail(ctx, effective.kill_message(ctx.agent.id))

@@ -46,6 +46,8 @@ def record_answer(ctx: StepContext, call: ModelCall, output: StepOutput, started
         repair=repairing,
         batch=output.batched,
         policy=policy_trace(ctx),
+        fingerprint=state.running_fingerprint,
+        agent_version=state.running_version,
     )
     state.usage = state.usage + output.usage
     state.cost = add_costs(state.cost, cost)  # failed attempts were added when they failed
