@@ -29,7 +29,7 @@ from stepq.fleet.protocol import worker_queues
 from stepq.logging import configure_logging
 from stepq.models import Event, EventType, TurnResult, TurnStatus
 from stepq.producer import batch as batch_cli
-from stepq.producer import cli_agents, cli_policy, cli_tool_results
+from stepq.producer import cli_agents, cli_drain, cli_policy, cli_tool_results
 from stepq.producer.cli_start import load_settings as load_settings
 from stepq.producer.cli_start import reach_redis as reach_redis
 from stepq.producer.client import Client
@@ -567,6 +567,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_policy.add_parser(sub)
 
     cli_agents.add_parser(sub)
+    cli_drain.add_parser(sub)
 
     p = sub.add_parser("cancel", help="cancel a turn")
     p.add_argument("turn")
@@ -640,7 +641,9 @@ def _main(raw: list[str]) -> int:
 
 
 # commands that do one thing and exit (not `worker` and `serve`, which wait Redis outages out, nor `demo`)
-ONE_SHOT = frozenset({cmd_run, cmd_events, cmd_show, cmd_status, cmd_approve, cmd_cancel, *cli_policy.COMMANDS})
+ONE_SHOT = frozenset(
+    {cmd_run, cmd_events, cmd_show, cmd_status, cmd_approve, cmd_cancel, *cli_policy.COMMANDS, *cli_drain.COMMANDS}
+)
 
 
 if __name__ == "__main__":

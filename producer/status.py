@@ -14,6 +14,7 @@ from stepq.fleet.metrics import QueueDepths, pending_approval_count
 from stepq.fleet.protocol import worker_queues
 from stepq.fleet.runtime import Runtime
 from stepq.models import TurnState, TurnStatus
+from stepq.producer.deploys import agent_versions, open_turns
 from stepq.producer.render import Style
 from stepq.store.indexes import ACTIVE, AWAITING
 
@@ -95,10 +96,12 @@ def collect_status(rt: Runtime, limit: int = 20, now: float | None = None) -> di
             }
         )
 
+    workers = live_workers(client, settings.state_prefix, now)
     return {
         "key_prefix": settings.key_prefix,
         "queues": queues,
-        "workers": live_workers(client, settings.state_prefix, now),
+        "workers": workers,
+        "agent_versions": agent_versions(workers, open_turns(rt)),
         "active_turns": {"count": int(active_count), "turns": running},
         "awaiting_batch": {"count": len(batched), "turns": batched},
         "awaiting_approval": {
@@ -136,6 +139,8 @@ def status_lines(status: dict[str, Any], style: Style) -> list[str]:
     if not workers:
         lines.append(style.yellow("  none: start one with `stepq worker`"))
 
+    lines += version_lines(status.get("agent_versions", {}), style)
+
     active = status["active_turns"]
     lines.append(style.bold(f"active turns ({active['count']} queued or running)"))
     for t in active["turns"]:
@@ -165,4 +170,22 @@ def status_lines(status: dict[str, Any], style: Style) -> list[str]:
             left = a["expires_in_s"]
             when = f"expires in {left / 60:.0f} min" if left >= 120 else f"expires in {max(left, 0):.0f} s"
             lines.append(f"    {a['approval_id']}  {a['tool']}  {a['status']}  {when}")
+    return lines
+
+
+def version_lines(versions: dict[str, list[dict[str, Any]]], style: Style) -> list[str]:
+    """Per agent, each definition served or still run (a rolling upgrade shows two): who serves it, what is
+    pinned to it. Agents served by one definition with nothing pinned are one line each."""
+    if not versions:
+        return []
+    lines = [style.bold("agent versions (fingerprint, version, workers serving it, turns pinned to it)")]
+    for agent_id, rows in versions.items():
+        lines.append(f"  {agent_id}")
+        for r in rows:
+            served = len(r["workers"])
+            where = f"{served} worker{'s' if served != 1 else ''}" if served else style.yellow("no worker serves it")
+            text = f"    {r['fingerprint'][:12]}  {r['version'] or '-':<12} {where}"
+            text += f", {r['pinned']} pinned" if r["pinned"] else ""
+            text += f", {r['turns']} open turns ran their last step on it" if r["turns"] else ""
+            lines.append(text)
     return lines
