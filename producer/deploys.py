@@ -39,7 +39,8 @@ class OpenTurns:
 def open_turns(rt: Runtime, agent_id: str | None = None, limit: int = SCAN_LIMIT) -> OpenTurns:
     indexes = rt.turns.indexes
     total = indexes.count(ACTIVE) + indexes.count(AWAITING)
-    ids = list(dict.fromkeys(t for index in (ACTIVE, AWAITING) for t, _ in indexes.first(index, limit, newest=False)))
+    rows = [t for index in (ACTIVE, AWAITING) for t, _ in indexes.first(index, limit, newest=False)]
+    ids = list(dict.fromkeys(rows))  # a turn may be listed in both
     states: list[TurnState] = []
     for start in range(0, len(ids), 500):
         chunk = ids[start : start + 500]
@@ -51,7 +52,7 @@ def open_turns(rt: Runtime, agent_id: str | None = None, limit: int = SCAN_LIMIT
                 state = TurnState.model_validate_json(raw)
                 if not state.status.terminal and (agent_id is None or state.agent == agent_id):
                     states.append(state)
-    return OpenTurns(states, int(total), len(ids))
+    return OpenTurns(states, int(total), len(rows))
 
 
 def agent_versions(workers: list[dict[str, Any]], turns: OpenTurns) -> dict[str, list[dict[str, Any]]]:

@@ -5,7 +5,8 @@ One explicit rule, by part (see `AgentVersion`):
                  waits on (a loosened schema), removed tools the turn waits on nothing from, the model, the
                  mutation policy (it gates the calls still to come; decided approvals stand);
   incompatible:  a tool the turn has a pending call or approval for was removed, or its new schema rejects
-                 the stored arguments (they are validated against it, exactly as the resumed call would be);
+                 the stored arguments (they are validated against it, exactly as the resumed call would be), or
+                 validates them into other arguments than a pending approval was given for (a new default);
                  the output schema changed under an object-mode turn; the execution mode changed.
 What an incompatible change does is the agent's `on_incompatible_upgrade` (stepq.engine.upgrade).
 """
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepq.agents.fingerprint import canonical
 from stepq.agents.tools import ToolDefinition
 from stepq.errors import ToolArgumentError
 from stepq.models import AgentVersion, TurnState
@@ -27,8 +29,9 @@ class PendingCall:
 
     tool_call_id: str
     tool: str
-    args: dict[str, Any]
+    args: dict[str, Any]  # as the model sent them (the resumed call validates these again)
     waits_for: str  # "approval" or "result"
+    approved_args: dict[str, Any] | None = None  # an approval's: the validated arguments the person was shown
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ def pending_calls(state: TurnState) -> list[PendingCall]:
         return []
     asked = {c.id: c.args for c in parked.assistant.tool_calls}
     found = [
-        PendingCall(a.tool_call_id, a.tool_name, a.args or asked.get(a.tool_call_id, {}), "approval")
+        PendingCall(a.tool_call_id, a.tool_name, asked.get(a.tool_call_id, a.args or {}), "approval", a.args)
         for a in parked.approvals
     ]
     found += [PendingCall(c.tool_call_id, c.tool_name, c.args, "result") for c in parked.client_calls]
@@ -85,9 +88,9 @@ def compare(
         if call.tool not in changed:
             continue
         definition = new_tools.get(call.tool)
-        problem = _rejected(definition, call.args) if definition is not None else "the tool is not loaded"
+        problem = _rejected(definition, call) if definition is not None else "the tool is not loaded"
         if problem is not None:
-            blocking.append(f"tool {call.tool}'s new argument schema rejects the stored arguments of {wait}: {problem}")
+            blocking.append(f"tool {call.tool}'s new argument schema {problem} of {wait}")
     if old.execution_mode != new.execution_mode:
         change = f"execution mode {old.execution_mode} -> {new.execution_mode}"
         changes.append(change)
@@ -103,10 +106,15 @@ def compare(
     return Verdict(changes=changes, blocking=blocking, whole_turn=whole_turn)
 
 
-def _rejected(definition: ToolDefinition, args: dict[str, Any]) -> str | None:
-    """Why the definition's validation refuses these arguments (None: it accepts them)."""
+def _rejected(definition: ToolDefinition, call: PendingCall) -> str | None:
+    """Why the new definition cannot take the call as stored (None: it can). An approval binds the validated
+    arguments the person was shown: new validation that adds a default or coerces a value differently would
+    make the resumed call refuse to run, so it counts as much as a rejection."""
     try:
-        definition.validate(args)
+        validated = definition.validate(call.args)
     except ToolArgumentError as exc:
-        return str(exc)
+        return f"rejects the stored arguments ({exc})"
+    approved = call.approved_args
+    if approved is not None and canonical(validated) != canonical(approved):  # what the approval's hash binds
+        return f"turns the approved arguments {canonical(approved)} into {canonical(validated)}"
     return None

@@ -253,7 +253,7 @@ class AgentDefinition(BaseModel):
     or `TestModel()`; the default provider when set and no `script` is."""
 
     _tool_modules: dict[str, str] = PrivateAttr(default_factory=dict)  # tool name -> the module declaring it
-    _version: Any = PrivateAttr(default=None)  # its AgentVersion once computed (stepq.agents.fingerprint)
+    _version: Any = PrivateAttr(default=None)  # (id(self), its AgentVersion) once computed (stepq.agents.fingerprint)
 
     @field_validator("accepted_media_types")
     @classmethod

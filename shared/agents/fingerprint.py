@@ -37,8 +37,9 @@ def mutation_gate(agent: AgentDefinition) -> str:
 def version_of(agent: AgentDefinition) -> AgentVersion:
     """The agent's `AgentVersion`, computed once per definition object (again after its tools are re-bound)."""
     known = agent._version
-    if isinstance(known, AgentVersion):
-        return known
+    if known is not None and known[0] == id(agent):  # not a copy's (model_copy copies private attributes)
+        cached: AgentVersion = known[1]
+        return cached
     tools = {t.name: t.input_schema for t in agent.visible_tools()}
     output = agent.output_schema() if agent.execution_mode == "object" else None
     gate = mutation_gate(agent)
@@ -59,5 +60,5 @@ def version_of(agent: AgentDefinition) -> AgentVersion:
         mutation_policy=gate,
         on_incompatible=agent.on_incompatible_upgrade,
     )
-    agent._version = version
+    agent._version = (id(agent), version)
     return version
