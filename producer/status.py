@@ -11,7 +11,7 @@ from typing import Any
 
 from stepq.fleet.heartbeat import live_workers
 from stepq.fleet.metrics import QueueDepths, pending_approval_count
-from stepq.fleet.protocol import worker_queues
+from stepq.fleet.protocol import fingerprint_queue, worker_queues
 from stepq.fleet.runtime import Runtime
 from stepq.models import TurnState, TurnStatus
 from stepq.producer.deploys import agent_versions, open_turns
@@ -22,15 +22,22 @@ from stepq.store.indexes import ACTIVE, AWAITING
 def collect_status(rt: Runtime, limit: int = 20, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     settings, client = rt.settings, rt.redis
+    workers = live_workers(client, settings.state_prefix, now)
+    versions = agent_versions(workers, open_turns(rt))
+    rows = [(r, fingerprint_queue(settings, a, r["fingerprint"])) for a, rs in versions.items() for r in rs]
+    shared = worker_queues(settings)
     queues: list[dict[str, Any]] = []
     depths = QueueDepths(settings)
     try:
-        found = depths.read()
-        queues = [{"name": q, "depth": found.get(q)} for q in worker_queues(settings)]
+        found = depths.read([*shared, *(q for _, q in rows)])  # one read: the shared queues and each definition's
+        queues = [{"name": q, "depth": found.get(q)} for q in shared]
     except Exception as exc:  # the broker is down or unreachable: say so, show the rest
-        queues = [{"name": q, "depth": None, "error": str(exc)} for q in worker_queues(settings)]
+        found = {}
+        queues = [{"name": q, "depth": None, "error": str(exc)} for q in shared]
     finally:
         depths.close()
+    for row, queue in rows:
+        row.update(queue=queue, waiting=found.get(queue))
 
     indexes = rt.turns.indexes  # sharded: counted and merged over every shard
     active_count, active = indexes.count(ACTIVE), indexes.first(ACTIVE, limit, newest=True)
@@ -96,12 +103,11 @@ def collect_status(rt: Runtime, limit: int = 20, now: float | None = None) -> di
             }
         )
 
-    workers = live_workers(client, settings.state_prefix, now)
     return {
         "key_prefix": settings.key_prefix,
         "queues": queues,
         "workers": workers,
-        "agent_versions": agent_versions(workers, open_turns(rt)),
+        "agent_versions": versions,
         "active_turns": {"count": int(active_count), "turns": running},
         "awaiting_batch": {"count": len(batched), "turns": batched},
         "awaiting_approval": {
@@ -183,9 +189,14 @@ def version_lines(versions: dict[str, list[dict[str, Any]]], style: Style) -> li
         lines.append(f"  {agent_id}")
         for r in rows:
             served = len(r["workers"])
-            where = f"{served} worker{'s' if served != 1 else ''}" if served else style.yellow("no worker serves it")
+            where = _count(served, "worker") if served else style.yellow("no worker serves it")
             text = f"    {r['fingerprint'][:12]}  {r['version'] or '-':<12} {where}"
             text += f", {r['pinned']} pinned" if r["pinned"] else ""
-            text += f", {r['turns']} open turns ran their last step on it" if r["turns"] else ""
+            text += f", {_count(r['waiting'], 'step')} waiting in its queue" if r.get("waiting") else ""
+            text += f", {_count(r['turns'], 'open turn')} last ran on it" if r["turns"] else ""
             lines.append(text)
     return lines
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"

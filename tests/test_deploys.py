@@ -210,7 +210,7 @@ def test_a_rolling_upgrade_moves_pins_fails_and_drains_with_nothing_lost(fleet: 
         assert "agent versions" in status
         charges_rows = status.split("  deploy.charges\n", 1)[1].split("\n  deploy.")[0]
         assert f"{charges_v2[:12]}  v2" in charges_rows and f"{charges_v1[:12]}  v1" in charges_rows
-        assert "1 worker, 1 pinned" in charges_rows
+        assert "1 worker, 1 pinned, 1 step waiting in its queue, 1 open turn last ran on it" in charges_rows
 
         drain = stepq(fleet.env(V2), "drain", "--agent", "deploy.charges", "--fingerprint", charges_v1[:12], check=1)
         (tmp_path / "drain-while-pinned.txt").write_text(drain.stdout)
