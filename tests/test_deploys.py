@@ -259,3 +259,37 @@ def test_a_rolling_upgrade_moves_pins_fails_and_drains_with_nothing_lost(fleet: 
     for turn_id in (chat_turn, pinned, failing.turn_id, after.turn_id):
         assert fleet.client.get(turn_id).status.terminal
     assert fleet.beat_of(new) is not None
+
+
+def test_the_sweeper_leaves_a_pinned_step_waiting_in_its_queue(rt: Runtime, prefix: str) -> None:
+    """A pinned step waits for a worker of its definition: re-sending it to the shared queue would only have a
+    new worker route it back, one more copy per sweep. A crashed pinned step is still recovered."""
+    from stepq.engine import upgrade
+    from stepq.engine.context import Delivery
+    from stepq.engine.decisions import decide_approval, sweep
+    from stepq.engine.emitter import StepEmitter
+    from stepq.engine.runner import StepRunner
+    from stepq.models import AgentVersion, EventType
+    from stepq.store.turns import StepStart
+    from stepq.turns.submit import create_turn
+
+    state, _ = create_turn(rt, "rt.approver", prompt="go", metadata={"prefix": prefix})
+    assert StepRunner(rt).deliver(state.turn_id, 0).action == "none"  # parked on a real approval
+    [request] = [e for e in rt.events.read(state.turn_id) if e.type == EventType.APPROVAL_REQUEST]
+    approval_id = request.data["approval_id"]
+    assert decide_approval(rt, approval_id, rt.approvals.get(approval_id).token, True).accepted
+
+    token = rt.leases.new_token()  # the resume's delivery on a worker of another definition pins the turn
+    start = rt.turns.begin_step(state.turn_id, 0, token, rt.leases.ttl_ms)
+    assert isinstance(start, StepStart) and start.state is not None
+    lease = rt.leases.adopt(state.turn_id, token)
+    delivery = Delivery(rt=rt, state=start.state, lease=lease, emitter=StepEmitter(rt.events, state.turn_id, 0, 0.005))
+    decision = upgrade.pin(delivery, AgentVersion(fingerprint="0" * 64), "a test pin", through_step=None)
+    rt.leases.release(lease)
+    assert (decision.action, decision.queue) == ("next", f"{rt.settings.queue}.fp.rt.approver.000000000000")
+
+    rt.redis.delete(rt.keys.sweep_lock)
+    assert sweep(rt, queued_grace_s=0.0) == []  # its step waits in the pinned queue
+    rt.redis.set(rt.keys.started(state.turn_id), 0)  # a worker of its definition died mid-step
+    rt.redis.delete(rt.keys.sweep_lock)
+    assert sweep(rt, queued_grace_s=0.0) == [(state.turn_id, 0, "interactive")]

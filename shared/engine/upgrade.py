@@ -5,8 +5,9 @@ another fingerprint (a deploy happened between two steps), the rule in stepq.age
 a compatible change moves the turn to the new definition here, at the step boundary; an incompatible one
 follows the agent's `on_incompatible_upgrade`:
   pin       the step goes to the queue of the turn's fingerprint (`fingerprint_queue`), which only workers that
-            still load that definition consume; the pin is stored with the turn (one commit, on this
-            delivery only) so status and drain see it and later steps go there directly;
+            still load that definition consume; the pin is stored with the turn (one commit, and for a parked
+            turn its sweeper entry, on this rerouting delivery only) so status and drain see it and later
+            steps go there directly;
   fail      the turn fails with one line naming what changed;
   continue  the step runs on the new definition anyway (logged).
 Nothing here costs a round trip on an ordinary step: the version rides the step's own commit.
@@ -15,6 +16,7 @@ Nothing here costs a round trip on an ordinary step: the version rides the step'
 from __future__ import annotations
 
 import logging
+import time
 
 from stepq.agents.compatibility import compare, pending_calls
 from stepq.agents.definition import AgentDefinition
@@ -23,6 +25,7 @@ from stepq.engine.context import Decision, Delivery, StepContext, none
 from stepq.engine.finish import fail
 from stepq.fleet.protocol import fingerprint_queue
 from stepq.models import AgentVersion, Pin, StepLoss, TurnState
+from stepq.store.indexes import ACTIVE
 
 log = logging.getLogger("stepq.engine")
 
@@ -85,6 +88,8 @@ def pin(ctx: StepContext | Delivery, previous: AgentVersion, reason: str, throug
              reason, state.step, queue)  # fmt: skip
     if not ctx.commit():
         return none(StepLoss.COMMIT_LOST)
+    if state.status.parked:  # a parked turn's commit lists it as waiting only: its decided resume is owed, as
+        ctx.rt.turns.indexes.add(ACTIVE, state.turn_id, time.time())  # the decision listed it (the sweeper's)
     return Decision("next", step=state.step, reason="pinned", queue=queue)
 
 
