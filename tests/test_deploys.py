@@ -293,3 +293,81 @@ def test_the_sweeper_leaves_a_pinned_step_waiting_in_its_queue(rt: Runtime, pref
     rt.redis.set(rt.keys.started(state.turn_id), 0)  # a worker of its definition died mid-step
     rt.redis.delete(rt.keys.sweep_lock)
     assert sweep(rt, queued_grace_s=0.0) == [(state.turn_id, 0, "interactive")]
+
+
+def parked_and_approved(rt: Runtime, prefix: str) -> str:
+    """An rt.approver turn parked on its write tool, the approval decided: its resume is next."""
+    from stepq.engine.decisions import decide_approval
+    from stepq.engine.runner import StepRunner
+    from stepq.models import EventType
+    from stepq.turns.submit import create_turn
+
+    state, _ = create_turn(rt, "rt.approver", prompt="go", metadata={"prefix": prefix})
+    assert StepRunner(rt).deliver(state.turn_id, 0).action == "none"  # parked on a real approval
+    [request] = [e for e in rt.events.read(state.turn_id) if e.type == EventType.APPROVAL_REQUEST]
+    approval_id = request.data["approval_id"]
+    assert decide_approval(rt, approval_id, rt.approvals.get(approval_id).token, True).accepted
+    return state.turn_id
+
+
+@pytest.mark.parametrize("policy", ["pin", "fail", "continue"])
+def test_each_upgrade_policy_when_the_tool_a_turn_waits_on_was_removed(rt: Runtime, prefix: str, policy: str) -> None:
+    """The resume's delivery under a definition without the approved call's tool, on the real step path's check."""
+    from stepq.engine import upgrade
+    from stepq.engine.context import StepContext
+    from stepq.engine.emitter import StepEmitter
+    from stepq.store.turns import StepStart
+
+    turn_id = parked_and_approved(rt, prefix)
+    agent = rt.agents.get("rt.approver")
+    assert agent is not None
+    old = version_of(agent)
+    new = agent.model_copy(update={"allowed_tools": ["rt_echo"], "on_incompatible_upgrade": policy})
+    token = rt.leases.new_token()
+    start = rt.turns.begin_step(turn_id, 0, token, rt.leases.ttl_ms)
+    assert isinstance(start, StepStart) and start.state is not None
+    assert start.state.agent_version == old  # recorded by the first step, with the turn's state
+    lease = rt.leases.adopt(turn_id, token)
+    emitter = StepEmitter(rt.events, turn_id, 0, 0.005)
+    ctx = StepContext(rt=rt, state=start.state, lease=lease, emitter=emitter, agent=new)
+    decision = upgrade.check(ctx, new)
+    rt.leases.release(lease)
+    stored = rt.turns.load(turn_id)
+    assert stored is not None
+    removed = "tool rt_side_effect was removed, and the turn has a pending approval (call "
+    if policy == "pin":
+        assert decision is not None and (decision.action, decision.step) == ("next", 0)
+        assert decision.queue == fingerprint_queue(rt.settings, "rt.approver", old.fingerprint)
+        assert stored.pin is not None and stored.pin.through_step == 0 and removed in stored.pin.reason
+        assert stored.agent_version == old
+    elif policy == "fail":
+        assert decision is not None and stored.status == TurnStatus.FAILED and stored.error is not None
+        assert stored.error.startswith(
+            f"agent rt.approver changed incompatibly for this turn between its steps ({old.short}"
+        )
+        assert removed in stored.error
+    else:
+        assert decision is None  # the step runs here, on the new definition (its commit records it)
+        assert ctx.state.agent_version == version_of(new) and ctx.state.started_fingerprint == old.fingerprint
+
+
+def test_a_compatible_change_moves_the_turn_at_the_step_boundary(rt: Runtime, prefix: str) -> None:
+    from stepq.engine import upgrade
+    from stepq.engine.context import StepContext
+    from stepq.engine.emitter import StepEmitter
+    from stepq.store.turns import StepStart
+
+    turn_id = parked_and_approved(rt, prefix)
+    agent = rt.agents.get("rt.approver")
+    assert agent is not None
+    new = agent.model_copy(update={"system_prompt": "Other words.", "prompt_version": "p2"})
+    token = rt.leases.new_token()
+    start = rt.turns.begin_step(turn_id, 0, token, rt.leases.ttl_ms)
+    assert isinstance(start, StepStart) and start.state is not None
+    lease = rt.leases.adopt(turn_id, token)
+    ctx = StepContext(
+        rt=rt, state=start.state, lease=lease, emitter=StepEmitter(rt.events, turn_id, 0, 0.005), agent=new
+    )
+    assert upgrade.check(ctx, new) is None
+    rt.leases.release(lease)
+    assert ctx.state.agent_version == version_of(new) and ctx.state.pin is None
