@@ -12,6 +12,7 @@ queues), as a deploy script would; it keeps consuming its definitions' queues (s
 
 from __future__ import annotations
 
+import json
 import socket
 import uuid
 from collections.abc import Iterator
@@ -371,3 +372,19 @@ def test_a_compatible_change_moves_the_turn_at_the_step_boundary(rt: Runtime, pr
     assert upgrade.check(ctx, new) is None
     rt.leases.release(lease)
     assert ctx.state.agent_version == version_of(new) and ctx.state.pin is None
+
+
+def test_drain_refuses_what_is_not_a_fingerprint_in_one_line(settings: Settings) -> None:
+    done = stepq(settings_env(settings), "drain", "--agent", "rt.basic", "--fingerprint", "not-hex", check=2)
+    assert done.stderr.strip().splitlines() == [
+        "stepq: error: --fingerprint 'not-hex' is not a fingerprint: 6 to 64 hex digits, as `stepq status` shows"
+    ]
+
+
+def test_drain_of_a_definition_nothing_runs_under_exits_0(settings: Settings) -> None:
+    done = stepq(
+        settings_env(settings), "drain", "--agent", "rt.basic", "--fingerprint", "0123456789ab", "--json", check=0
+    )
+    report = json.loads(done.stdout)
+    assert report["drained"] is True and report["needs"] == [] and report["queue_depth"] == 0
+    assert report["queue"] == f"{settings.queue}.fp.rt.basic.0123456789ab"
