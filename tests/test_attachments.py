@@ -297,6 +297,13 @@ def test_urls_off_the_allowlist_and_misplaced_gs_refs_are_refused_at_submit(clie
         f"https://127.0.0.1:{port}/files/photo.png",  # another scheme
         "http://127.0.0.1.evil.test/files/photo.png",
         "file:///etc/passwd.png",
+        # path traversal out of the allowlisted /files/ folder, plain and percent-encoded (the server decodes it)
+        f"{files_url}/files/../other/photo.png",
+        f"{files_url}/files/%2e%2e/other/photo.png",
+        f"{files_url}/files/%2E%2E%2Fother/photo.png",
+        f"{files_url}/files/..%5cother/photo.png",
+        f"{files_url}/files/./photo.png",
+        f"{files_url}/files-private/photo.png",  # shares the prefix's letters, not its folder
     ):
         _refused(
             client, prefix, "STEPQ_ATTACHMENT_URL_ALLOW", "attach_t.anthropic", attachments=[Attachment.from_url(url)]

@@ -17,12 +17,13 @@ from typing import Any
 
 import redis
 
-from stepq.engine import batch_step
+from stepq.engine import batch_step, stopping
 from stepq.engine.begin import ModelCall, with_files
 from stepq.engine.compaction import Compactor, view
 from stepq.engine.context import Decision, StepContext, emitter_text, none, worker_id
+from stepq.engine.deadline import BUDGET_SPENT, step_deadline
 from stepq.engine.failure import count_failed_attempt, provider_failure
-from stepq.engine.finish import finish
+from stepq.engine.finish import finish, finish_limit
 from stepq.engine.pricing import add_costs, step_cost
 from stepq.errors import StoreUnavailableError
 from stepq.fleet.metrics import RATE_LIMIT_WAITS, FirstChunkProbe, record_usage
@@ -31,6 +32,7 @@ from stepq.models import (
     Delta,
     EventType,
     FinishReason,
+    LoopStop,
     ReasoningPart,
     StepLoss,
     StepOutput,
@@ -115,8 +117,9 @@ def call_online(ctx: StepContext, call: ModelCall) -> StepOutput | Decision:
     used: int | None = None
     guard = _EventWriteGuard(emitter.emit)
     probe = FirstChunkProbe(guard)  # times the first content delta (stepq_time_to_first_chunk_seconds)
+    deadline = step_deadline(state, ctx.agent)
     try:
-        output = call.adapter.stream_step(call.request, probe, lambda: lease.should_stop)
+        output = call.adapter.stream_step(call.request, probe, deadline.stop_check(lease))
         used = output.usage.total_tokens
     except ProviderError as exc:
         guard.raise_if_failed()  # our event write failed inside the stream: not the provider's error
@@ -140,7 +143,27 @@ def call_online(ctx: StepContext, call: ModelCall) -> StepOutput | Decision:
     if lease.cancelled.is_set():
         state.text = emitter_text(emitter)
         return finish(ctx, TurnStatus.CANCELLED, FinishReason.CANCELLED)
+    if deadline.cut:
+        return budget_cut(ctx)
     return output
+
+
+def budget_cut(ctx: StepContext) -> Decision:
+    """The stream was stopped at the turn's deadline: a text turn ends with what it streamed, under the
+    budget's stop; an object-mode turn drops the partial answer and runs this step again as its answer step."""
+    state, emitter = ctx.state, ctx.emitter
+    stop = LoopStop.WALL_CLOCK_BUDGET
+    if ctx.agent.execution_mode != "object":
+        state.text = emitter_text(emitter)
+        return finish_limit(ctx, stop)
+    stopping.answers_anyway(state, ctx.agent, stop)  # the step runs again as the answer step
+    stopping.mark(state, stop)
+    if emitter.emitted_content:
+        ctx.rt.turns.clear_emitted(state.turn_id)
+        emitter.publish(EventType.STEP_RESET, {"reason": f"{BUDGET_SPENT}: answering now"})
+    if not ctx.commit():
+        return none(StepLoss.COMMIT_LOST)
+    return Decision("retry", step=state.step, countdown=0.0, attempt=state.attempt)
 
 
 def rate_limit(ctx: StepContext) -> tuple[str, RateLimit]:

@@ -29,6 +29,7 @@ from typing import Any
 from stepq.agents.tools import ToolContext, ToolDefinition
 from stepq.cancel import CancelSignal, ToolCancelledError
 from stepq.config.settings import Settings
+from stepq.engine.deadline import BUDGET_SPENT, StepDeadline
 from stepq.errors import StepqError
 from stepq.fleet.metrics import TOOL_CALLS_LINGERING, TOOL_CALLS_REFUSED, TOOL_TIMEOUTS
 from stepq.logging import Redactor, describe_exception, secret_values
@@ -90,13 +91,20 @@ class Outcome:
 class ToolExecution:
     """How one step runs its tools: its secrets to mask, its limits, its turn's cancellation flag."""
 
-    def __init__(self, settings: Settings, turn_cancel: CancelSignal | None = None) -> None:
+    def __init__(
+        self, settings: Settings, turn_cancel: CancelSignal | None = None, deadline: StepDeadline | None = None
+    ) -> None:
         self.redact = Redactor(secret_values(settings))
         self.max_lingering = settings.tool_max_lingering
         self.error_chars = settings.tool_error_chars
         self.turn_cancel = turn_cancel
+        self.deadline = deadline or StepDeadline(None)
 
     def run(self, definition: ToolDefinition, call: ToolCall, args: dict[str, Any], ctx: ToolContext) -> Outcome:
+        left = self.deadline.remaining()
+        if left is not None and left <= 0:
+            self.deadline.cut = True
+            return Outcome(error=f"tool {call.name} not run: {BUDGET_SPENT}")
         refused = LINGERING.refusal(definition.name, self.max_lingering)
         if refused is not None:
             TOOL_CALLS_REFUSED.labels(definition.name).inc()
@@ -108,13 +116,20 @@ class ToolExecution:
         except RuntimeError as exc:  # only after interpreter shutdown: nothing here ever shuts it down
             forget()
             raise ProcessExitingError(f"not running {call.name}: the process is exiting") from exc
+        timeout = definition.timeout_s
+        by_deadline = left is not None and (timeout is None or left < timeout)
+        if by_deadline:
+            timeout = left
         try:
-            return Outcome(output=future.result(timeout=definition.timeout_s))
+            return Outcome(output=future.result(timeout=timeout))
         except concurrent.futures.TimeoutError:
             ctx.cancelled.set()  # the model is told it timed out: the tool must not act from now on
-            TOOL_TIMEOUTS.labels(definition.name).inc()
             LINGERING.add(definition.name)
-            future.add_done_callback(lambda done: _late_result(done, call, definition.timeout_s))
+            future.add_done_callback(lambda done: _late_result(done, call, timeout))
+            if by_deadline:
+                self.deadline.cut = True
+                return Outcome(error=f"tool {call.name} stopped: {BUDGET_SPENT}")
+            TOOL_TIMEOUTS.labels(definition.name).inc()
             return Outcome(error=f"tool {call.name} timed out after {definition.timeout_s}s")
         except Exception as exc:  # a tool's failure is the model's to read, not the turn's end
             error = self.describe(exc)

@@ -13,6 +13,7 @@ from stepq.agents import task_plan
 from stepq.engine import stopping, tracing
 from stepq.engine.begin import ModelCall
 from stepq.engine.context import Decision, StepContext
+from stepq.engine.deadline import step_deadline
 from stepq.engine.decide import after_tools
 from stepq.engine.dispatch import StepDispatcher, runnable
 from stepq.engine.emitter import StepEmitter
@@ -104,7 +105,7 @@ def dispatcher_for(ctx: StepContext, provider_breaker: int | None) -> StepDispat
     breaker = ctx.agent.tool_failure_breaker or provider_breaker
     rt, s = ctx.rt, ctx.rt.settings
     sink = _EmitterResultSink(rt.tool_results, ctx.emitter, ctx.state.turn_id)
-    execution = ToolExecution(s, ctx.lease.cancelled)
+    execution = ToolExecution(s, ctx.lease.cancelled, step_deadline(ctx.state, ctx.agent))
     return StepDispatcher(ctx.agent, ctx.state, rt.tool_results, sink, breaker, s.max_tool_result_chars, execution)
 
 

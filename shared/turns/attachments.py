@@ -22,7 +22,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 from urllib.error import URLError
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 from urllib.request import HTTPRedirectHandler, Request, build_opener
 
 from stepq.config.settings import Settings
@@ -267,8 +267,24 @@ def _allowed(url: Any, entry: str) -> bool:
         url.scheme.lower() == allow.scheme.lower()
         and (url.hostname or "") == (allow.hostname or "").lower()
         and same_port
-        and url.path.startswith(allow.path or "/")
+        and _under(url.path, allow.path or "/")
     )
+
+
+def _under(path: str, prefix: str) -> bool:
+    """`path` lies under the allowlisted `prefix`, segment by segment: a `..` or `.` segment (also
+    percent-encoded) or an encoded slash could leave the prefix once the server decodes the path, so any is
+    refused, and `/files` does not admit `/files-private`."""
+    decoded = unquote(path)
+    if "\\" in decoded or decoded.count("/") != path.count("/"):
+        return False  # an encoded slash or a backslash: the server may split segments differently
+    segments = decoded.split("/")
+    if any(segment in (".", "..") for segment in segments):
+        return False
+    wanted = [segment for segment in prefix.split("/")]
+    if wanted and wanted[-1] == "":
+        wanted = wanted[:-1]  # "/files/" names the folder, as "/files" does
+    return segments[: len(wanted)] == wanted and (len(segments) > len(wanted) or path == prefix)
 
 
 def _default_port(scheme: str) -> int:
