@@ -29,7 +29,7 @@ from stepq.fleet.protocol import worker_queues
 from stepq.logging import configure_logging
 from stepq.models import Event, EventType, TurnResult, TurnStatus
 from stepq.producer import batch as batch_cli
-from stepq.producer import cli_agents, cli_listings, cli_policy, cli_tenant_keys, cli_tool_results
+from stepq.producer import cli_agents, cli_drain, cli_listings, cli_policy, cli_tenant_keys, cli_tool_results
 from stepq.producer.cli_start import load_settings as load_settings
 from stepq.producer.cli_start import reach_redis as reach_redis
 from stepq.producer.client import Client
@@ -597,6 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_agents.add_parser(sub)
     cli_listings.add_parsers(sub)
+    cli_drain.add_parser(sub)
 
     p = sub.add_parser("cancel", help="cancel a turn")
     p.add_argument("turn")
@@ -681,6 +682,7 @@ ONE_SHOT = frozenset(
         *cli_policy.COMMANDS,
         *cli_tenant_keys.COMMANDS,
         *cli_listings.COMMANDS,
+        *cli_drain.COMMANDS,
     }
 )
 

@@ -219,10 +219,17 @@ def _shown(value: object) -> str:
     return ",".join(map(str, value)) or "none" if isinstance(value, list) else str(value)
 
 
+def version_cell(fingerprint: str | None, version: str | None) -> str:
+    """Which definition of the agent ran a step: its version string and short fingerprint."""
+    if fingerprint is None:
+        return "-"
+    return f"{version} ({fingerprint})" if version else fingerprint
+
+
 def trace_table(trace: LoopTrace) -> list[str]:
     """Per-step trace as an aligned table; `in`/`out` are the answering attempt's tokens, `cost` the step's
-    (failed attempts included). Each failed attempt the provider billed follows its step on its own line."""
-    header = ["step", "provider/model", "tool calls", "in", "out", "cost", "retries", "time", "stop"]
+    (failed attempts included), `agent version` the definition the step ran under (see docs/deploying.md). Each failed attempt the provider billed follows its step on its own line."""
+    header = ["step", "provider/model", "tool calls", "in", "out", "cost", "retries", "time", "stop", "agent version"]
     rows = [
         [
             str(s.step),
@@ -234,6 +241,7 @@ def trace_table(trace: LoopTrace) -> list[str]:
             str(s.retries),
             f"{s.duration_s:.2f}s",
             s.stop_reason or "-",
+            version_cell(s.fingerprint, s.agent_version),
         ]
         for s in trace.steps
     ]

@@ -11,9 +11,10 @@ from typing import Any
 
 from stepq.fleet.heartbeat import live_workers
 from stepq.fleet.metrics import QueueDepths, pending_approval_count
-from stepq.fleet.protocol import worker_queues
+from stepq.fleet.protocol import fingerprint_queue, worker_queues
 from stepq.fleet.runtime import Runtime
 from stepq.models import TurnState, TurnStatus
+from stepq.producer.deploys import agent_versions, open_turns
 from stepq.producer.render import Style
 from stepq.store.indexes import ACTIVE, AWAITING
 
@@ -21,15 +22,22 @@ from stepq.store.indexes import ACTIVE, AWAITING
 def collect_status(rt: Runtime, limit: int = 20, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     settings, client = rt.settings, rt.redis
+    workers = live_workers(client, settings.state_prefix, now)
+    versions = agent_versions(workers, open_turns(rt))
+    rows = [(r, fingerprint_queue(settings, a, r["fingerprint"])) for a, rs in versions.items() for r in rs]
+    shared = worker_queues(settings)
     queues: list[dict[str, Any]] = []
     depths = QueueDepths(settings)
     try:
-        found = depths.read()
-        queues = [{"name": q, "depth": found.get(q)} for q in worker_queues(settings)]
+        found = depths.read([*shared, *(q for _, q in rows)])  # one read: the shared queues and each definition's
+        queues = [{"name": q, "depth": found.get(q)} for q in shared]
     except Exception as exc:  # the broker is down or unreachable: say so, show the rest
-        queues = [{"name": q, "depth": None, "error": str(exc)} for q in worker_queues(settings)]
+        found = {}
+        queues = [{"name": q, "depth": None, "error": str(exc)} for q in shared]
     finally:
         depths.close()
+    for row, queue in rows:
+        row.update(queue=queue, waiting=found.get(queue))
 
     indexes = rt.turns.indexes  # sharded: counted and merged over every shard
     active_count, active = indexes.count(ACTIVE), indexes.first(ACTIVE, limit, newest=True)
@@ -98,7 +106,8 @@ def collect_status(rt: Runtime, limit: int = 20, now: float | None = None) -> di
     return {
         "key_prefix": settings.key_prefix,
         "queues": queues,
-        "workers": live_workers(client, settings.state_prefix, now),
+        "workers": workers,
+        "agent_versions": versions,
         "active_turns": {"count": int(active_count), "turns": running},
         "awaiting_batch": {"count": len(batched), "turns": batched},
         "awaiting_approval": {
@@ -136,6 +145,8 @@ def status_lines(status: dict[str, Any], style: Style) -> list[str]:
     if not workers:
         lines.append(style.yellow("  none: start one with `stepq worker`"))
 
+    lines += version_lines(status.get("agent_versions", {}), style)
+
     active = status["active_turns"]
     lines.append(style.bold(f"active turns ({active['count']} queued or running)"))
     for t in active["turns"]:
@@ -166,3 +177,26 @@ def status_lines(status: dict[str, Any], style: Style) -> list[str]:
             when = f"expires in {left / 60:.0f} min" if left >= 120 else f"expires in {max(left, 0):.0f} s"
             lines.append(f"    {a['approval_id']}  {a['tool']}  {a['status']}  {when}")
     return lines
+
+
+def version_lines(versions: dict[str, list[dict[str, Any]]], style: Style) -> list[str]:
+    """Per agent, each definition served or still run (a rolling upgrade shows two): who serves it, what is
+    pinned to it. Agents served by one definition with nothing pinned are one line each."""
+    if not versions:
+        return []
+    lines = [style.bold("agent versions (fingerprint, version, workers serving it, turns pinned to it)")]
+    for agent_id, rows in versions.items():
+        lines.append(f"  {agent_id}")
+        for r in rows:
+            served = len(r["workers"])
+            where = _count(served, "worker") if served else style.yellow("no worker serves it")
+            text = f"    {r['fingerprint'][:12]}  {r['version'] or '-':<12} {where}"
+            text += f", {r['pinned']} pinned" if r["pinned"] else ""
+            text += f", {_count(r['waiting'], 'step')} waiting in its queue" if r.get("waiting") else ""
+            text += f", {_count(r['turns'], 'open turn')} last ran on it" if r["turns"] else ""
+            lines.append(text)
+    return lines
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"

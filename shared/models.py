@@ -626,6 +626,8 @@ class StepTrace(BaseModel):
     parked_for: Literal["approval", "tool results"] | None = None
     resumed_at: float | None = None  # ... and when it resumed (the wait's span)
     repaired_calls: list[str] = Field(default_factory=list)  # ids of the calls the agent's repair_tool_call fixed
+    fingerprint: str | None = None  # the agent definition's fingerprint this step ran with (AgentVersion)
+    agent_version: str | None = None  # and its human `version`, when the agent declares one
 
 
 class LoopTrace(BaseModel):
@@ -802,6 +804,38 @@ class Compaction(BaseModel):
     cut_chars: int = 0
 
 
+UpgradePolicy = Literal["pin", "fail", "continue"]
+
+
+class AgentVersion(BaseModel):
+    """What a running turn depends on in its agent's definition, hashed part by part (stepq.agents.fingerprint):
+    kept with the turn so the next step, maybe on newer code, can tell what changed (stepq.agents.compatibility)."""
+
+    fingerprint: str  # sha256 of every part below but `version` and `on_incompatible`
+    version: str | None = None  # the agent's human version string
+    prompt_version: str | None = None
+    tools: dict[str, str] = Field(default_factory=dict)  # tool name -> hash of its argument schema
+    output: str | None = None  # hash of the object-mode output schema
+    execution_mode: str = "chat"
+    mutation_policy: str = "confirm-required"
+    on_incompatible: UpgradePolicy = "pin"  # kept so a worker without the agent still knows what to do
+
+    @property
+    def short(self) -> str:
+        """The first 12 hex digits: what queue names, `stepq status` and traces show."""
+        return self.fingerprint[:12]
+
+
+class Pin(BaseModel):
+    """A turn held on an older definition: its steps go to `queue`, served by workers that still load it."""
+
+    fingerprint: str
+    queue: str
+    reason: str
+    through_step: int | None = None  # the last step that needs the old code (None: every step of the turn)
+    at: float = Field(default_factory=time.time)
+
+
 class ParkedStep(BaseModel):
     """A step whose tool calls wait for approvals or for client-side results; holds everything to resume it."""
 
@@ -882,6 +916,19 @@ class TurnState(BaseModel):
     call_prepared: bool = False  # the agent's prepare_call ran (stored with the commit that starts the turn)
     instructions: str | None = None  # prepare_call's extra system text for every step
     defer_tools: bool = False  # submit's defer_tools=True: every tool call parks for the caller (engine/deferred.py)
+    agent_version: AgentVersion | None = None  # the definition the last step ran with (set at the first step)
+    started_fingerprint: str | None = None  # the definition's fingerprint at the turn's first step
+    pin: Pin | None = None  # held on an older definition after an incompatible deploy (see engine/upgrade.py)
+
+    @property
+    def running_fingerprint(self) -> str | None:
+        """The short fingerprint of the definition this step runs under (a step trace's `fingerprint`)."""
+        return self.agent_version.short if self.agent_version else None
+
+    @property
+    def running_version(self) -> str | None:
+        """...and its human version string (a step trace's `agent_version`)."""
+        return self.agent_version.version if self.agent_version else None
 
     def result(self) -> TurnResult:
         return TurnResult(

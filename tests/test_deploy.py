@@ -405,6 +405,24 @@ def test_keda_scales_on_queue_length_and_cpu() -> None:
     ]
 
 
+def test_keda_keeps_an_old_release_while_steps_wait_in_its_fingerprint_queues() -> None:
+    """A release kept for turns pinned to its agent definitions scales on their queues too (docs/deploying.md)."""
+    queue = "stepq.fp.support.refunds.0123456789ab"
+    docs = render(merged(VARIANTS["all-features"], {"autoscaling": {"keda": {"fingerprintQueues": [queue]}}}))
+    triggers = one(docs, "ScaledObject", f"{FULLNAME}-worker")["spec"]["triggers"]
+    assert [t["metadata"]["listName"] for t in triggers if t["type"] == "redis"][-1] == f"stepq-prod:{queue}"
+    assert f"stepq-prod:{queue}" not in [t["metadata"]["listName"] for t in render_triggers(VARIANTS["all-features"])]
+    helm = helm_sdk()
+    bad = merged(VARIANTS["all-features"], {"autoscaling": {"keda": {"fingerprintQueues": ["not a queue"]}}})
+    with pytest.raises(helm.HelmError, match="fingerprintQueues"):
+        render(bad)
+
+
+def render_triggers(values: dict[str, Any]) -> list[dict[str, Any]]:
+    triggers: list[dict[str, Any]] = one(render(values), "ScaledObject", f"{FULLNAME}-worker")["spec"]["triggers"]
+    return [t for t in triggers if t["type"] == "redis"]
+
+
 def test_cpu_hpa_when_keda_is_off() -> None:
     docs = render(VARIANTS["all-features-cpu-hpa"])
     assert "ScaledObject" not in kinds(docs)

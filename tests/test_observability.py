@@ -8,6 +8,7 @@ import secrets
 
 import pytest
 
+from stepq.agents.fingerprint import version_of
 from stepq.config.settings import Settings
 from stepq.fleet.metrics import StateCollector, pending_approval_count
 from stepq.fleet.runtime import Runtime
@@ -30,10 +31,14 @@ def test_show_trace_prints_one_row_per_step(worker, client, env) -> None:
     assert retried.wait(timeout=TIMEOUT).status == TurnStatus.COMPLETED
 
     header, *rows = stepq(env, "show", basic.turn_id, "--trace", check=0).stdout.splitlines()
-    assert header.split() == ["step", "provider/model", "tool", "calls", "in", "out", "cost", "retries", "time", "stop"]
+    assert header.split() == [
+        *("step", "provider/model", "tool", "calls", "in", "out", "cost", "retries", "time", "stop", "agent", "version")
+    ]
     assert [r.split()[0] for r in rows] == ["0", "1"]
     assert all("scripted/scripted" in r for r in rows)
-    assert "rt_echo" in rows[0] and rows[0].split()[-1] == "tool-calls" and rows[1].split()[-1] == "stop"
+    assert "rt_echo" in rows[0] and rows[0].split()[-2] == "tool-calls" and rows[1].split()[-2] == "stop"
+    fingerprint = version_of(client.runtime.agents.get("rt.basic")).short  # the definition each step ran under
+    assert [r.split()[-1] for r in rows] == [fingerprint, fingerprint]
 
     [step] = json.loads(stepq(env, "show", retried.turn_id, "--trace", "--json", check=0).stdout)
     assert step["step"] == 0 and step["retries"] == 1 and step["stop_reason"] == "stop"

@@ -21,6 +21,7 @@ from stepq.fleet.heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat
 from stepq.fleet.metrics import PROCESS_POOLS
 from stepq.fleet.protocol import worker_queues
 from stepq.fleet.runtime import get_runtime
+from stepq.fleet.versions import served_agents, served_queues
 from stepq.logging import install_on_logger
 from stepq.providers.registry import preload
 from stepq.store.connection import get_redis
@@ -71,6 +72,17 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         log.info("provider adapters loaded: %s", ", ".join(loaded))
 
 
+def _on_celeryd_after_setup(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """A worker program also consumes the queue of each agent definition it loads (`fingerprint_queue`):
+    the steps of turns pinned to exactly these definitions (see stepq.engine.upgrade) reach only such workers."""
+    app = getattr(instance, "app", None)
+    settings = _settings_of(getattr(app, "conf", None))
+    if settings is None or app is None:
+        return
+    for queue in served_queues(settings, get_runtime(settings).agents):
+        app.amqp.queues.select_add(queue)
+
+
 def _on_beat_embedded_init(**_: Any) -> None:
     """In the `-B` beat child: end with the worker, even a SIGKILLed one (no orphan keeps sweeping)."""
     if _program is not None:
@@ -106,6 +118,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     controller = getattr(sender, "controller", None)
     started = time.time()
     queues = sorted(q.name for q in sender.app.amqp.queues.consume_from.values()) or worker_queues(s)
+    served = served_agents(get_runtime(s).agents)
 
     def info() -> dict[str, Any]:
         from celery.worker import state as worker_state
@@ -119,6 +132,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
             "active": len(worker_state.active_requests),
             "metrics_port": program.server.port if program.server else None,
             "started_at": round(started, 3),
+            "agents": served,  # agent id -> the fingerprint and version it runs (`stepq status`, `stepq drain`)
         }
 
     program.heartbeat = Heartbeat(get_redis(s), s.state_prefix, sender.hostname, info, HEARTBEAT_INTERVAL_S)
@@ -171,4 +185,5 @@ def install_signals() -> None:
     signals.worker_process_init.connect(_on_worker_process_init, weak=False)
     signals.worker_process_shutdown.connect(_on_worker_process_shutdown, weak=False)
     signals.worker_shutdown.connect(_on_worker_shutdown, weak=False)
+    signals.celeryd_after_setup.connect(_on_celeryd_after_setup, weak=False)
     signals.beat_embedded_init.connect(_on_beat_embedded_init, weak=False)

@@ -48,9 +48,16 @@ def _runtime(task: Task) -> Runtime:
 
 
 def _enqueue_step(
-    task: Task, turn_id: str, step: int, priority: str, countdown: float | None = None, attempt: int | None = None
+    task: Task,
+    turn_id: str,
+    step: int,
+    priority: str,
+    countdown: float | None = None,
+    attempt: int | None = None,
+    queue: str = "",
 ) -> None:
-    queue = queue_for(_settings(task), priority)
+    """Send a step: to its priority's queue, or to `queue` (a turn pinned to an older agent definition)."""
+    queue = queue or queue_for(_settings(task), priority)
     task.app.send_task(RUN_STEP, countdown=countdown, queue=queue, **run_step_message(turn_id, step, attempt))
     _runtime(task).turns.mark_sent(turn_id, step)  # a crash before this line is found by the sweeper
 
@@ -64,7 +71,7 @@ def run_step(self: Task, turn_id: str, step: int, attempt: int = 0) -> str:
                 args=[turn_id, step],
                 kwargs={"attempt": decision.attempt},
                 countdown=decision.countdown,
-                queue=queue_for(_settings(self), decision.priority),
+                queue=decision.queue or queue_for(_settings(self), decision.priority),
             )
         _follow(self, turn_id, decision)
         if decision.batch:
@@ -83,12 +90,13 @@ def _follow(task: Task, turn_id: str, decision: Decision) -> None:
     """Send what a delivery's decision asks for: a thread's next turn, the next step, a retry, a later try."""
     for other in decision.start:  # a thread's next turn, now that this one has ended
         _enqueue_step(task, other, 0, decision.priority)
+    pinned = decision.queue
     if decision.action == "next":
-        _enqueue_step(task, turn_id, decision.step, decision.priority)
+        _enqueue_step(task, turn_id, decision.step, decision.priority, queue=pinned)
     elif decision.action == "retry":  # run_step retries its own message; an inline step has none to retry
-        _enqueue_step(task, turn_id, decision.step, decision.priority, decision.countdown, decision.attempt)
+        _enqueue_step(task, turn_id, decision.step, decision.priority, decision.countdown, decision.attempt, pinned)
     elif decision.action == "reschedule":
-        _enqueue_step(task, turn_id, decision.step, decision.priority, countdown=decision.countdown)
+        _enqueue_step(task, turn_id, decision.step, decision.priority, countdown=decision.countdown, queue=pinned)
 
 
 def _drive(
@@ -142,7 +150,7 @@ def _drive_inline(task: Task, batch_id: str, claim: BatchClaim | None) -> None:
                 return
             with log_context(turn_id=turn_id, step=step, attempt=0):
                 decision = _deliver(task, turn_id, step)
-            if decision.action != "next" or decision.start:
+            if decision.action != "next" or decision.start or decision.queue:  # a pinned step: its own workers
                 break
             step = decision.step
         _follow(task, turn_id, decision)

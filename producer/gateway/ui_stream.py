@@ -6,7 +6,8 @@ continuation after an approval and a replay on resume land on the same message.
 
 Mapping:
   turn-start / first event   -> start {messageId, messageMetadata}
-  step-start                 -> start-step (once per step: a retried attempt keeps the step open)
+  step-start                 -> start-step (once per step: a retried attempt keeps the step open), then
+                                data-agent-version (id per step: the definition's fingerprint and version)
   text-delta / object-delta  -> text-start, text-delta (text-end when the part closes)
   reasoning-delta            -> reasoning-start, reasoning-delta (reasoning-end when it closes)
   tool-call                  -> tool-input-start, tool-input-available
@@ -184,7 +185,12 @@ class UIMessageTranslator:
     # ------------------------------------------------------------------ per event type
 
     def _on_step_start(self, event: Event) -> list[Chunk]:
-        return self._ensure_step(event.step)
+        out = self._ensure_step(event.step)
+        version = event.data.get("agent_version")
+        if isinstance(version, dict):  # which definition of the agent runs this step (one part per step)
+            data = {"step": event.step, "fingerprint": version.get("fingerprint"), "version": version.get("version")}
+            out.append({"type": "data-agent-version", "id": f"agent-version-{event.step}", "data": data})
+        return out
 
     def _on_text(self, event: Event) -> list[Chunk]:
         delta = str(event.data.get("text", ""))

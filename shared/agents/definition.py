@@ -36,6 +36,7 @@ from stepq.models import (
     StopWhen,
     ToolCall,
     ToolSpec,
+    UpgradePolicy,
     budget_preset,
 )
 from stepq.providers.base import OUTPUT_TOOL
@@ -118,6 +119,17 @@ class AgentDefinition(BaseModel):
     (`support.refund_desk` -> `Refund desk`). The model never sees it, nor the other picker metadata."""
     description: str = ""
     """For people (the CLI, the gateway's agent list); the model never sees it."""
+    version: str | None = None
+    """A human version string (`"2026.12.1"`, `"v2"`) shown beside the definition's fingerprint in traces and
+    `stepq status`; it names a deploy, the fingerprint says what changed (see docs/deploying.md)."""
+    prompt_version: str | None = None
+    """The prompt's version, when the agent declares one: part of the fingerprint (prompt text is not, so a
+    wording change needs no version bump); a changed prompt version is a compatible change."""
+    on_incompatible_upgrade: UpgradePolicy = "pin"
+    """What a turn's next step does when this definition changed incompatibly for it since its last step (a tool
+    it waits on removed or no longer accepting the stored arguments, the object schema changed): `pin` sends the
+    step to workers that still load the old definition, `fail` ends the turn naming what changed, `continue`
+    runs it on the new one anyway."""
     keywords: list[str] = Field(default_factory=list)
     """Short search words a picker matches (`["refunds", "orders"]`), so a person or a router finds the agent."""
     domain: str | None = None
@@ -253,6 +265,7 @@ class AgentDefinition(BaseModel):
     (never again, redeliveries included): the turn's `model`, extra `instructions` and `context`."""
 
     _tool_modules: dict[str, str] = PrivateAttr(default_factory=dict)  # tool name -> the module declaring it
+    _version: Any = PrivateAttr(default=None)  # (id(self), its AgentVersion) once computed (stepq.agents.fingerprint)
 
     @property
     def has_hooks(self) -> bool:
@@ -347,6 +360,7 @@ class AgentDefinition(BaseModel):
         """Pin each tool name to the module whose declaration this agent runs (the registry does, at load), so
         another module's tool of the same name never stands in for it."""
         self._tool_modules = dict(modules)
+        self._version = None  # its tools may have changed: the fingerprint is computed again
 
     def tool(self, name: str) -> ToolDefinition | None:
         """The tool this agent runs under `name` (an override's, if a module replaced it; None: unknown,

@@ -1,9 +1,9 @@
 """The first stage of a step: what a delivery checks before it may call the model, and the call it plans.
 
 `open_step` runs on every delivery that holds the lease: a redelivered step's stale content is reset,
-a requested cancel ends the turn, and the resolution chain (stepq.policy.resolution) sets this step's
-limits and agent (a `refuse` kill switch fails the turn) and finds the tenant's usage quotas the step counts
-toward. `start_running` applies what is known before the model call (a spent quota, the wall clock), runs the
+a requested cancel ends the turn, a deploy since the last step is checked (engine/upgrade.py), and the
+resolution chain (stepq.policy.resolution) sets this step's limits and agent (a `refuse` kill switch fails
+the turn) and finds the tenant's usage quotas the step counts toward. `start_running` applies what is known before the model call (a spent quota, the wall clock), runs the
 agent's `prepare_call` once per turn, and makes a queued turn visible as running. `plan_call` then builds the
 model call: the tools, tool choice and model of this step (the agent's, its prepare_step's, the
 caller's) under the policies, the tenant's own API key if it has one, and the request, with the files' bytes
@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from stepq.agents import mcp as mcp_tools
-from stepq.engine import call_hook, quota_check, step_plan, stopping, structured, tenant_keys
+from stepq.engine import call_hook, quota_check, step_plan, stopping, structured, tenant_keys, upgrade
 from stepq.engine.compaction import view
 from stepq.engine.context import Decision, StepContext, none
 from stepq.engine.finish import fail, finish, finish_limit
@@ -63,6 +63,9 @@ def open_step(ctx: StepContext, start: StepStart) -> Decision | None:
         return finish(ctx, TurnStatus.CANCELLED, FinishReason.CANCELLED)
     ctx.policy_version = start.policy_version
     ctx.quota_usage = start.quota_usage
+    moved = upgrade.check(ctx, ctx.agent)  # the definition this step runs under (a deploy may have changed it)
+    if moved is not None:
+        return moved
     effective = apply_policy(ctx, start.policy_version)
     if effective.kill_switch == "refuse":
         return fail(ctx, effective.kill_message(ctx.agent.id))

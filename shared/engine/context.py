@@ -45,6 +45,7 @@ class Decision:
     attempt: int = 0
     reason: str = ""
     priority: str = "interactive"  # picks the queue the next message goes to
+    queue: str = ""  # ...unless the turn is pinned to an older definition: its queue (see engine/upgrade.py)
     start: tuple[str, ...] = ()  # other turns whose first step to send now (a thread's next turn)
     batch: str = ""  # the driven batch of a batch turn that just ended: its driver makes a pass now
     claim: BatchClaim | None = None  # ...or the batch's next item, claimed for this worker to run

@@ -48,6 +48,8 @@ def record_answer(ctx: StepContext, call: ModelCall, output: StepOutput, started
         repair=repairing,
         batch=output.batched,
         policy=policy_trace(ctx),
+        fingerprint=state.running_fingerprint,
+        agent_version=state.running_version,
     )
     lifecycle.stamp(trace, ctx)
     state.usage = state.usage + output.usage

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from stepq.agents.tools import ToolDefinition
 from stepq.approvals import ApprovalClaim, canonical_args_hash
 from stepq.engine.edits import edited_binding
+from stepq.engine.upgrade import pinned_queue
 from stepq.errors import ApprovalError, ApprovalRefusal
 from stepq.fleet.metrics import untrack_pending
 from stepq.fleet.runtime import Runtime
@@ -204,6 +205,8 @@ def sweep(rt: Runtime, queued_grace_s: float) -> list[tuple[str, int, str]]:
         touched = score if parked else state.updated_at
         # untouched since a worker's consumer reconnected: the outage may have stranded its message
         stranded = score < reconnected <= now  # (the score: a re-send moves it past the mark)
+        if pinned_queue(state) and not (crashed or unsent or stranded):
+            continue  # its step waits in its pinned queue for a worker of its definition (`stepq drain` lists it)
         if crashed or unsent or stranded or touched < now - queued_grace_s:
             if crashed:
                 log.info("sweeper: recovered turn %s step %s (its worker died mid-step)", turn_id, state.step)

@@ -107,6 +107,8 @@ def _trace_failed_attempts(d: Delivery, reason: FinishReason) -> None:
         failed_attempts=failed,
         retries=state.attempt,
         stop_reason=reason.value,
+        fingerprint=state.running_fingerprint,
+        agent_version=state.running_version,
     )
     lifecycle.stamp(trace, d)
     state.trace.steps.append(trace)

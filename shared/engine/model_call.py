@@ -87,6 +87,8 @@ def compact(ctx: StepContext, call: ModelCall) -> Decision | None:
                 stop_reason=done.summary_output.finish_reason.value,
                 raw_stop_reason=done.summary_output.raw_finish_reason,
                 kind="compaction",
+                fingerprint=state.running_fingerprint,
+                agent_version=state.running_version,
             )
         )
         record_usage(state.agent, ctx.tenant(), state.provider, state.model, usage, cost)
@@ -249,6 +251,9 @@ def defer_step_start(
         "model": state.model,
         "tools": [t.name for t in specs],  # exactly what the model is shown
     }
+    version = state.agent_version
+    if version is not None:  # which definition ran this step (the UI stream shows it, see data-agent-version)
+        data["agent_version"] = {"fingerprint": version.short, "version": version.version}
     if replayed:
         data["replayed"] = True
     if refused:  # MCP tools whose server no longer advertises the pinned schema: name and reason

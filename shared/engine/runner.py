@@ -27,7 +27,7 @@ from dataclasses import replace
 import redis
 
 from stepq.agents import mcp as mcp_tools
-from stepq.engine import begin, decide, lifecycle, model_call, repair, step_plan, structured, tracing
+from stepq.engine import begin, decide, lifecycle, model_call, repair, step_plan, structured, tracing, upgrade
 from stepq.engine.context import Decision, Delivery, StepContext, emitter_text, maybe, none, worker_id
 from stepq.engine.emitter import StepEmitter
 from stepq.engine.finish import fail
@@ -81,7 +81,8 @@ class StepRunner:
                 return Decision(
                     "reschedule", step=step, countdown=state.not_before - now, reason="not yet", priority=state.priority
                 )
-            return replace(self._run(state, lease, start), priority=state.priority)
+            decision = self._run(state, lease, start)
+            return replace(decision, priority=state.priority, queue=decision.queue or upgrade.pinned_queue(state))
         finally:
             rt.leases.release(lease)
 
@@ -93,8 +94,7 @@ class StepRunner:
                 bind_log_context(attempt=state.attempt)
                 agent = rt.agents.get(state.agent)
                 if agent is None:
-                    delivery = Delivery(rt=rt, state=state, lease=lease, emitter=emitter)
-                    return fail(delivery, f"agent {state.agent!r} is not loaded on this worker")
+                    return upgrade.agent_missing(Delivery(rt=rt, state=state, lease=lease, emitter=emitter))
                 observers = lifecycle.observers_for(agent)
                 ctx = StepContext(rt=rt, state=state, lease=lease, emitter=emitter, agent=agent, observers=observers)
                 try:

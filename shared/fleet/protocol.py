@@ -35,6 +35,12 @@ def queue_for(settings: Settings, priority: str) -> str:
     return f"{settings.queue}.batch" if priority == "batch" else settings.queue
 
 
+def fingerprint_queue(settings: Settings, agent_id: str, fingerprint: str) -> str:
+    """The queue of the steps that need this definition of the agent (a pinned turn's, see engine/upgrade.py):
+    every worker that loads it consumes it, beside the shared queues, so only those workers take them."""
+    return f"{settings.queue}.fp.{agent_id}.{fingerprint[:12]}"
+
+
 def worker_queues(settings: Settings) -> list[str]:
     """What a worker serves by default, most urgent first (the Redis transport honours this order)."""
     return [settings.queue, f"{settings.queue}.batch"]
