@@ -5,6 +5,7 @@ Also the tenant matrix of the two routes the console added (a turn's trace, a ba
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,7 +111,12 @@ def test_open_a_turn_and_read_its_step_timeline(context: Any, stack: ChatStack, 
     tool = first.get_by_test_id("tl-tool")
     expect(tool).to_have_attribute("data-tool", "chat_lookup")
     expect(tool).to_contain_text("ok")
-    expect(tool).to_contain_text(" s")  # its duration
+    expect(tool).to_contain_text(" s")  # its duration ...
+    trace = httpx.get(f"{stack.url}/v1/turns/{turn_id}/trace", headers=auth()).json()
+    [call] = trace["steps"][0]["calls"]
+    assert call["duration_s"] is not None
+    expect(tool).to_have_attribute("data-duration", re.compile(r"^[0-9.e+-]+$"))  # ... as the trace measured it
+    assert float(tool.get_attribute("data-duration") or "nan") == call["duration_s"]
     expect(tool).to_contain_text('{"key":"alpha"}')
     expect(first.get_by_test_id("tl-text")).to_have_text("Looking it up.")
     expect(steps.nth(1).get_by_test_id("tl-text")).to_have_text("Alpha is the first letter.")

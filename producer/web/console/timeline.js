@@ -84,10 +84,16 @@ function tokens(usage) {
   return `${input} in / ${output} out tokens`;
 }
 
-function drawTool(call) {
-  const duration = call.doneAt !== undefined && call.calledAt !== undefined ? seconds(call.doneAt - call.calledAt) : 'running';
+/** A tool call: its duration as the step's trace measured it around the function (the events' times only
+ * while the step runs, before its trace row exists). */
+function drawTool(call, traced) {
+  const measured = traced?.duration_s;
+  const fromEvents = call.doneAt !== undefined && call.calledAt !== undefined ? seconds(call.doneAt - call.calledAt) : 'running';
+  const duration = measured != null ? seconds(measured) : fromEvents;
   const status = call.status ? call.status.replaceAll('_', ' ') : 'running';
-  return el('div', { class: `entry tool${call.isError ? ' error' : ''}`, testid: 'tl-tool', 'data-tool': call.name },
+  const attrs = { class: `entry tool${call.isError ? ' error' : ''}`, testid: 'tl-tool', 'data-tool': call.name };
+  if (measured != null) attrs['data-duration'] = String(measured);
+  return el('div', attrs,
     el('div', {}, el('strong', {}, call.name || call.id), ` — ${status}`, el('span', { class: 'meta' }, ` · ${duration}`)),
     call.args !== undefined ? el('div', { class: 'mono' }, JSON.stringify(call.args)) : null,
     call.output !== undefined ? el('div', { class: 'mono meta' }, `→ ${truncate(JSON.stringify(call.output), 300)}`) : null);
@@ -132,7 +138,8 @@ export function drawTimeline(timeline, traceSteps) {
       item.append(el('div', { class: 'entry failover', testid: 'tl-failover' },
         `model calls: ${s.starts.map((x) => `${x.provider}/${x.model}`).join(' → ')}`));
     }
-    for (const call of s.tools.values()) item.append(drawTool(call));
+    const traced = new Map((t?.calls || []).map((c) => [c.id, c]));
+    for (const call of s.tools.values()) item.append(drawTool(call, traced.get(call.id)));
     for (const a of s.approvals) item.append(drawApproval(a));
     if (s.reasoning) item.append(el('details', {}, el('summary', {}, 'reasoning'), el('div', { class: 'streamed' }, s.reasoning)));
     if (s.text) item.append(el('div', { class: 'streamed', testid: 'tl-text' }, s.text));
