@@ -242,7 +242,8 @@ def test_a_rolling_upgrade_moves_pins_fails_and_drains_with_nothing_lost(fleet: 
         assert chat.started_fingerprint == refunds_v1 and chat.agent_version is not None
         assert chat.agent_version.fingerprint == refunds_v2
         shown = stepq(fleet.env(V2), "show", chat_turn, "--trace", check=0).stdout.splitlines()
-        assert [row.split()[-2:] for row in shown[1:]] == [
+        step_rows = [row for row in shown[1:] if not row.lstrip().startswith("↳")]  # not the detail lines
+        assert [row.split()[-2:] for row in step_rows] == [
             ["v1", f"({refunds_v1[:12]})"],
             ["v2", f"({refunds_v2[:12]})"],
         ]

@@ -30,7 +30,8 @@ def test_show_trace_prints_one_row_per_step(worker, client, env) -> None:
     assert basic.wait(timeout=TIMEOUT).status == TurnStatus.COMPLETED
     assert retried.wait(timeout=TIMEOUT).status == TurnStatus.COMPLETED
 
-    header, *rows = stepq(env, "show", basic.turn_id, "--trace", check=0).stdout.splitlines()
+    header, *lines = stepq(env, "show", basic.turn_id, "--trace", check=0).stdout.splitlines()
+    rows = [line for line in lines if not line.lstrip().startswith("↳")]  # a step's detail lines follow its row
     assert header.split() == [
         *("step", "provider/model", "tool", "calls", "in", "out", "cost", "retries", "time", "stop", "agent", "version")
     ]
