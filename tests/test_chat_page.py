@@ -5,43 +5,17 @@ a wrong key, a phone-sized screen. Every test saves screenshots of its pages und
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.browser_support import Shots, browser, module_prefix, new_context
-from tests.chat_support import API_KEY, ChatStack, chat_stack
+from tests.browser_fixtures import chromium, context, shots, stack  # noqa: F401 (the module's fixtures)
+from tests.browser_support import Shots, new_context
+from tests.chat_support import API_KEY, ChatStack
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")
 expect = sync_api.expect
-
-
-@pytest.fixture(scope="module")
-def stack() -> Iterator[ChatStack]:
-    with module_prefix() as prefix, chat_stack(prefix) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    with browser(sync_api) as launched:
-        yield launched
-
-
-@pytest.fixture
-def shots(tmp_path: Path) -> Iterator[Shots]:
-    taken = Shots(tmp_path)
-    yield taken
-    taken.save()
-
-
-@pytest.fixture
-def context(chromium: Any, shots: Shots) -> Iterator[Any]:
-    with new_context(chromium, sync_api, shots) as ctx:
-        yield ctx
 
 
 def open_chat(context: Any, stack: ChatStack, shots: Shots, name: str, agent: str | None = None) -> Any:
