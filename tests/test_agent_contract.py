@@ -305,6 +305,40 @@ def test_a_hook_that_gives_up_leaves_the_corrective_retry(rt, prefix, openai_fak
     assert first.malformed and first.repaired_calls == []  # the retry with the adapter's note, as without a hook
 
 
+@pytest.mark.parametrize(
+    ("name", "args", "error"),
+    [
+        ("ac_lookup", {"id": "A2"}, "invalid arguments for ac_lookup: "),
+        ("lookup", {"order_id": "A2"}, "no tool named 'lookup' is available on this step (available: ac_lookup)"),
+    ],
+    ids=["schema-invalid arguments", "unknown tool name"],
+)
+def test_the_hook_repairs_refused_arguments_and_tool_names(rt, prefix, openai_fake, name, args, error):  # noqa: F811
+    call_id = f"call_{prefix}"
+    openai_fake.enqueue(
+        oai.response_stream(oai.call_item(call_id, name, [json.dumps(args)])),
+        oai.response_text("done"),
+    )
+    done = _turn(rt, "ac.repairing")
+    [asked] = REPAIRS[call_id]
+    assert asked.startswith(error), asked
+    [call] = _calls(done)
+    assert (call.id, call.name, call.args) == (call_id, "ac_lookup", {"order_id": "A2"})
+    [result] = [r for m in done.messages if m.role == "tool" for r in m.results]
+    assert result.status == ToolResultStatus.OK and result.output == {"order_id": "A2", "status": "shipped"}
+    assert done.trace.steps[0].repaired_calls == [call_id]
+
+
+def test_without_a_hook_schema_invalid_arguments_come_back_to_the_model_as_an_error(rt, prefix, openai_fake):  # noqa: F811
+    openai_fake.enqueue(
+        oai.response_stream(oai.call_item(f"call_{prefix}", "ac_lookup", ['{"id": "A2"}'])),
+        oai.response_text("done"),
+    )
+    done = _turn(rt, "ac.not_repairing")
+    [result] = [r for m in done.messages if m.role == "tool" for r in m.results]
+    assert result.status != ToolResultStatus.OK and done.trace.steps[0].repaired_calls == []
+
+
 def test_without_a_hook_a_malformed_call_gets_the_corrective_retry(rt, prefix, openai_fake):  # noqa: F811
     openai_fake.enqueue(
         oai.response_stream(oai.call_item(f"call_{prefix}", "ac_lookup", ['{"order_id": ', '"A1"'])),

@@ -269,7 +269,7 @@ def test_a_step_rerun_before_its_park_commits_queues_its_request_once(rt: Runtim
     from stepq.providers.base import StepRequest
 
     request = StepRequest(provider="anthropic", model="m", messages=state.messages)
-    assert isinstance(batch_step.route(rt, state, agent, request), batch_step.Park)
+    assert isinstance(batch_step.route(rt, state, agent, request, None), batch_step.Park)
     store = ProviderBatchStore(rt.redis, rt.keys, 60)
     assert store.pending(f"{state.provider}/{state.model}")[0] == 1
 

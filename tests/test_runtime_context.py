@@ -103,3 +103,51 @@ def test_the_cli_refuses_a_bad_context_with_one_line_and_exit_2(settings):
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "context_schema: Field required at account_id" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_each_turn_of_a_thread_carries_its_own_context(client, rt, prefix):
+    """`continue_thread(context=...)`: the turn's tools see that context; the next turn has its own; a bad
+    one is refused in one line and stores nothing (the thread is not left busy)."""
+    thread = client.create_thread("ten.ctx", metadata={"prefix": prefix})
+    first = drive(rt, client.continue_thread(thread.thread_id, prompt="who?", context={"account_id": "t-1"}).turn_id)
+    assert first.status == TurnStatus.COMPLETED, first.error
+    assert [o["account"] for o in _tool_outputs(first)] == ["t-1", "t-1"]
+    with pytest.raises(ContextError, match=r"^context does not match agent ten.ctx's context_schema: Field required"):
+        client.continue_thread(thread.thread_id, prompt="again", context={"plan": "pro"})
+    second = drive(rt, client.continue_thread(thread.thread_id, prompt="again", context={"account_id": "t-2"}).turn_id)
+    assert second.status == TurnStatus.COMPLETED, second.error
+    assert second.context is not None and second.context["account_id"] == "t-2"
+    assert [o["account"] for o in _tool_outputs(second)][-2:] == ["t-2", "t-2"]
+
+
+def test_thread_turns_and_the_chat_endpoint_take_a_context_over_http(prefix):
+    """`POST /v1/threads/{id}/turns` and `POST /v1/chat` (useChat's `body: {context}`) pass the context on:
+    refused with 422 naming the field, else the turn's tools read it (the chat turn runs in-process here)."""
+    key = {"sha256": hashlib.sha256(b"k-ctx2").hexdigest(), "tenant": "acme", "subject": "bot"}
+    settings = make_settings(prefix, api_keys=[key], gateway_rate_limit_rpm=0)
+    rt = get_runtime(settings)
+    with serve(settings) as gw, gw.client("k-ctx2") as http:
+        thread_id = http.post("/v1/threads", json={"agent": "ten.ctx"}).json()["thread_id"]
+        bad = http.post(f"/v1/threads/{thread_id}/turns", json={"prompt": "hi", "context": {"account_id": ""}})
+        assert bad.status_code == 422, bad.text
+        assert bad.json()["error"]["code"] == "invalid-context"
+        good = http.post(f"/v1/threads/{thread_id}/turns", json={"prompt": "hi", "context": {"account_id": "h-1"}})
+        assert good.status_code == 201, good.text
+        stored = rt.turns.load(good.json()["turn_id"])
+        assert stored is not None and stored.context == {"account_id": "h-1", "plan": "free", "unit": "celsius"}
+
+        message = {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "who am I?"}]}
+        body: dict[str, Any] = {"id": "ctx-chat", "messages": [message], "agent": "ten.ctx"}
+        refused = http.post("/v1/chat", json={**body, "context": {"plan": "pro"}})
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["code"] == "invalid-context"
+        with http.stream("POST", "/v1/chat", json={**body, "context": {"account_id": "c-9"}}) as response:
+            assert response.status_code == 200, response.read()
+            lines = response.iter_lines()
+            start = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+            assert start["type"] == "start"
+            done = drive(rt, start["messageId"])  # the worker's part, in this process
+            assert done.status == TurnStatus.COMPLETED, done.error
+            chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    outputs = [c["output"] for c in chunks if c["type"] == "tool-output-available"]
+    assert [o["account"] for o in outputs] == ["c-9", "c-9"]

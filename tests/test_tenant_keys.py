@@ -178,3 +178,47 @@ def test_without_a_key_encryption_key_setting_a_key_is_one_line_and_a_worker_fai
         == "tenant acme's anthropic key is encrypted, and this worker has no STEPQ_CREDENTIALS_KEY to open it"
     )
     assert fake.requests == []  # never sent on the fleet's key instead
+
+
+def test_provider_batch_requests_go_in_per_tenant_batches_sent_with_that_tenant_s_key(settings, fake, prefix):
+    """A provider-batch turn of a tenant with its own key never shares a batch with another tenant's or the
+    fleet's requests: each batch is created, polled and read with its group's key."""
+    from stepq.batches import provider as provider_batches
+
+    rt = get_runtime(settings.model_copy(update={"provider_batch_window_s": 0}))
+    rt.credentials.put("acme", seal("anthropic", ACME_KEY, settings.credential_keks))
+    rt.credentials.put("globex", seal("anthropic", GLOBEX_KEY, settings.credential_keks))
+    fake.enqueue(*(text_reply(f"batched {n}") for n in range(4)))
+    turns = {}
+    for tenant in ("acme", "globex", None, "acme"):
+        metadata = {"tenant": tenant} if tenant else {}
+        state, _ = create_turn(
+            rt, "ten.claude", prompt=f"I am {tenant}", metadata=metadata, priority="batch", provider_batch=True
+        )
+        assert StepRunner(rt).deliver(state.turn_id, 0).action == "none"  # parked for its batch
+        turns[state.turn_id] = tenant
+    report = provider_batches.tick(rt, force_flush=True)  # the fake ends a batch on its first poll: collected now
+    assert (report.sent, report.collected) == (4, 4), report
+    for turn_id, _step in report.resume:
+        StepRunner(rt).deliver(turn_id, 0)
+    for turn_id in turns:
+        done = rt.turns.load(turn_id)
+        assert done is not None and done.status == TurnStatus.COMPLETED, done and done.error
+
+    created = [r for r in fake.requests if r.path.split("?")[0] == "/v1/messages/batches"]
+    sent = sorted(
+        (r.key_sha256, sorted(q["params"]["messages"][0]["content"][0]["text"] for q in r.body["requests"]))
+        for r in created
+    )
+    assert sent == sorted(
+        [
+            (sha(ACME_KEY), ["I am acme", "I am acme"]),
+            (sha(GLOBEX_KEY), ["I am globex"]),
+            (sha(FLEET_KEY), ["I am None"]),
+        ]
+    )
+    batch_key = {batch_id: r.key_sha256 for batch_id, r in zip(fake.batches, created, strict=True)}  # creation order
+    reads = [(r.path.split("/")[4].split("?")[0], r.key_sha256) for r in fake.requests if r.path.count("/") >= 4]
+    assert {batch for batch, _ in reads} == set(batch_key)  # each batch polled and its results read...
+    assert all(key == batch_key[batch] for batch, key in reads)  # ...with the key that created it
+    assert ACME_KEY not in _everything_in_redis(prefix) and GLOBEX_KEY not in _everything_in_redis(prefix)

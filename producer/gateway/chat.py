@@ -58,6 +58,11 @@ class ChatRequest(BaseModel):
     trigger: Literal["submit-message", "regenerate-message"] = "submit-message"
     messageId: str | None = None  # the AI SDK's field name
     agent: str | None = None
+    context: dict[str, Any] | None = Field(
+        default=None,
+        description="the turn's runtime context for the agent's tools (useChat: `body: {context: ...}`), "
+        "checked against its context_schema; the caller's data, like metadata: never an authorization fact",
+    )
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,7 @@ async def chat(
         )
     last = body.messages[-1]
     if last.get("role") == "user":
-        return await _ask(gw, principal, body.id, agent or body.agent, last, traceparent)
+        return await _ask(gw, principal, body.id, agent or body.agent, last, traceparent, body.context)
     if last.get("role") == "assistant":
         return await _answer_approvals(gw, principal, body.id, last)
     raise GatewayError(422, "invalid-request", "the last message must have role 'user' or 'assistant'")
@@ -103,11 +108,12 @@ async def _ask(
     agent: str | None,
     message: dict[str, Any],
     traceparent: str | None,
+    context: dict[str, Any] | None,
 ) -> StreamingResponse:
     """A user message: the thread's next turn, streamed from its start."""
     text, files = _user_input(message)
     thread = await _thread_for(gw, principal, chat_id, agent)
-    turn_id = await _continue(gw, principal, chat_id, thread, text, files, traceparent)
+    turn_id = await _continue(gw, principal, chat_id, thread, text, files, traceparent, context)
     return _stream_response(gw, turn_id, 0, _metadata(chat_id, thread))
 
 
@@ -233,6 +239,7 @@ async def _continue(
     text: str,
     files: list[dict[str, Any]],
     traceparent: str | None,
+    context: dict[str, Any] | None,
 ) -> str:
     content = [*files, *([{"type": "text", "text": text}] if text else [])]
     ask: dict[str, Any] = {"messages": [{"role": "user", "content": content}]} if files else {"prompt": text}
@@ -240,7 +247,7 @@ async def _continue(
     try:
         handle = await gw.run_sync(
             lambda: gw.client.continue_thread(
-                thread.thread_id, tenant=tenant, policy=policy, traceparent=traceparent, **ask
+                thread.thread_id, tenant=tenant, policy=policy, traceparent=traceparent, context=context, **ask
             )
         )
     except ThreadBusyError:

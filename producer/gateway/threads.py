@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from stepq.producer.gateway.auth import Principal, require
 from stepq.producer.gateway.service import Gateway
@@ -40,6 +40,10 @@ class ContinueBody(BaseModel):
     prompt: str | None = None
     messages: list[Any] | None = None
     multitask: Multitask = Multitask.REJECT
+    context: dict[str, Any] | None = Field(
+        default=None,
+        description="this turn's runtime context for the agent's tools, checked against its context_schema",
+    )
 
 
 class Created(BaseModel):
@@ -114,6 +118,7 @@ async def continue_(
             tenant=principal.tenant,
             policy=principal.policy,
             traceparent=traceparent,  # the caller's W3C trace context: the turn's spans join it
+            context=body.context,
         )
     )
     stored = await gw.run_sync(gw.runtime.threads.load, thread_id)

@@ -32,6 +32,7 @@ from stepq.fleet.runtime import Runtime
 from stepq.models import StepOutput
 from stepq.providers.base import BatchAPI, ProviderError, StepRequest
 from stepq.providers.registry import create_adapter
+from stepq.store import credentials
 from stepq.store.indexes import ACTIVE
 from stepq.store.pbatch import ProviderBatchStore, Queued, turn_of
 
@@ -88,11 +89,20 @@ def _flush(rt: Runtime, store: ProviderBatchStore, now: float, force: bool, repo
 
 
 def _api(rt: Runtime, queued: Queued) -> BatchAPI:
+    """The batch API of the group's provider, with the group's tenant's own key when it has one (read now:
+    a rotated key is used from the next tick on; a removed one falls back to the fleet's, as online)."""
     payload = queued.payload
     agent = rt.agents.get(str(payload.get("agent")))
     if agent is None:
         raise ProviderError(f"agent {payload.get('agent')!r} is not loaded on this worker", retryable=False)
-    api = create_adapter(str(payload["provider"]), agent, str(payload["model"])).batch_api()
+    provider = str(payload["provider"])
+    adapter = create_adapter(provider, agent, str(payload["model"]))
+    tenant = payload.get("tenant")
+    if isinstance(tenant, str):
+        sealed = credentials.parse(rt.redis.hgetall(rt.keys.credentials(tenant))).get(provider)
+        if sealed is not None:
+            adapter.use_credential(credentials.unseal(sealed, rt.settings.credential_keks, tenant))
+    api = adapter.batch_api()
     if api is None:
         raise ProviderError(f"provider {payload['provider']!r} has no batch API", retryable=False)
     return api
@@ -123,8 +133,9 @@ def _submit(rt: Runtime, store: ProviderBatchStore, local_id: str, members: list
         store.close(local_id, "failed")
         return
     customs = [q.custom_id for q in queued]
+    kept = {k: queued[0].payload[k] for k in ("agent", "provider", "model", "tenant") if k in queued[0].payload}
     store.update_batch(local_id, provider_id=provider_id, state="submitted", customs=json.dumps(customs),
-                       payload=json.dumps({k: queued[0].payload[k] for k in ("agent", "provider", "model")}))  # fmt: skip
+                       payload=json.dumps(kept))  # fmt: skip
     report.sent += len(queued)
     log.info("provider batch %s: %d requests sent as %s", local_id, len(queued), provider_id)
 

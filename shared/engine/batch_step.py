@@ -58,8 +58,10 @@ def applies(state: TurnState, adapter: ProviderAdapter) -> bool:
     return adapter.batch_api() is not None
 
 
-def route(rt: Runtime, state: TurnState, agent: AgentDefinition, request: StepRequest) -> Route:
-    """Take the batch's answer for this step, or queue its request, or give it up for an online call."""
+def route(rt: Runtime, state: TurnState, agent: AgentDefinition, request: StepRequest, tenant: str | None) -> Route:
+    """Take the batch's answer for this step, or queue its request, or give it up for an online call.
+    `tenant`: the tenant whose own provider key this step uses (None: the fleet's); its requests go in
+    batches of their own (group `provider/model@tenant`), never beside another tenant's or the fleet's."""
     store = store_for(rt)
     custom = custom_id(state.turn_id, state.step, state.attempt)
     outcome = store.outcome(state.turn_id, custom)
@@ -77,7 +79,11 @@ def route(rt: Runtime, state: TurnState, agent: AgentDefinition, request: StepRe
             "model": state.model,
             "request": request.model_dump(mode="json"),
         }
-        store.queue(state.turn_id, f"{state.provider}/{state.model}", custom, payload, time.time())
+        group = f"{state.provider}/{state.model}"
+        if tenant is not None:
+            payload["tenant"] = tenant  # the tick sends the batch with this tenant's key, read when it sends
+            group += f"@{tenant}"
+        store.queue(state.turn_id, group, custom, payload, time.time())
         return Park(custom)
     return _answer(rt, state, outcome)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 
-from stepq.engine import batch_step, lifecycle, stopping
+from stepq.engine import batch_step, lifecycle, stopping, tenant_keys
 from stepq.engine.begin import ModelCall, with_files
 from stepq.engine.compaction import Compactor, view
 from stepq.engine.context import Decision, StepContext, emitter_text, none, worker_id
@@ -186,7 +186,7 @@ def provider_batch(ctx: StepContext, call: ModelCall) -> StepOutput | Decision |
     state, emitter = ctx.state, ctx.emitter
     if not batch_step.applies(state, call.adapter):
         return None
-    routed = batch_step.route(ctx.rt, state, ctx.agent, call.request)
+    routed = batch_step.route(ctx.rt, state, ctx.agent, call.request, tenant_keys.keyed_tenant(ctx))
     if isinstance(routed, batch_step.Waiting):
         return none("waiting for its provider batch")
     if isinstance(routed, batch_step.Park):

@@ -15,9 +15,17 @@ from stepq.store.credentials import unseal
 
 def apply(ctx: StepContext, adapter: ProviderAdapter) -> None:
     """Point `adapter` at the turn's tenant's key for its provider, if the tenant stored one."""
+    tenant = keyed_tenant(ctx)
+    if tenant is not None:
+        sealed = ctx.rt.policies.credentials_at_version(tenant, ctx.policy_version)[ctx.state.provider]
+        adapter.use_credential(unseal(sealed, ctx.rt.settings.credential_keks, tenant))
+
+
+def keyed_tenant(ctx: StepContext) -> str | None:
+    """The turn's tenant when it stored its own key for the step's provider: its provider-batch requests go
+    in batches of their own, sent with that key (stepq.batches.provider)."""
     tenant = tenant_of(ctx.state.metadata)
     if tenant is None:
-        return
-    sealed = ctx.rt.policies.credentials_at_version(tenant, ctx.policy_version).get(ctx.state.provider)
-    if sealed is not None:
-        adapter.use_credential(unseal(sealed, ctx.rt.settings.credential_keks, tenant))
+        return None
+    stored = ctx.rt.policies.credentials_at_version(tenant, ctx.policy_version)
+    return tenant if ctx.state.provider in stored else None

@@ -137,6 +137,7 @@ def continue_thread(
     attachments: list[Any] | None = None,
     caller_policy: Policy | dict[str, Any] | None = None,
     traceparent: str | None = None,
+    context: Any = None,
 ) -> Continued:
     """Store the thread's next turn (its input: the thread's transcript, then these messages).
 
@@ -165,6 +166,7 @@ def continue_thread(
         policy=caller_policy,
         home=home(thread_id),
         traceparent=traceparent,
+        context=context,
     )
     ttl = rt.settings.thread_ttl_s
     upload(state._objects)

@@ -308,7 +308,9 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
                 self._stream(reply)
 
         def do_GET(self) -> None:
-            fake.add_request(RecordedRequest(path=self.path, headers={}, body={}))
+            credential = self.headers.get("x-api-key") or self.headers.get("authorization", "").removeprefix("Bearer ")
+            key_sha256 = hashlib.sha256(credential.encode()).hexdigest() if credential else None
+            fake.add_request(RecordedRequest(path=self.path, headers={}, body={}, key_sha256=key_sha256))
             match = re.match(r"^/v1/messages/batches/([^/?]+)(/results)?", self.path)
             batch = fake.batches.get(match.group(1)) if match else None
             if batch is None:
