@@ -283,9 +283,7 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 body = {"_unparseable": raw.decode("utf-8", "replace")}
             headers = {k.lower(): ("<present>" if k.lower() in _SECRET_HEADERS else v) for k, v in self.headers.items()}
-            credential = self.headers.get("x-api-key") or self.headers.get("authorization", "").removeprefix("Bearer ")
-            key_sha256 = hashlib.sha256(credential.encode()).hexdigest() if credential else None
-            fake.add_request(RecordedRequest(path=self.path, headers=headers, body=body, key_sha256=key_sha256))
+            fake.add_request(RecordedRequest(path=self.path, headers=headers, body=body, key_sha256=self._key_sha256()))
             if self.path == "/token":  # Google's OAuth token endpoint, for Claude on Vertex AI
                 self._json(200, {"access_token": "ya29.fake-token", "expires_in": 3600, "token_type": "Bearer"})
                 return
@@ -308,9 +306,7 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
                 self._stream(reply)
 
         def do_GET(self) -> None:
-            credential = self.headers.get("x-api-key") or self.headers.get("authorization", "").removeprefix("Bearer ")
-            key_sha256 = hashlib.sha256(credential.encode()).hexdigest() if credential else None
-            fake.add_request(RecordedRequest(path=self.path, headers={}, body={}, key_sha256=key_sha256))
+            fake.add_request(RecordedRequest(path=self.path, headers={}, body={}, key_sha256=self._key_sha256()))
             match = re.match(r"^/v1/messages/batches/([^/?]+)(/results)?", self.path)
             batch = fake.batches.get(match.group(1)) if match else None
             if batch is None:
@@ -327,6 +323,11 @@ def _handler_for(fake: FakeAnthropic) -> type[BaseHTTPRequestHandler]:
             if fake.batches_end:
                 _end(batch)
             self._json(200, {k: v for k, v in batch.items() if not k.startswith("_")})
+
+        def _key_sha256(self) -> str | None:
+            """Which credential the request carried (x-api-key, or a bearer token), as a hash: never the key."""
+            credential = self.headers.get("x-api-key") or self.headers.get("authorization", "").removeprefix("Bearer ")
+            return hashlib.sha256(credential.encode()).hexdigest() if credential else None
 
         def _batches_post(self, body: dict[str, Any]) -> None:
             cancel = re.match(r"^/v1/messages/batches/([^/?]+)/cancel$", self.path)
