@@ -1,4 +1,4 @@
-"""`stepq tenant-key`: set, rotate, show and remove a tenant's own provider API key (docs/tenants.md).
+"""`stepq tenant-key`: set, rotate, show and remove a tenant's own provider API key (docs/operate/tenants.md).
 
 The key is read from stdin or from an environment variable, never from the command line (argv shows in `ps`
 and shell history); it is stored encrypted with STEPQ_CREDENTIALS_KEY, or as a reference to a secret the

@@ -276,11 +276,11 @@ class Client:
             every step below the request and above the tenant's policy; it only tightens (see stepq.policy.resolution).
         priority: `interactive` or `batch` (default: the agent's `priority`).
         provider_batch: with `priority="batch"`, send each step's model request through the provider's
-            batch API (about half price, answered within hours; no worker waits). See docs/operations.md.
+            batch API (about half price, answered within hours; no worker waits). See docs/operate/batches.md.
         attachments: `Attachment`s (images, PDFs, text files) added to the last user message; the agent's
             `accepted_media_types` and STEPQ_ATTACHMENT_* limits apply. File parts in `messages` work too.
         traceparent: the W3C trace context the turn's spans join (default: the caller's current
-            OpenTelemetry span, when there is one); see docs/tracing.md.
+            OpenTelemetry span, when there is one); see docs/operate/tracing.md.
         context: the runtime context the agent's tools read (`ctx.context`): a dict or an instance of the
             agent's `context_schema`, validated against it (ContextError naming the field); stored with the turn.
         defer_tools: park every tool call for you, whatever the tool declares (`tool-results-request`, then

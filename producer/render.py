@@ -228,7 +228,7 @@ def version_cell(fingerprint: str | None, version: str | None) -> str:
 
 def trace_table(trace: LoopTrace) -> list[str]:
     """Per-step trace as an aligned table; `in`/`out` are the answering attempt's tokens, `cost` the step's
-    (failed attempts included), `agent version` the definition the step ran under (see docs/deploying.md). Each failed attempt the provider billed follows its step on its own line."""
+    (failed attempts included), `agent version` the definition the step ran under (see docs/operate/deploying.md). Each failed attempt the provider billed follows its step on its own line."""
     header = ["step", "provider/model", "tool calls", "in", "out", "cost", "retries", "time", "stop", "agent version"]
     rows = [
         [

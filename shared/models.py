@@ -295,7 +295,7 @@ class FinishReason(StrEnum):
     CUSTOM_STOP = "custom-stop"  # StopWhen(custom=...): `stop_detail` names the condition
     CANCELLED = "cancelled"
     AWAITING_APPROVAL = "awaiting-approval"
-    QUOTA_EXCEEDED = "quota-exceeded"  # a tenant's usage quota was spent before a model call (docs/tenants.md)
+    QUOTA_EXCEEDED = "quota-exceeded"  # a tenant's usage quota was spent before a model call (docs/operate/tenants.md)
 
 
 class LoopStop(StrEnum):
@@ -568,7 +568,7 @@ class Policy(BaseModel):
     (the layers' `models` allowlists, or else the agent's default model and fallbacks), refused otherwise."""
     quota: Quota | None = None
     """A tenant's usage over a window (in a tenant policy: per tenant at scope `*`, per module or agent at those
-    scopes), checked before every model call: spent, the turn stops with `quota-exceeded` (docs/tenants.md)."""
+    scopes), checked before every model call: spent, the turn stops with `quota-exceeded` (docs/operate/tenants.md)."""
     max_output_tokens: int | None = Field(default=None, ge=1)
     """Cap on one model call's output tokens: neither the agent nor its `prepare_step` goes above it."""
 

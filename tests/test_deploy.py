@@ -406,7 +406,7 @@ def test_keda_scales_on_queue_length_and_cpu() -> None:
 
 
 def test_keda_keeps_an_old_release_while_steps_wait_in_its_fingerprint_queues() -> None:
-    """A release kept for turns pinned to its agent definitions scales on their queues too (docs/deploying.md)."""
+    """A release kept for turns pinned to its agent definitions scales on their queues too (docs/operate/deploying.md)."""
     queue = "stepq.fp.support.refunds.0123456789ab"
     docs = render(merged(VARIANTS["all-features"], {"autoscaling": {"keda": {"fingerprintQueues": [queue]}}}))
     triggers = one(docs, "ScaledObject", f"{FULLNAME}-worker")["spec"]["triggers"]

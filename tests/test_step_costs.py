@@ -26,7 +26,7 @@ Why the counts do not depend on timing (`make test-stress` runs this with CPU bu
   calls is in Redis's script cache: no NOSCRIPT reload trip).
 
 Not counted, because a delivery does not do it: Celery's enqueue of the next step (the task does, around
-`StepRunner.deliver`) and the model's latency (the scripted model has none). See bench/README.md
+`StepRunner.deliver`) and the model's latency (the scripted model has none). See docs/benchmarks.md
 (`bench.step_overhead`) for what these trips cost in time.
 """
 

@@ -121,7 +121,7 @@ class AgentDefinition(BaseModel):
     """For people (the CLI, the gateway's agent list); the model never sees it."""
     version: str | None = None
     """A human version string (`"2026.12.1"`, `"v2"`) shown beside the definition's fingerprint in traces and
-    `stepq status`; it names a deploy, the fingerprint says what changed (see docs/deploying.md)."""
+    `stepq status`; it names a deploy, the fingerprint says what changed (see docs/operate/deploying.md)."""
     prompt_version: str | None = None
     """The prompt's version, when the agent declares one: part of the fingerprint (prompt text is not, so a
     wording change needs no version bump); a changed prompt version is a compatible change."""

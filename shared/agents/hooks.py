@@ -7,7 +7,7 @@ A hook that raises is logged and counted (`stepq_hook_failures_total`) and the t
 wrapped in `fails_turn(fn)`: then the turn fails with the hook's error on one line. `on_tool_result`,
 `on_step_finish` and `on_turn_finish` run once per committed step, after its fenced commit (a fenced-off
 re-run never calls them); `on_step_start` and `on_model_request` run on each delivery that gets that far
-(a re-run after a crash says so: `rerun=True`). See docs/tracing.md.
+(a re-run after a crash says so: `rerun=True`). See docs/operate/tracing.md.
 """
 
 from __future__ import annotations

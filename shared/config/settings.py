@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     approval_secret: SecretStr | None = None
     approval_old_secrets: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     approval_ttl_s: float = Field(default=3600.0, gt=0)
-    # the key-encryption key of tenants' provider API keys in Redis (a Fernet key; see docs/tenants.md), and the
+    # the key-encryption key of tenants' provider API keys in Redis (a Fernet key; see docs/operate/tenants.md), and the
     # older ones still opened while keys sealed with them are re-sealed (comma-separated)
     credentials_key: SecretStr | None = None
     credentials_old_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
@@ -126,7 +126,7 @@ class Settings(BaseSettings):
     # are exhausted before any content streamed; an agent's own `fallbacks` win
     fallbacks: list[Fallback] = Field(default_factory=list)
 
-    # Provider batch APIs (turns submitted with provider_batch=True; see docs/operations.md)
+    # Provider batch APIs (turns submitted with provider_batch=True; see docs/operate/batches.md)
     provider_batch_window_s: float = Field(default=60.0, ge=0)  # a group is sent once its oldest request waited this
     provider_batch_max_size: int = Field(default=1000, ge=1)  # ...or once it holds this many requests
     provider_batch_poll_s: float = Field(default=30.0, gt=0)  # the flush-and-poll tick's period

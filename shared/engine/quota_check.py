@@ -1,4 +1,4 @@
-"""The tenant's usage quotas, checked before every model call (docs/tenants.md).
+"""The tenant's usage quotas, checked before every model call (docs/operate/tenants.md).
 
 The counters come with the step's lease (store/turns.py `_BEGIN`) when this process knows which ones the turn
 checks (its previous step ran here); otherwise, once, they are read apart. A spent quota stops the turn: it

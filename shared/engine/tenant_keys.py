@@ -1,4 +1,4 @@
-"""A tenant's own provider API key for this step's model call (docs/tenants.md).
+"""A tenant's own provider API key for this step's model call (docs/operate/tenants.md).
 
 The sealed record comes with the tenant's policy, read at the policy version the step's lease read (no round
 trip of its own); it is opened here, on the worker, and handed to the adapter only. The key is never put on

@@ -105,7 +105,7 @@ class ProviderAdapter(ABC):
         return None
 
     def use_credential(self, api_key: str) -> None:
-        """Send this adapter's calls with a tenant's API key instead of the fleet's (see docs/tenants.md); the
+        """Send this adapter's calls with a tenant's API key instead of the fleet's (see docs/operate/tenants.md); the
         providers that take one (anthropic, openai, openai-compatible) override it."""
         raise ProviderError(
             f"provider {self.name!r} takes no tenant API key; remove the tenant's key for it", retryable=False

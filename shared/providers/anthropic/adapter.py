@@ -155,7 +155,7 @@ class AnthropicAdapter(ProviderAdapter):
         try:
             messages = cast(Any, self.client_factory().messages)
             # The SDK makes the request (auth, headers, status errors); the raw SSE bytes are decoded here
-            # (raw_stream.py): the SDK's per-event decoding was most of a streamed delta's CPU (bench/README.md)
+            # (raw_stream.py): the SDK's per-event decoding was most of a streamed delta's CPU (docs/benchmarks.md)
             with messages.with_streaming_response.create(stream=True, **params) as response:
                 chunks = body_chunks(response.http_response)
                 if read_stream(chunks, acc, should_stop, self.label, self.auth_hint):
