@@ -218,5 +218,5 @@ def _what_next(tour: Tour, embedded: bool) -> None:
     else:
         tour.say('  • stepq run demo.support "Refund order A-1001"  decides approvals at the terminal;')
         tour.say("    stepq show TURN / stepq events TURN inspect any turn.")
-    tour.say("  • Write an agent (a @tool and an AgentDefinition): README.md, 'Writing an agent'.")
+    tour.say("  • Write an agent (a @tool and an AgentDefinition): docs/guides/writing-agents.md.")
     tour.say("  • make test runs the suite against real Redis and real Celery workers.")

@@ -1,6 +1,6 @@
 """The public API is exactly the documented list (after httpx's test of the same name).
 
-`stepq.__all__` is sorted, equals the names listed in README.md's "The Python API" section, and
+`stepq.__all__` is sorted, equals the names listed in the "The Python API" section of docs/guides/index.md, and
 every name is importable from `stepq` and defined inside the package.
 """
 
@@ -19,8 +19,8 @@ from tests.conftest import ROOT
 
 
 def documented_names() -> list[str]:
-    """The backticked names on the bullet lines of README.md's "## The Python API" section."""
-    text = (ROOT / "README.md").read_text()
+    """The backticked names on the bullet lines of the "## The Python API" section of docs/guides/index.md."""
+    text = (ROOT / "docs" / "guides" / "index.md").read_text()
     section = text.split("\n## The Python API\n", 1)[1].split("\n## ", 1)[0]
     bullets = re.findall(r"^- .*?(?=^\S|\Z)", section, re.DOTALL | re.MULTILINE)
     names: list[str] = []

@@ -53,7 +53,7 @@ def _kill_during_approved_mutation(settings: Settings, prefix: str) -> None:
 
 
 def test_a_tool_killed_mid_call_runs_again_with_the_same_idempotency_key(prefix: str) -> None:
-    """The rule the README states: a tool interrupted mid-call (its worker SIGKILLed) runs again in another
+    """The rule docs/concepts/durability.md states: a tool interrupted mid-call (its worker SIGKILLed) runs again in another
     worker process with the same `ToolContext.idempotency_key`, which is what lets it make its effect once."""
     from stepq.producer.client import Client
 

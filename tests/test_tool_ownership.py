@@ -2,7 +2,7 @@
 runs its own module's (or the one its module imports), whatever order the modules load in. A name two modules
 declare, listed by a module that declares or imports neither, is refused at load in one line naming both.
 
-The modules are tests/extmods/shop_*; the end-to-end case is the README's "Writing an agent" module beside the
+The modules are tests/extmods/shop_*; the end-to-end case is the agent module of docs/guides/writing-agents.md beside the
 bundled demo agents, which declare tools of the same names."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from tests.test_cli_errors import embedded_env, run
 
 SHOP_A, SHOP_B = "tests.extmods.shop_a", "tests.extmods.shop_b"
 REUSE, VAGUE = "tests.extmods.shop_reuse", "tests.extmods.shop_vague"
-README_MODULE = "# myagents/support.py\n"
+GUIDE = ROOT / "docs" / "guides" / "writing-agents.md"
+GUIDE_MODULE = "# myagents/support.py\n"
 
 
 def _loaded(modules: list[str], one_by_one: bool) -> AgentRegistry:
@@ -63,10 +64,10 @@ def test_a_name_two_modules_declare_is_refused_where_it_is_ambiguous(order: list
     assert registry.get("shopa.agent") is None  # nothing of a refused load is kept
 
 
-def _readme_module(tmp_path: Path) -> Path:
-    """The README's agent module, written where `STEPQ_AGENT_MODULES=myagents.support` finds it."""
-    blocks = re.findall(r"^```python\n(.*?)^```$", (ROOT / "README.md").read_text(), re.DOTALL | re.MULTILINE)
-    [code] = [b for b in blocks if b.startswith(README_MODULE)]
+def _guide_module(tmp_path: Path) -> Path:
+    """The writing-agents guide's agent module, written where `STEPQ_AGENT_MODULES=myagents.support` finds it."""
+    blocks = re.findall(r"^```python\n(.*?)^```$", GUIDE.read_text(), re.DOTALL | re.MULTILINE)
+    [code] = [b for b in blocks if b.startswith(GUIDE_MODULE)]
     package = tmp_path / "myagents"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -79,8 +80,8 @@ def _readme_module(tmp_path: Path) -> Path:
     ["myagents.support,stepq.agents.demo", "stepq.agents.demo,myagents.support"],
     ids=["mine-first", "demo-first"],
 )
-def test_the_readme_agent_runs_its_own_tools_beside_the_demo_agents(tmp_path: Path, modules: str):
-    folder = _readme_module(tmp_path)
+def test_the_guide_agent_runs_its_own_tools_beside_the_demo_agents(tmp_path: Path, modules: str):
+    folder = _guide_module(tmp_path)
     env = embedded_env(STEPQ_AGENT_MODULES=modules)
     args = ["run", "support.agent", "Refund order_id: A-1", "--provider", "test", "--approve-all", "--json"]
     proc = run(env, *args, cwd=folder)
@@ -88,8 +89,8 @@ def test_the_readme_agent_runs_its_own_tools_beside_the_demo_agents(tmp_path: Pa
     assert "Traceback" not in proc.stderr, proc.stderr
     result = json.loads(proc.stdout)
     assert result["status"] == "completed", result
-    assert '"item": "kettle"' in result["text"]  # the README's orders, not the demo's ("no order A-1")
-    assert '"refunded_eur"' in result["text"]  # the README's Payments ran the refund
+    assert '"item": "kettle"' in result["text"]  # the guide's orders, not the demo's ("no order A-1")
+    assert '"refunded_eur"' in result["text"]  # the guide's Payments ran the refund
 
     explained = run(env, "agents", "--explain", "support.agent", cwd=folder)
     assert explained.returncode == 0, explained.stderr

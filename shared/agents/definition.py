@@ -245,7 +245,7 @@ class AgentDefinition(BaseModel):
     """`minimal`, `low`, `medium` or `high`: OpenAI's `reasoning_effort`, Gemini's thinking level. Per step too."""
     thinking_budget: int | None = Field(default=None, ge=0)
     """Thinking tokens per step: Anthropic's (and Claude on Bedrock's) `budget_tokens`, Gemini's
-    `thinkingBudget` (see docs/agent-contract.md). Wins over `provider_options["thinking_budget"]`."""
+    `thinkingBudget` (see docs/guides/agent-contract.md). Wins over `provider_options["thinking_budget"]`."""
     fall_through_unconfigured: bool = False
     """When this deployment has not configured `default_provider` (no credential, no SDK), run the turn on the
     first configured provider of `fallbacks` (in order; STEPQ_FALLBACKS when unset) instead of refusing it."""
