@@ -108,8 +108,8 @@ class Settings(BaseSettings):
     """Comma-separated former `STEPQ_CREDENTIALS_KEY` values that still decrypt stored tenant keys (rotation)."""
 
     provider: str | None = None
-    """Provider for agents that name none (`anthropic`, `gemini`, `bedrock`, `openai`, `openai-compatible`, `azure-
-    openai`, `scripted`).
+    """Provider for agents that name none (`anthropic`, `gemini`, `bedrock`, `openai`, `openai-compatible`,
+    `azure-openai`, `scripted`).
     """
     model: str | None = None
     """Model for agents that name none; `provider/model` sets both."""
