@@ -23,7 +23,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argpar
 
 
 def _usage(parser: argparse.ArgumentParser) -> str:
-    parser.formatter_class = functools.partial(argparse.HelpFormatter, width=WIDTH)  # type: ignore[assignment]
+    parser.formatter_class = functools.partial(argparse.HelpFormatter, width=WIDTH)
     return parser.format_usage().strip()
 
 

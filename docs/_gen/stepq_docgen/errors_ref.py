@@ -43,7 +43,7 @@ def _samples(cls: type[errors.StepqError]) -> list[errors.StepqError]:
     refusals = {errors.ApprovalError: errors.ApprovalRefusal, errors.ToolResultsError: errors.ToolResultsRefusal}
     for error, refusal in refusals.items():
         if issubclass(cls, error):
-            return [cls(code, "message") for code in refusal]  # type: ignore[call-arg]
+            return [cls(code, "message") for code in refusal]
     kwargs = {name: _SAMPLE_ARGS[name] for name in params if name in _SAMPLE_ARGS}
     if "message" in params:
         return [cls("message", **kwargs)]
@@ -86,7 +86,7 @@ def _refusals(enum: type[StrEnum], error: type[errors.StepqError]) -> list[str]:
     out = [f"### `{enum.__name__}`", "", _summary(enum), ""]
     out += ["| Code | Member | Meaning | HTTP |", "|---|---|---|---|"]
     for member in enum:
-        sample = error(member, "message")  # type: ignore[call-arg]
+        sample = error(member, "message")
         out.append(f"| `{member.value}` | `{member.name}` | {comments.get(member.name, '')} | {_gateway(sample)} |")
     return [*out, ""]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+import types
 from enum import Enum
 from typing import Any, Union, get_args, get_origin
 
@@ -52,7 +53,7 @@ def type_of(field: FieldInfo) -> str:
     """How the value is written in the environment."""
     annotation = field.annotation
     optional = False
-    if get_origin(annotation) in (Union, getattr(__import__("types"), "UnionType", Union)):
+    if get_origin(annotation) in (Union, types.UnionType):
         args = [a for a in get_args(annotation) if a is not type(None)]
         optional = len(args) < len(get_args(annotation))
         annotation = args[0] if len(args) == 1 else annotation
@@ -66,7 +67,8 @@ def type_of(field: FieldInfo) -> str:
     elif annotation is SecretStr:
         text = "secret string"
     else:
-        text = {bool: "boolean", int: "integer", float: "number", str: "string"}.get(annotation, str(annotation))
+        words: dict[Any, str] = {bool: "boolean", int: "integer", float: "number", str: "string"}
+        text = words.get(annotation, str(annotation))
     bounds = [f"{sign} {getattr(m, attr)}" for m in field.metadata for attr, sign in _LIMITS if hasattr(m, attr)]
     pattern = next((m.pattern for m in field.metadata if getattr(m, "pattern", None)), None)
     if pattern:
