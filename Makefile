@@ -39,6 +39,7 @@ lint: $(STAMP)
 	for f in shared/*; do ln -s "$$PWD/$$f" build/typecheck/stepq/; done
 	ln -s "$$PWD/workers" "$$PWD/producer" build/typecheck/stepq/
 	MYPYPATH=build/typecheck $(BIN)/mypy -p stepq
+	MYPYPATH=build/typecheck:docs/_gen $(BIN)/mypy docs/_gen/hooks.py docs/_gen/stepq_docgen  # the site's generators
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .
