@@ -74,6 +74,9 @@ def test_generated_pages_hold_what_the_code_holds(site: Path):
     assert all(f"EventType.{member.name}" in events for member in stepq.EventType)
     http_api = page_text(site, "reference/http-api")
     assert "POST /v1/turns" in http_api and "GET /v1/turns/{turn_id}/events" in http_api
+    # each route's own credential line: between its heading and the next heading's ¶
+    assert re.search(r"POST /v1/turns\s+¶\s+Submit\.[^¶]*Credential:\s+scope\s+submit", http_api)
+    assert re.search(r"GET /healthz\s+¶[^¶]*Credential:\s+none", http_api)
     errors = page_text(site, "reference/errors")
     assert all(name in errors for name in stepq.__all__ if name.endswith("Error"))
     python_api = page_text(site, "reference/python-api")

@@ -3,7 +3,12 @@ the settings and auth it uses), then `app.openapi()` rendered as Markdown, with 
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Iterator
 from typing import Any
+
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
 
 from stepq.config.settings import Settings
 from stepq.producer.gateway.app import create_app
@@ -14,13 +19,42 @@ from stepq_docgen import escape_text
 METHODS = ("get", "post", "put", "patch", "delete")
 # the app is only built, never started: nothing connects to this address
 UNUSED_REDIS = "redis://127.0.0.1:1/0"
+REQUIRE = "require.<locals>.dependency"  # stepq.producer.gateway.auth.require's dependency: it names the scopes
 
 
-def openapi() -> dict[str, Any]:
-    """The OpenAPI document of the app `stepq serve` runs (the same routers, whatever the credentials)."""
+def app() -> FastAPI:
+    """The app `stepq serve` runs (the same routers, whatever the credentials)."""
     settings = Settings(redis_url=UNUSED_REDIS, agent_modules=[DEMO_AGENTS])
-    app = create_app(settings, AuthConfig.from_settings(settings, insecure_dev=True))
-    return app.openapi()
+    return create_app(settings, AuthConfig.from_settings(settings, insecure_dev=True))
+
+
+def _routes(routes: list[Any]) -> Iterator[APIRoute]:
+    """Every APIRoute, inside included routers too."""
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield route
+        included = getattr(route, "original_router", None) or getattr(route, "router", None)
+        if included is not None and hasattr(included, "routes"):
+            yield from _routes(included.routes)
+
+
+def _accepted(dependant: Any) -> list[tuple[str, ...]]:
+    """The scopes each `auth.require(...)` dependency of a route accepts (any one of a tuple will do)."""
+    found = []
+    for dependency in dependant.dependencies:
+        if getattr(dependency.call, "__qualname__", "") == REQUIRE:
+            found.append(tuple(inspect.getclosurevars(dependency.call).nonlocals["accepted"]))
+        found += _accepted(dependency)
+    return found
+
+
+def scopes(application: FastAPI) -> dict[tuple[str, str], list[tuple[str, ...]]]:
+    """(METHOD, path) -> the scopes its credential needs; an empty list: no credential needed."""
+    return {
+        (method, route.path): _accepted(route.dependant)
+        for route in _routes(application.routes)
+        for method in route.methods or ()
+    }
 
 
 def _ref_name(ref: str) -> str:
@@ -48,10 +82,17 @@ def _cell(text: str) -> str:
     return escape_text(" ".join(str(text).split()).replace("|", "\\|"))
 
 
-def _operation(path: str, method: str, op: dict[str, Any]) -> list[str]:
+def _credential(needed: list[tuple[str, ...]]) -> str:
+    if not needed:
+        return "**Credential:** none."
+    return "**Credential:** " + "; ".join(" or ".join(f"scope `{s}`" for s in accepted) for accepted in needed) + "."
+
+
+def _operation(path: str, method: str, op: dict[str, Any], needed: list[tuple[str, ...]]) -> list[str]:
     out = [f"### `{method.upper()} {path}`", ""]
     if op.get("summary"):
         out += [f"**{op['summary']}.**" + (f" {_cell(op['description'])}" if op.get("description") else ""), ""]
+    out += [_credential(needed), ""]
     params = op.get("parameters", [])
     if params:
         out += ["| Parameter | In | Required | Type | Description |", "|---|---|---|---|---|"]
@@ -92,7 +133,9 @@ def _schema(name: str, schema: dict[str, Any]) -> list[str]:
 
 
 def render() -> str:
-    document = openapi()
+    application = app()
+    document = application.openapi()
+    needs = scopes(application)
     info = document["info"]
     out = [f"{info.get('description', '')} (OpenAPI {document['openapi']}, API version {info['version']}.)", ""]
     by_tag: dict[str, list[tuple[str, str, dict[str, Any]]]] = {}
@@ -104,7 +147,9 @@ def render() -> str:
     for tag, operations in by_tag.items():
         out += [f"## {tag[:1].upper() + tag[1:]}", ""]
         for path, method, op in operations:
-            out += _operation(path, method, op)
+            if (method.upper(), path) not in needs:  # the walk over the routers missed it: say so, never guess
+                raise LookupError(f"{method.upper()} {path} of the OpenAPI document is not among the app's routes")
+            out += _operation(path, method, op, needs[method.upper(), path])
     out += ["## Schemas", ""]
     for name, schema in document.get("components", {}).get("schemas", {}).items():
         out += _schema(name, schema)
