@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # `make demo` installs only the embedded extra (no dev toolchain); an up-to-date dev install covers it.
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo test test-stress lint format bench clean vendor-web
+.PHONY: demo test test-stress lint format bench clean vendor-web docs docs-serve
 
 demo: $(DEMO_STAMP)
 	$(BIN)/stepq demo
@@ -39,10 +39,22 @@ lint: $(STAMP)
 	for f in shared/*; do ln -s "$$PWD/$$f" build/typecheck/stepq/; done
 	ln -s "$$PWD/workers" "$$PWD/producer" build/typecheck/stepq/
 	MYPYPATH=build/typecheck $(BIN)/mypy -p stepq
+	MYPYPATH=build/typecheck:docs/_gen $(BIN)/mypy docs/_gen/hooks.py docs/_gen/stepq_docgen  # the site's generators
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+# The documentation site (mkdocs.yml): built strictly into site/ (a broken link or anchor, a page left out of
+# the nav, a warning of any kind fails it, as tests/test_docs_site.py does under `make test`); the Reference
+# pages are generated from the code at build time (docs/_gen). DOCS_ADDR: where docs-serve listens.
+DOCS_ADDR ?= 127.0.0.1:8001
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr $(DOCS_ADDR)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.step_overhead

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from stepq.batches import driver as batch_driver
 from stepq.batches.items import (
@@ -42,6 +42,9 @@ from stepq.producer.client import Client
 from stepq.producer.failures import UsageError
 from stepq.producer.render import money
 from stepq.store.connection import get_many
+
+if TYPE_CHECKING:
+    import argparse
 
 
 @dataclass
@@ -533,8 +536,11 @@ def approve_batch_command(client: Client, args: Any) -> int:
     return 0 if not refused else 1
 
 
-def _follow_main(command: str, args_list: list[str]) -> int:
-    """`stepq batch status|wait|results|submit …`."""
+FOLLOW_COMMANDS = ("submit", "status", "wait", "results")
+
+
+def follow_parser(command: str) -> argparse.ArgumentParser:
+    """The parser of `stepq batch <command>` (one of FOLLOW_COMMANDS; the CLI reference is generated from it)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog=f"stepq batch {command}")
@@ -560,6 +566,12 @@ def _follow_main(command: str, args_list: list[str]) -> int:
     if command == "results":
         parser.add_argument("--output", required=True, type=Path)
         parser.add_argument("--partial", action="store_true", help="write the results so far of a running batch")
+    return parser
+
+
+def _follow_main(command: str, args_list: list[str]) -> int:
+    """`stepq batch status|wait|results|submit …`."""
+    parser = follow_parser(command)
     ns = parser.parse_args(args_list)
     if command == "submit" and ns.concurrency < 1:
         parser.error("--concurrency must be at least 1")
@@ -591,13 +603,10 @@ def _follow_main(command: str, args_list: list[str]) -> int:
         return 2
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`stepq batch --agent A --input items.jsonl --output results.jsonl`, or `stepq batch submit|status|wait|results`."""
+def batch_parser() -> argparse.ArgumentParser:
+    """The parser of `stepq batch` itself (the CLI reference is generated from it)."""
     import argparse
 
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] and args_list[0] in ("submit", "status", "wait", "results"):
-        return _follow_main(args_list[0], args_list[1:])
     parser = argparse.ArgumentParser(
         prog="stepq batch",
         description="Run a JSONL file of items through an agent. `stepq batch submit|status|wait|results` "
@@ -615,6 +624,15 @@ def main(argv: list[str] | None = None) -> int:
         default="refuse",
         help="a key on several lines: refuse the file (default, naming the lines), or keep its first or last line",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`stepq batch --agent A --input items.jsonl --output results.jsonl`, or `stepq batch submit|status|wait|results`."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] and args_list[0] in FOLLOW_COMMANDS:
+        return _follow_main(args_list[0], args_list[1:])
+    parser = batch_parser()
     ns = parser.parse_args(args_list)
     if ns.concurrency < 1:
         parser.error("--concurrency must be at least 1")

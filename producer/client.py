@@ -366,7 +366,7 @@ class Client:
         idle_timeout: seconds without a new event before WaitTimeoutError; None waits as long as the turn runs.
 
         Raises TurnNotFoundError for an unknown turn, EventCursorError for a bad `after`, and in embedded
-        mode NoWorkerError when no worker in this process can run the turn. Event fields: docs/events.md.
+        mode NoWorkerError when no worker in this process can run the turn. Event fields: docs/reference/events.md.
         """
         self.get(turn_id)
 

@@ -8,6 +8,8 @@ import re
 import shlex
 import subprocess
 import sys
+import types
+import typing
 from pathlib import Path
 
 import pytest
@@ -263,12 +265,49 @@ def test_stepq_worker_runs_turns(env, tmp_path):
             worker.wait()
 
 
-# settings read from a family of variables rather than one: the README names the family
+# settings read from a family of variables rather than one: the reference names the family
 VARIABLE_FAMILIES = {"module_models": "`STEPQ_<MODULE>_PROVIDER` / `STEPQ_<MODULE>_MODEL`"}
 
 
-def test_readme_documents_every_setting():
-    readme = (ROOT / "README.md").read_text()
-    documented = {name: VARIABLE_FAMILIES.get(name, f"`STEPQ_{name.upper()}`") for name in Settings.model_fields}
-    missing = [variable for variable in documented.values() if variable not in readme]
-    assert not missing, f"README.md's configuration table lacks {missing}"
+_TYPE_WORDS: dict[object, str] = {bool: "boolean", int: "integer", float: "number", str: "string"}
+
+
+def _shown_default(value: object) -> str:
+    """The start of the default as the reference shows it: `true`, `16`, `stepq`; unset; other values vary."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, int | float | str):
+        return f"`{int(value) if isinstance(value, float) and value.is_integer() else value}`"
+    return ""
+
+
+def test_settings_reference_documents_every_setting():
+    """docs/reference/settings.md's generated part has a section per field of Settings: its variable, its type,
+    its default and its description (the field's docstring), none of them left out."""
+    sys.path.insert(0, str(ROOT / "docs" / "_gen"))
+    from stepq_docgen import settings_ref
+
+    page = settings_ref.render()
+    found = {
+        heading: body
+        for heading, body in re.findall(r"^### ([^\n]+)\n\n(.*?)(?=^##|\Z)", page, re.MULTILINE | re.DOTALL)
+    }
+    for name, field in Settings.model_fields.items():
+        heading = VARIABLE_FAMILIES.get(name, f"`STEPQ_{name.upper()}`")
+        assert heading in found, f"the settings reference lacks {heading}"
+        body = found[heading]
+        optional = isinstance(field.annotation, types.UnionType)  # `int | None`: the type without None
+        plain = (
+            [a for a in typing.get_args(field.annotation) if a is not type(None)] if optional else [field.annotation]
+        )
+        assert f"**Type:** {_TYPE_WORDS.get(plain[0], '')}" in body, f"{heading}: {body!r}"
+        assert f"**Default:** {_shown_default(field.get_default(call_default_factory=True))}" in body, (
+            f"{heading}: {body!r}"
+        )
+        assert field.description, f"Settings.{name} has no docstring: the reference has nothing to say about it"
+        assert " ".join(field.description.split())[:40] in " ".join(body.split()).replace("&lt;", "<").replace(
+            "&gt;", ">"
+        )
+    assert len(found) == len(Settings.model_fields)

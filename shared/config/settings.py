@@ -65,122 +65,264 @@ class Prices(BaseModel):
 class Settings(BaseSettings):
     """Every knob stepq reads. Unset `redis_url` means the embedded default (no services)."""
 
-    model_config = SettingsConfigDict(env_prefix="STEPQ_", extra="ignore")
+    # use_attribute_docstrings: each field's docstring is its description, which the settings reference
+    # (docs/reference/settings.md) is generated from
+    model_config = SettingsConfigDict(env_prefix="STEPQ_", extra="ignore", use_attribute_docstrings=True)
 
     redis_url: str | None = None  # redis://, rediss:// or unix://; unset: embedded mode
+    """Redis for turn state, event logs, approvals, leases and rate limits (`redis://`, `rediss://`, `unix://`,
+    `redis+sentinel://host:port[,host:port]/<master>[/<db>]` to follow Sentinel failovers, or
+    `redis+cluster://host:port[,host:port]` for a Redis Cluster: turns, threads and batches spread over its masters
+    and the broker must be `amqp://`, see Deploy and operate, Redis). Unset: an in-process fakeredis and the
+    `memory://` broker, one process only.
+    """
     broker_url: str | None = None  # any Celery broker URL; unset: redis_url
+    """Celery broker (`redis://…` or `amqp://…`). Required (`amqp://`) when `STEPQ_REDIS_URL` is a cluster: a Redis
+    Cluster cannot be the broker. Unset: the Redis URL.
+    """
     key_prefix: str = "stepq"
+    """Prefix of every Redis key stepq writes (and of Celery's keys on a Redis broker)."""
     # the sweeper's worklists are split into this many keys, each in its own Redis Cluster slot (see keys.py)
     redis_index_shards: int = Field(default=16, ge=1, le=1024)
+    """How many keys (each its own Redis Cluster slot) the sweeper's worklists of active and parked turns are split
+    into (1 to 1024). Change it only on a drained deployment (Deploy and operate, Redis).
+    """
     agent_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Comma-separated modules that define agents and tools. The embedded CLI adds `stepq.agents.demo`."""
 
     approval_secret: SecretStr | None = None
+    """HMAC key that signs approval tokens, at least 32 bytes. Set it in production (`stepq serve` requires it). Unset:
+    a generated secret kept in Redis.
+    """
     approval_old_secrets: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    """Comma-separated former secrets that still verify tokens (rotation)."""
     approval_ttl_s: float = Field(default=3600.0, gt=0)
+    """How long an approval stays open; an expired one resolves as a denial. An agent's `approval_ttl_s` overrides it."""
     # the key-encryption key of tenants' provider API keys in Redis (a Fernet key; see docs/operate/tenants.md), and the
     # older ones still opened while keys sealed with them are re-sealed (comma-separated)
     credentials_key: SecretStr | None = None
+    """The Fernet key that encrypts tenants' provider API keys at rest in Redis (`stepq tenant-key set`); needed only
+    when a tenant key is stored (see Deploy and operate, Tenants).
+    """
     credentials_old_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    """Comma-separated former `STEPQ_CREDENTIALS_KEY` values that still decrypt stored tenant keys (rotation)."""
 
     provider: str | None = None
+    """Provider for agents that name none (`anthropic`, `gemini`, `bedrock`, `openai`, `openai-compatible`,
+    `azure-openai`, `scripted`).
+    """
     model: str | None = None
+    """Model for agents that name none; `provider/model` sets both."""
     # STEPQ_<MODULE>_PROVIDER / STEPQ_<MODULE>_MODEL, by module (the part of an agent id before the dot);
     # read from the environment unless given (see stepq.config.module_models)
     module_models: dict[str, ModuleModel] = Field(default=None, validate_default=True)
+    """The provider / model of every agent whose id starts with `<module>.` (e.g. `STEPQ_SUPPORT_MODEL` for
+    `support.*`), ahead of the agents' own defaults; read from the environment's `STEPQ_<MODULE>_PROVIDER` /
+    `STEPQ_<MODULE>_MODEL` variables (a module provider comes with its module model; `provider/model` in the model
+    variable sets both).
+    """
 
     # the environment layer of the resolution chain (stepq.policy.resolution): JSON, one Policy for every agent
     # ({"max_steps": 5, "models": ["anthropic/*"]}) or policies by scope ({"*": {...}, "support.refunds": {...}})
     policy: dict[str, Policy] = Field(default_factory=dict)
+    """The environment layer of the resolution chain: JSON, one policy for every agent (`{"max_steps": 5, "models":
+    ["anthropic/*"]}`) or policies by scope (`{"*": {...}, "support": {...}, "support.refunds": {...}}`); fields as
+    `stepq policy set` (see Concepts, Policies). Each worker applies its own at each step.
+    """
     # budgets by name (`small`, `standard`, `long` and any added): JSON {"name": {max_tool_calls, max_tokens, ...}};
     # a name given replaces the default of that name, the other defaults stay (see stepq.models.DEFAULT_BUDGET_PRESETS)
     budget_presets: dict[str, Budget] = Field(default_factory=lambda: dict(DEFAULT_BUDGET_PRESETS))
+    """JSON `{"name": {budget fields}}` adding or replacing the named budget presets that `LoopConfig(budget="small")`,
+    `loop={"budget": ...}` and policies may name (see Deploy and operate, Tenants).
+    """
 
     # Celery / durability
     redis_outage_s: float = Field(default=60.0, ge=0)  # how long Redis calls retry through an outage before failing
+    """How long a Redis call retries connection errors and timeouts (backoff up to 1 s) before it fails: a restart or
+    failover shorter than this costs a pause, not a turn. A Redis this process never reached (any process: a
+    `Client`, a worker, the gateway, a CLI command) is given up on after 3 s instead.
+    """
     redis_socket_timeout_s: float = Field(default=10.0, gt=0)  # per Redis read/write; a stalled call then retries
+    """Socket timeout of every Redis call (a stalled call is retried within the outage window)."""
     visibility_timeout_s: int = Field(default=3600, ge=1)
+    """Redis broker: seconds before an unacked message is handed out again."""
     # a dead worker's step is taken over within about lease_ttl_s + sweep_interval_s (renewed every third of it)
     lease_ttl_s: float = Field(default=6.0, gt=0)
+    """A running step's lease; renewed every third of it, and once it lapses another worker may take the step over (the
+    sweeper re-enqueues it).
+    """
     sweep_interval_s: float = Field(default=1.5, gt=0)
+    """How often beat runs the sweeper. A dead worker's step resumes within about lease TTL + this."""
     reschedule_countdown_s: float | None = Field(default=None, ge=0)  # default: lease_ttl_s / 2
+    """A delivery that finds the step leased by another worker looks again after this. Unset: half of
+    `STEPQ_LEASE_TTL_S`.
+    """
     queue: str = Field(default="stepq", min_length=1)
+    """Queue for interactive turns; batch turns use `<queue>.batch`, drained after it."""
     broker_transport_options: dict[str, Any] = Field(default_factory=dict)
+    """Merged into Celery's `broker_transport_options`."""
     # JSON {"provider/model" | "provider": {rpm, tpm, concurrency, ...}}; an agent's own rate_limit wins
     rate_limits: dict[str, RateLimit] = Field(default_factory=dict)
+    """Fleet-wide limits per `"provider/model"` or `"provider"`: `{"rpm": …, "tpm": …, "concurrency": …}`."""
     prices: dict[str, Prices] = Field(default_factory=dict)  # JSON {"provider/model": {input_per_mtok, ...}}
+    """Per `"provider/model"` (or `"provider"`): `{"input_per_mtok": …, "output_per_mtok": …, "cache_read_per_mtok": …,
+    "cache_write_per_mtok": …, "batch_factor": 0.5}` per million tokens (cache prices default to the input price; a
+    step answered through a provider batch API costs `batch_factor` of the online price). Each step's trace,
+    `TurnResult.cost`, `turn-finish`, the `stepq batch` summary (the sum of its turns' costs) and `stepq_cost_total`
+    carry the cost, computed in decimals: uncached input, output, cache reads and writes each at their price
+    (Gemini's prompt count includes cached tokens; they are billed as cache reads only).
+    """
     metrics_tenant_key: str | None = None  # metadata key whose value labels token/cost metrics as `tenant`
+    """A turn metadata key whose value labels `stepq_tokens_total` and `stepq_cost_total` as `tenant`."""
     queued_grace_s: float = Field(default=300.0, gt=0)  # a queued turn untouched this long lost its message
+    """A queued or running turn untouched this long is presumed to have lost its message and is re-enqueued."""
     beat: bool = True  # `stepq worker` runs the sweeper's schedule unless --no-beat
+    """Whether `stepq worker` embeds beat (the sweeper's schedule); `--beat` / `--no-beat` override it."""
     memory_polling_interval_s: float = Field(default=0.01, gt=0)
+    """Embedded mode: how often the `memory://` broker is polled."""
 
     # Observability
     metrics_port: int = Field(default=9464, ge=0, le=65535)  # each worker serves /metrics here; 0 disables
+    """Each worker serves Prometheus metrics at `/metrics` on the first free port from this one up (several workers
+    share a host; `stepq worker --metrics-port N` sets it per worker); `0` disables. See Deploy and operate,
+    Metrics.
+    """
     metrics_host: str = "0.0.0.0"
+    """Address the metrics server binds."""
     log_json: bool = False  # one JSON object per log line
+    """Logs as one JSON object per line (with `turn_id`, `step`, `attempt` inside a step). Secrets are redacted either
+    way.
+    """
 
     # Retry before the first chunk
     retry_base_s: float = Field(default=1.0, ge=0)
+    """Retry before the first chunk: backoff base (full jitter) when the provider gives no retry-after."""
     retry_cap_s: float = Field(default=30.0, ge=0)
+    """Longest backoff."""
     retry_max_attempts: int = Field(default=5, ge=0)
+    """Attempts per step before the turn fails (or fails over)."""
     # JSON list of {provider, model} (or "provider/model") a step fails over to, in order, when its attempts
     # are exhausted before any content streamed; an agent's own `fallbacks` win
     fallbacks: list[Fallback] = Field(default_factory=list)
+    """JSON list of `{"provider", "model"}` (or `"provider/model"`) a step fails over to, in order, for agents without
+    `fallbacks` of their own (see Providers, Failover). An unknown provider or a malformed entry stops every process
+    at start with one line.
+    """
 
     # Provider batch APIs (turns submitted with provider_batch=True; see docs/operate/batches.md)
     provider_batch_window_s: float = Field(default=60.0, ge=0)  # a group is sent once its oldest request waited this
+    """Provider batch APIs: a group (provider/model) of parked requests is sent once its oldest waited this long..."""
     provider_batch_max_size: int = Field(default=1000, ge=1)  # ...or once it holds this many requests
+    """...or once it holds this many (one provider batch each)."""
     provider_batch_poll_s: float = Field(default=30.0, gt=0)  # the flush-and-poll tick's period
+    """How often beat runs the provider-batch tick (flush parked requests, poll open batches)."""
     provider_batch_deadline_s: float = Field(default=24 * 3600.0, gt=0)  # then a pending request runs online
+    """A request still unanswered this long after its step parked is cancelled and the step runs online."""
     provider_batch_online_fallback: bool = True  # a request whose batch attempts all failed runs online
+    """A request that failed in its batch on every attempt (`STEPQ_RETRY_MAX_ATTEMPTS`) runs online; `false` fails the
+    turn instead.
+    """
     # s3://bucket/prefix for Bedrock batch inference input and output (the provider reads the same variable)
     bedrock_batch_bucket: str | None = Field(default=None, pattern=r"^s3://[a-z0-9][a-z0-9.-]+(/.*)?$")
+    """`s3://bucket/prefix` where Bedrock batch inference jobs read their input and write their output; unset: Bedrock
+    steps of provider-batch turns run online.
+    """
     bedrock_batch_role_arn: str | None = None  # the IAM role Bedrock assumes to read and write that bucket
+    """The IAM role Bedrock assumes for those jobs (it needs read and write on the bucket prefix)."""
 
     # Streams
     coalesce_window_ms: float = Field(default=10.0, ge=0)
+    """Text deltas are merged per window before they are published; `0` publishes each one."""
     event_ttl_s: int = Field(default=24 * 3600, ge=1)  # a finished turn's state and events are kept this long
+    """How long a finished turn's state and events are kept."""
     thread_ttl_s: int = Field(default=30 * 24 * 3600, ge=1)  # a thread outlives its turns; renewed on each use
+    """How long a thread (a conversation continued with `Client.continue_thread` or `POST /v1/threads/{id}/turns`) is
+    kept after its last use, apart from its turns.
+    """
     event_maxlen: int = Field(default=100_000, ge=1)
+    """Cap on one turn's event log."""
     cancel_poll_s: float = Field(default=0.05, gt=0)
+    """How often a running step checks for cancellation."""
 
     # Input limits
     max_prompt_chars: int = Field(default=200_000, ge=1)
+    """Largest prompt (or message list) accepted at submit."""
     max_messages: int = Field(default=500, ge=1)
+    """Most messages accepted at submit."""
     max_tool_result_chars: int = Field(default=20_000, ge=1)
+    """Tool results longer than this are truncated, with a marker, before the model sees them."""
     compact_at: float = Field(default=0.8, ge=0, le=1)  # of the context window; 0 turns compaction off
+    """Compact what the model sees when a request would fill more than this share of the model's context window; `0`
+    turns compaction off. See Guides, Compaction.
+    """
     context_windows: dict[str, Annotated[int, Field(gt=0)]] = Field(
         default_factory=dict
     )  # {"provider/model" | "model": tokens}
+    """Context windows in tokens by `"provider/model"` or `"model"`, over the built-in table
+    (`shared/engine/compaction.py`).
+    """
     compact_keep_recent: int = Field(default=4, ge=1)  # latest messages whose tool results are never cut
+    """The latest messages whose tool results compaction never cuts."""
     compact_tool_result_chars: int = Field(default=500, ge=0)  # what an older tool result is cut to
+    """What an older tool result is cut to when compacting."""
     tool_max_lingering: int = Field(default=4, ge=1)  # per tool: calls still running past their timeout
+    """Calls of one tool still running after their timeout (ignoring `ctx.cancelled`) a worker process tolerates; more
+    calls of that tool are refused until one ends.
+    """
     tool_error_chars: int = Field(default=300, ge=20)  # a tool exception's message as the model reads it
+    """A raising tool's message, as the model reads it, is cut to this (after secrets are masked)."""
 
     # Attachments: files in user messages, checked at submit and stored once per turn
     attachment_max_bytes: int = Field(default=32 * 2**20, ge=1)  # one file
+    """Largest file accepted at submit (and fetched from a URL by a worker). See Guides, Attachments."""
     attachment_turn_max_bytes: int = Field(default=64 * 2**20, ge=1)  # every file of one turn together
+    """Most bytes of files one turn may carry."""
     attachment_redis_max_bytes: int = Field(default=32 * 2**20, ge=0)  # a larger file goes to the object store
+    """Largest file stored in Redis; a larger one goes to `STEPQ_ATTACHMENT_STORE_URL`, or is refused without it."""
     # s3://bucket/prefix: where files above attachment_redis_max_bytes go (through boto3)
     attachment_store_url: str | None = Field(default=None, pattern=r"^s3://[a-z0-9][a-z0-9.-]+(/.*)?$")
+    """`s3://bucket/prefix` for files above the Redis threshold (boto3, the worker's and producer's AWS credentials)."""
     # URL prefixes (scheme://host[:port][/path]) whose files a worker may fetch; empty: URLs are refused
     attachment_url_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Comma-separated `scheme://host[:port][/path]` (or `s3://bucket/prefix`) prefixes of URLs a worker may fetch
+    files from; empty refuses every http(s) and s3 file URL.
+    """
 
     # HTTP gateway (`stepq serve`); with no API keys and no JWT settings it starts only with --insecure-dev
     api_keys: list[dict[str, Any]] = Field(default_factory=list)  # JSON: [{sha256, tenant, subject, scopes}]
+    """Gateway API keys, JSON: `[{"sha256": "<hex of sha256(key)>", "tenant": "…", "subject": "…", "scopes": ["submit",
+    "read", "approve"]}]`; an optional `"policy": {...}` (a `Policy`) is the caller layer of that key's turns.
+    """
     api_keys_file: str | None = None  # the same JSON list in a file (a mounted secret)
+    """The same list in a file (a mounted secret)."""
     jwt_secret: SecretStr | None = None  # HS256
+    """Gateway: HS256 secret for bearer JWTs."""
     jwt_jwks_file: str | None = None  # RS256: a JWKS document on disk
+    """Gateway: a JWKS document whose keys verify RS256 JWTs (picked by `kid`)."""
     jwt_audience: str | None = None
+    """Checked in JWTs when set."""
     jwt_issuer: str | None = None
+    """Checked in JWTs when set."""
     jwt_tenant_claim: str = "tenant"
+    """The JWT claim naming the caller's tenant."""
     gateway_host: str = "127.0.0.1"
+    """Where `stepq serve` listens (`--host` / `--port` override)."""
     gateway_port: int = Field(default=8000, ge=0, le=65535)
+    """Where `stepq serve` listens (`--host` / `--port` override)."""
     gateway_cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Comma-separated origins allowed to call the gateway from a browser."""
     gateway_max_body_bytes: int = Field(default=1_000_000, ge=1)
+    """Larger request bodies answer 413."""
     gateway_rate_limit_rpm: int = Field(default=600, ge=0)  # per credential; 0 turns it off
+    """Requests a minute per credential, shared by every gateway replica through Redis; `0` turns it off."""
     gateway_keepalive_s: float = Field(default=15.0, gt=0, le=15.0)
+    """Keep-alive comment interval on a quiet SSE stream (at most 15)."""
     gateway_redis_pool: int = Field(default=16, ge=2)  # async connections besides the one pub/sub connection
+    """Async Redis connections per gateway process for commands, besides its one pub/sub connection."""
     gateway_chat_agent: str | None = None  # POST /v1/chat's agent when the request names none
+    """The agent of `POST /v1/chat` when the request names none (neither `?agent=`, the body's `agent`, nor the
+    thread's).
+    """
 
     @field_validator("redis_url", "broker_url", mode="before")
     @classmethod
