@@ -13,9 +13,12 @@ from importlib.metadata import version as _version
 
 from stepq.agents.definition import AgentDefinition, Budget, LoopConfig, StopWhen
 from stepq.agents.extensions import AgentExtension, Suggestion
+from stepq.agents.hooks import ModelRequested, StepFinished, StepStarted, ToolResulted, fails_turn
 from stepq.agents.mcp import McpServer, McpTool
+from stepq.agents.runtime_context import CallContext, CallOverrides
 from stepq.agents.step_control import StepContext, StepOverrides
 from stepq.agents.stops import StopContext, stop_condition
+from stepq.agents.tool_paths import confined_path
 from stepq.agents.tools import ToolContext, ToolDefinition, client_tool, tool
 from stepq.config.settings import Settings
 from stepq.errors import (
@@ -58,6 +61,7 @@ from stepq.models import (
     LoopStop,
     Policy,
     StepTrace,
+    ToolCall,
     ToolResultStatus,
     TurnResult,
     TurnState,
@@ -89,6 +93,8 @@ __all__ = [
     "AttachmentError",
     "BrokerUnavailableError",
     "Budget",
+    "CallContext",
+    "CallOverrides",
     "Client",
     "ConfigurationError",
     "ContextError",
@@ -110,6 +116,7 @@ __all__ = [
     "McpTool",
     "MissingExtraError",
     "MissingFeaturesError",
+    "ModelRequested",
     "Multitask",
     "NoWorkerError",
     "OverrideError",
@@ -124,7 +131,9 @@ __all__ = [
     "ScriptToolCall",
     "Settings",
     "StepContext",
+    "StepFinished",
     "StepOverrides",
+    "StepStarted",
     "StepTrace",
     "StepqError",
     "StopContext",
@@ -139,10 +148,12 @@ __all__ = [
     "ThreadNotFoundError",
     "ThreadTurn",
     "ToolArgumentError",
+    "ToolCall",
     "ToolCancelledError",
     "ToolContext",
     "ToolDefinition",
     "ToolResultStatus",
+    "ToolResulted",
     "ToolResultsError",
     "ToolResultsRefusal",
     "TranscriptError",
@@ -157,6 +168,8 @@ __all__ = [
     "WaitTimeoutError",
     "__version__",
     "client_tool",
+    "confined_path",
+    "fails_turn",
     "load_case",
     "replay_case",
     "stop_condition",
