@@ -10,6 +10,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from stepq.engine.emitter import StepEmitter
+from stepq.models import Delta, EventType, tool_input
 from stepq.store.events import EventLog
 from stepq.store.keys import Keys
 from tests.conftest import eventually
@@ -46,16 +47,12 @@ def test_settle_after_a_lost_event_only_is_fine(prefix):
 
 
 def _step_finish():
-    from stepq.models import EventType
-
     return EventType.STEP_FINISH, {"usage": {}, "finish_reason": "stop"}
 
 
 def test_tool_input_coalesces_per_call_and_counts_as_no_answer_content(rt):
     """Pieces of one call's input share an event; another call's (or text) starts the next; the first piece after
     a quiet window goes at once, as text does. Every event names its call and tool."""
-    from stepq.models import Delta, EventType, tool_input
-
     turn_id = "turn_tool_input"
     emitter = StepEmitter(rt.events, turn_id, 0, window_s=120.0)  # no timed flush while the test runs
     pieces = ['{"q', 'uery"', ': "lo', 'ng text"}']
@@ -78,8 +75,6 @@ def test_tool_input_coalesces_per_call_and_counts_as_no_answer_content(rt):
 
 def test_tool_input_alone_is_not_answer_content(rt):
     """A failure after streamed tool input only may retry as before (the retry resets the step, failure.py)."""
-    from stepq.models import tool_input
-
     emitter = StepEmitter(rt.events, "turn_tool_input_only", 0, window_s=0.0)
     emitter.emit(tool_input("c1", "lookup", "{}"))
     assert emitter.emitted_tool_input and not emitter.emitted_content

@@ -26,6 +26,7 @@ from stepq.models import (
     TurnStatus,
     UserMessage,
 )
+from stepq.producer.gateway.ui_stream import UIMessageTranslator
 from stepq.providers.anthropic import adapter as anthropic_provider
 from stepq.providers.anthropic import vertex as anthropic_vertex
 from stepq.providers.anthropic.stream import map_finish_reason
@@ -653,8 +654,6 @@ def test_tool_input_streams_as_deltas_that_join_to_the_calls_arguments(worker, c
 
 def test_a_stream_broken_after_partial_tool_input_retries_with_a_reset(worker, client, fake):
     """Tool input is not answer content: the step retries as before, and the reset drops the partial call."""
-    from stepq.producer.gateway.ui_stream import UIMessageTranslator
-
     broken = stream(tool_use_block(0, "toolu_r", "anthropic_lookup", ['{"query', '": "x"}']), stop_reason="tool_use")
     fake.enqueue(
         SSEReply(broken.events, close_after=4),  # message_start, ping, block start, one input piece, then cut
