@@ -79,3 +79,11 @@ def test_tool_input_alone_is_not_answer_content(rt):
     emitter.emit(tool_input("c1", "lookup", "{}"))
     assert emitter.emitted_tool_input and not emitter.emitted_content
     assert emitter.text_parts == []
+
+
+def test_streamed_tool_input_marks_the_step_as_emitted_for_crash_recovery(rt):
+    """A worker that dies after streaming part of a call leaves the step marked, so the redelivered step
+    publishes a step-reset and subscribers drop the partial call (as after partial text)."""
+    turn_id = "turn_tool_input_crash"
+    StepEmitter(rt.events, turn_id, 3, window_s=0.0).emit(tool_input("c1", "lookup", '{"q'))
+    assert rt.redis.get(rt.keys.emitted(turn_id)) in ("3", b"3")
