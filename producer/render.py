@@ -173,6 +173,8 @@ def event_summary(event: Event) -> str:
         return json.dumps(d.get("text", ""), ensure_ascii=False)
     if kind == EventType.TOOL_CALL:
         return f"{d.get('name')} {compact(d.get('args', {}))} (id {d.get('id')})"
+    if kind == EventType.TOOL_INPUT_DELTA:  # a piece of the call's argument JSON, as the model writes it
+        return f"{d.get('name')} {json.dumps(d.get('text', ''), ensure_ascii=False)} (id {d.get('id')})"
     if kind == EventType.TOOL_RESULT:
         return f"{d.get('name')}{' ERROR' if d.get('is_error') else ''} {compact(d.get('output'))}"
     if kind == EventType.APPROVAL_REQUEST:

@@ -340,10 +340,25 @@ class ToolSpec(BaseModel):
 
 @dataclass(frozen=True)
 class Delta:
-    """A streamed piece: answer text, reasoning, or a fragment of the structured answer's JSON."""
+    """A streamed piece: answer text, reasoning, a fragment of the structured answer's JSON, or (as
+    `ToolInputDelta`) a fragment of a tool call's argument JSON."""
 
-    kind: Literal["text", "reasoning", "object"]
+    kind: Literal["text", "reasoning", "object", "tool-input"]
     text: str
+
+
+@dataclass(frozen=True)
+class ToolInputDelta(Delta):
+    """A fragment of one tool call's argument JSON as the model writes it (kind `tool-input`). Its own class so
+    a text delta carries no call fields: the hot path builds and reads only `kind` and `text`."""
+
+    call_id: str
+    tool_name: str
+
+
+def tool_input(call_id: str, tool_name: str, text: str) -> ToolInputDelta:
+    """The `tool-input` delta of `text`, a piece of call `call_id`'s arguments."""
+    return ToolInputDelta("tool-input", text, call_id, tool_name)
 
 
 class StepOutput(BaseModel):
@@ -362,6 +377,7 @@ class EventType(StrEnum):
     TEXT_DELTA = "text-delta"
     REASONING_DELTA = "reasoning-delta"
     OBJECT_DELTA = "object-delta"
+    TOOL_INPUT_DELTA = "tool-input-delta"  # a piece of a tool call's argument JSON, before its tool-call event
     TOOL_CALL = "tool-call"
     TOOL_RESULT = "tool-result"
     APPROVAL_REQUEST = "approval-request"
@@ -378,7 +394,9 @@ class EventType(StrEnum):
     QUOTA_EXCEEDED = "quota-exceeded"  # a usage quota is spent: which, its window and when it resets
 
 
-CONTENT_EVENTS = frozenset({EventType.TEXT_DELTA, EventType.REASONING_DELTA, EventType.OBJECT_DELTA})
+CONTENT_EVENTS = frozenset(
+    {EventType.TEXT_DELTA, EventType.REASONING_DELTA, EventType.OBJECT_DELTA, EventType.TOOL_INPUT_DELTA}
+)
 
 
 class Event(BaseModel):

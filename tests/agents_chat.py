@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from stepq.agents.definition import AgentDefinition, LoopConfig
 from stepq.agents.tools import ToolContext, tool
+from stepq.providers.function import FunctionModel, FunctionRequest, FunctionResponse
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -61,6 +62,24 @@ tools = AgentDefinition(
         ScriptStep(text="Looking it up.", tool_calls=[ScriptToolCall(name="chat_lookup", args={"key": "alpha"})]),
         ScriptStep(text="Alpha is the first letter."),
     ],
+)
+
+LONG_KEY = "alpha, asked about at some length so that the argument streams in several pieces"
+
+
+def _long_lookup(request: FunctionRequest) -> FunctionResponse:
+    """Calls `chat_lookup` with a long argument (its JSON streams as tool input), then answers."""
+    if "chat_lookup" in request.called:
+        return FunctionResponse(text="Looked it up.")
+    call = ScriptToolCall(name="chat_lookup", args={"key": LONG_KEY})
+    return FunctionResponse(tool_calls=[call], delta_delay_s=0.02)  # pieces arrive apart, as a model's do
+
+
+tool_input = AgentDefinition(
+    id="chat.tool_input",
+    description="Streams a tool call's long argument before the call.",
+    allowed_tools=["chat_lookup"],
+    function_model=FunctionModel(_long_lookup),
 )
 
 gated = AgentDefinition(

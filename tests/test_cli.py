@@ -122,6 +122,10 @@ def test_run_approve_all_then_show_and_events(worker, env):
     kinds = [line.split()[3] for line in listed.splitlines()]
     assert kinds[0] == "turn-start" and kinds[-1] == "turn-finish"
     assert {"tool-call", "tool-result", "approval-request", "approval-decision", "text-delta"} <= set(kinds)
+    # the function model streams each call's arguments: one line per piece, naming the tool and the call
+    pieces = [line for line in listed.splitlines() if line.split()[3] == "tool-input-delta"]
+    assert pieces and all(line.split()[4] in ("lookup_order", "issue_refund") for line in pieces)
+    assert all("(id call_" in line for line in pieces)
 
     followed = stepq(env, "events", turn_id, "--json", "--after", "3", check=0).stdout
     events = [json.loads(line) for line in followed.splitlines()]

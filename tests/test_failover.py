@@ -213,3 +213,23 @@ def test_bad_fallbacks_are_refused_with_a_clear_message():
         AgentDefinition(id="failover_t.bad", fallbacks=[{"provider": "nope", "model": "m"}])
     with pytest.raises(ValidationError, match="provider/model"):
         Fallback.model_validate("no-slash")
+
+
+def test_partial_tool_input_still_fails_over_and_every_attempt_is_reset(worker, client, fake):
+    """Tool input is not answer content: a stream that breaks inside a call's arguments retries and fails over as
+    one that broke before content, but each attempt's partial call is reset first (the fallback starts clean)."""
+    partial = tool_use_block(0, "toolu_f", "failover_lookup", ['{"query"', ': "x"}'])[:2]  # start + one piece
+    fake.enqueue(
+        *(SSEReply([message_start(), *partial, error_event("overloaded_error", "Overloaded")]) for _ in range(ATTEMPTS))
+    )
+    result, events = run(client, "failover_t.to_scripted", prompt="find x")
+
+    assert result.status == TurnStatus.COMPLETED, result.error
+    assert result.trace.steps[0].provider == "scripted"
+    kinds = [e.type for e in events]
+    assert kinds.count(EventType.TOOL_INPUT_DELTA) == ATTEMPTS
+    assert kinds.count(EventType.STEP_RESET) == ATTEMPTS  # ATTEMPTS - 1 retries, then the failover
+    moved = retries(events)[-1]
+    last_piece = max(e.seq for e in events if e.type == EventType.TOOL_INPUT_DELTA)
+    last_reset = max(e.seq for e in events if e.type == EventType.STEP_RESET)
+    assert last_piece < last_reset < moved.seq and "failover" in moved.data["reason"]

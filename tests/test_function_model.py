@@ -4,6 +4,7 @@ so different inputs give different objects (here 50 batch-like items through rea
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jsonschema
@@ -120,3 +121,15 @@ def test_the_function_provider_without_a_function_is_refused_at_submit():
         "test",
         "test",
     )
+
+
+def test_a_function_models_tool_call_streams_its_arguments_before_the_call(worker, client):
+    """Offline users and the demo see tool input stream as a provider's would: the call's JSON in pieces."""
+    handle = client.submit("demo.enricher", prompt=_item(3))
+    assert handle.wait(timeout=WAIT).status == TurnStatus.COMPLETED
+    events = list(handle.events())
+    [call] = [e for e in events if e.type == EventType.TOOL_CALL]
+    pieces = [e for e in events if e.type == EventType.TOOL_INPUT_DELTA]
+    assert pieces and {(e.data["id"], e.data["name"]) for e in pieces} == {(call.data["id"], "company_domain")}
+    assert json.loads("".join(e.data["text"] for e in pieces)) == call.data["args"] == {"company": "Firm 3 GmbH"}
+    assert max(e.seq for e in pieces) < call.seq

@@ -26,6 +26,7 @@ from stepq.models import (
     TurnStatus,
     UserMessage,
 )
+from stepq.producer.gateway.ui_stream import UIMessageTranslator
 from stepq.providers.anthropic import adapter as anthropic_provider
 from stepq.providers.anthropic import vertex as anthropic_vertex
 from stepq.providers.anthropic.stream import map_finish_reason
@@ -622,3 +623,72 @@ def test_turn_result_messages_round_trip_with_tool_cycle_and_thinking(worker, cl
     assert turn2["messages"][3]["role"] == "assistant"
     assert {"type": "thinking", "thinking": "ok", "signature": "sig-2"} in turn2["messages"][3]["content"]
     assert [b.get("text") for b in turn2["messages"][4]["content"]] == ["again"]
+
+
+# --------------------------------------------------------------------------- tool-input streaming
+
+
+def _tool_inputs(events: list[Any]) -> dict[str, str]:
+    joined: dict[str, str] = {}
+    for e in of_type(events, EventType.TOOL_INPUT_DELTA):
+        joined[e.data["id"]] = joined.get(e.data["id"], "") + e.data["text"]
+    return joined
+
+
+def test_tool_input_streams_as_deltas_that_join_to_the_calls_arguments(worker, client, fake):
+    pieces = ['{"que', 'ry": "a long', ' argument"}']
+    fake.enqueue(
+        stream(tool_use_block(0, "toolu_s", "anthropic_lookup", pieces), stop_reason="tool_use"),
+        text_reply("done"),
+    )
+    result, events = run(client, "anthropic_t.chat", prompt="find")
+    assert result.status == TurnStatus.COMPLETED, result.error
+    deltas = of_type(events, EventType.TOOL_INPUT_DELTA)
+    assert [(d.data["id"], d.data["name"], d.data["text"]) for d in deltas] == [
+        ("toolu_s", "anthropic_lookup", p) for p in pieces
+    ]  # window 0: one event per piece, every one naming its call and tool
+    [call] = of_type(events, EventType.TOOL_CALL)
+    assert json.loads(_tool_inputs(events)["toolu_s"]) == call.data["args"] == {"query": "a long argument"}
+    assert max(d.seq for d in deltas) < call.seq  # the input streams before the call is final
+
+
+def test_a_stream_broken_after_partial_tool_input_retries_with_a_reset(worker, client, fake):
+    """Tool input is not answer content: the step retries as before, and the reset drops the partial call."""
+    broken = stream(tool_use_block(0, "toolu_r", "anthropic_lookup", ['{"query', '": "x"}']), stop_reason="tool_use")
+    fake.enqueue(
+        SSEReply(broken.events, close_after=4),  # message_start, ping, block start, one input piece, then cut
+        stream(tool_use_block(0, "toolu_r", "anthropic_lookup", ['{"query": "x"}']), stop_reason="tool_use"),
+        text_reply("done"),
+    )
+    result, events = run(client, "anthropic_t.chat", prompt="find")
+    assert result.status == TurnStatus.COMPLETED, result.error
+    kinds = [e.type for e in events]
+    first_piece, reset = kinds.index(EventType.TOOL_INPUT_DELTA), kinds.index(EventType.STEP_RESET)
+    assert first_piece < reset < kinds.index(EventType.TOOL_CALL)
+    assert of_type(events, EventType.TOOL_INPUT_DELTA)[0].data["text"] == '{"query'
+
+    translator = UIMessageTranslator(result.turn_id)
+    chunks = [c for e in events for c in translator.feed(e)]
+    tool_chunks = [c["type"] for c in chunks if c["type"].startswith("tool-input") or c["type"] == "reset-step"]
+    assert tool_chunks == [
+        "tool-input-start",
+        "tool-input-delta",
+        "reset-step",
+        "tool-input-start",  # the retried attempt reopens the call in a fresh part
+        "tool-input-delta",
+        "tool-input-available",
+    ]
+
+
+def test_an_unknown_tools_input_streams_and_the_call_is_refused_as_before(worker, client, fake):
+    """The tool-call event shows a call's arguments whatever its tool, so streaming them shows nothing more;
+    the call itself is refused (an error result the model reads), and no tool runs."""
+    fake.enqueue(
+        stream(tool_use_block(0, "toolu_u", "not_a_tool", ['{"path"', ': "/etc"}']), stop_reason="tool_use"),
+        text_reply("sorry"),
+    )
+    result, events = run(client, "anthropic_t.chat", prompt="find")
+    assert result.status == TurnStatus.COMPLETED, result.error
+    assert _tool_inputs(events) == {"toolu_u": '{"path": "/etc"}'}
+    [tool_result] = of_type(events, EventType.TOOL_RESULT)
+    assert tool_result.data["is_error"] and "not_a_tool" in json.dumps(tool_result.data["output"])

@@ -4,6 +4,7 @@ driven through full stepq turns (client.submit -> in-process Celery worker -> ev
 from __future__ import annotations
 
 import base64
+import json
 import socket
 from collections.abc import Iterator
 from typing import Any, cast
@@ -538,3 +539,19 @@ def test_turn_result_messages_round_trip_with_tool_cycle_and_reasoning(
     assert result["toolResult"]["toolUseId"] == "tu_1"
     assert [m["role"] for m in turn2.body["messages"]] == ["user", "assistant", "user", "assistant", "user"]
     assert turn2.body["messages"][4]["content"] == [{"text": "again"}]
+
+
+def test_tool_use_input_fragments_stream_as_tool_input_deltas(fake: FakeBedrock, worker: Any, client: Any) -> None:
+    """boto3's converse_stream against the fake's event-stream frames: each toolUse input fragment is a delta."""
+    args = {"key": "a rather long key to look up"}
+    fake.add(
+        turn(tool_block(0, "tu_s", "bedrock_lookup", args, pieces=4), stop="tool_use"),
+        turn(text_block(0, ["done"])),
+    )
+    result, events = run(client, "bedrock_t.tools", "look")
+    assert result.status == TurnStatus.COMPLETED, result.error
+    deltas = of(events, EventType.TOOL_INPUT_DELTA)
+    assert len(deltas) == 4 and {(d.data["id"], d.data["name"]) for d in deltas} == {("tu_s", "bedrock_lookup")}
+    [call] = of(events, EventType.TOOL_CALL)
+    assert "".join(d.data["text"] for d in deltas) == json.dumps(args)
+    assert call.data["args"] == args

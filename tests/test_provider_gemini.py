@@ -628,3 +628,15 @@ def test_turn_result_messages_round_trip_with_tool_cycle_and_thoughts(worker, cl
     assert response["name"] == "gemini_lookup"
     assert [c["role"] for c in turn2["contents"]] == ["user", "model", "user", "model", "user"]
     assert turn2["contents"][4]["parts"] == [{"text": "again"}]
+
+
+def test_a_function_call_arrives_whole_with_no_tool_input_deltas(worker, client, studio):
+    """The Gemini API sends each function call whole (partial arguments are a Vertex-only option stepq does not
+    set): no tool-input-delta events, and the turn's call and result end as before."""
+    studio.enqueue(g.parts_reply(g.function_call("gemini_lookup", {"q": "whole"})), g.text_reply("done"))
+    result, events = run(client, "gemini_t.chat", "look it up")
+    assert result.status == TurnStatus.COMPLETED, result.error
+    assert of_type(events, EventType.TOOL_INPUT_DELTA) == []
+    [call] = of_type(events, EventType.TOOL_CALL)
+    assert call.data["args"] == {"q": "whole"}
+    assert len(of_type(events, EventType.TOOL_RESULT)) == 1 and result.text == "done"

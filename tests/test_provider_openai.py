@@ -477,3 +477,30 @@ def test_turn_result_messages_round_trip_with_tool_cycle_and_reasoning(worker, c
     assert kinds[2:4] == ["function_call", "function_call_output"]
     assert turn2["input"][2]["call_id"] == turn2["input"][3]["call_id"] == "call_r"
     assert turn2["input"][-1]["role"] == "user"
+
+
+# --------------------------------------------------------------------------- tool-input streaming
+
+
+def _tool_input_pieces(events: list[Any]) -> list[tuple[str, str, str]]:
+    return [(e.data["id"], e.data["name"], e.data["text"]) for e in of_type(events, EventType.TOOL_INPUT_DELTA)]
+
+
+def test_responses_function_call_arguments_stream_as_tool_input_deltas(worker, client, fake):
+    pieces = ['{"que', 'ry": "a long', ' argument"}']
+    fake.enqueue(response_stream(call_item("call_s", "openai_lookup", pieces)), response_text("done"))
+    result, events = run(client, "openai_t.chat", prompt="find")
+    assert result.status == TurnStatus.COMPLETED, result.error
+    assert _tool_input_pieces(events) == [("call_s", "openai_lookup", p) for p in pieces]
+    [call] = of_type(events, EventType.TOOL_CALL)
+    assert json.loads("".join(pieces)) == call.data["args"] == {"query": "a long argument"}
+
+
+def test_chat_completions_argument_fragments_stream_as_tool_input_deltas(worker, client, fake):
+    pieces = ['{"query"', ': "z', 'z"}']
+    fake.enqueue(chat_stream(chat_tool_call("call_c", "openai_lookup", pieces), finish="tool_calls"), chat_text("done"))
+    result, events = run(client, "openai_t.compat", prompt="find")
+    assert result.status == TurnStatus.COMPLETED, result.error
+    assert _tool_input_pieces(events) == [("call_c", "openai_lookup", p) for p in pieces]
+    [call] = of_type(events, EventType.TOOL_CALL)
+    assert call.data["args"] == {"query": "zz"}

@@ -173,3 +173,62 @@ def test_a_parked_step_and_a_tool_step_close_well_nested() -> None:
     closed = chunks + translator.end_parked()
     assert nesting_errors(closed) == [], types(closed)
     assert types(closed)[-2:] == ["finish-step", "finish"]
+
+
+def test_streamed_tool_input_opens_the_part_once_and_the_call_completes_it() -> None:
+    _, chunks = run(
+        (EventType.STEP_START, 0, {}),
+        (EventType.TEXT_DELTA, 0, {"text": "Looking"}),
+        (EventType.TOOL_INPUT_DELTA, 0, {"id": "c1", "name": "lookup", "text": '{"que'}),
+        (EventType.TOOL_INPUT_DELTA, 0, {"id": "c1", "name": "lookup", "text": 'ry": "x"}'}),
+        (EventType.TOOL_INPUT_DELTA, 0, {"id": "c2", "name": "other", "text": "{}"}),
+        (EventType.STEP_FINISH, 0, {}),
+        (EventType.TOOL_CALL, 0, {"id": "c1", "name": "lookup", "args": {"query": "x"}}),
+        (EventType.TOOL_CALL, 0, {"id": "c2", "name": "other", "args": {}}),
+        (EventType.TOOL_CALL, 0, {"id": "c3", "name": "whole", "args": {"a": 1}}),  # its input did not stream
+    )
+    assert types(chunks) == [
+        "start",
+        "start-step",
+        "text-start",
+        "text-delta",
+        "text-end",  # the text part closes before the tool part opens
+        "tool-input-start",
+        "tool-input-delta",
+        "tool-input-delta",
+        "tool-input-start",
+        "tool-input-delta",
+        "tool-input-available",
+        "tool-input-available",
+        "tool-input-start",
+        "tool-input-available",
+    ]
+    starts = [(c["toolCallId"], c["toolName"]) for c in chunks if c["type"] == "tool-input-start"]
+    assert starts == [("c1", "lookup"), ("c2", "other"), ("c3", "whole")]
+    pieces = [c["inputTextDelta"] for c in chunks if c["type"] == "tool-input-delta" and c["toolCallId"] == "c1"]
+    assert json.loads("".join(pieces)) == {"query": "x"}
+
+
+def test_a_reset_after_partial_tool_input_reopens_the_call_in_the_retried_attempt() -> None:
+    _, chunks = run(
+        (EventType.STEP_START, 0, {"attempt": 0}),
+        (EventType.TOOL_INPUT_DELTA, 0, {"id": "c1", "name": "lookup", "text": '{"que'}),
+        (EventType.STEP_RESET, 0, {"reason": "retrying after partial output"}),
+        (EventType.STEP_RETRY, 0, {"attempt": 1, "countdown": 0.1, "error": "overloaded"}),
+        (EventType.STEP_START, 0, {"attempt": 1}),
+        (EventType.TOOL_INPUT_DELTA, 0, {"id": "c1", "name": "lookup", "text": '{"query": "x"}'}),
+        (EventType.STEP_FINISH, 0, {}),
+        (EventType.TOOL_CALL, 0, {"id": "c1", "name": "lookup", "args": {"query": "x"}}),
+    )
+    assert types(chunks) == [
+        "start",
+        "start-step",
+        "tool-input-start",
+        "tool-input-delta",
+        "reset-step",  # the client drops the partial tool part (and its partial input state)
+        "data-step-reset",
+        "data-retry",
+        "tool-input-start",  # the same call id opens a fresh part in the retried attempt
+        "tool-input-delta",
+        "tool-input-available",
+    ]

@@ -10,7 +10,8 @@ Mapping:
                                 data-agent-version (id per step: the definition's fingerprint and version)
   text-delta / object-delta  -> text-start, text-delta (text-end when the part closes)
   reasoning-delta            -> reasoning-start, reasoning-delta (reasoning-end when it closes)
-  tool-call                  -> tool-input-start, tool-input-available
+  tool-input-delta           -> tool-input-start (at a call's first piece), tool-input-delta {inputTextDelta}
+  tool-call                  -> tool-input-start (unless its input streamed), tool-input-available
   approval-request           -> tool-approval-request (the approval id only: never the token)
   approval-decision          -> tool-approval-response
   tool-results-request       -> nothing new: its calls stay `input-available` for the client to run
@@ -19,7 +20,8 @@ Mapping:
   step-finish                -> text-end / reasoning-end; the step's finish-step goes out when it closes
                                 (the next step starts, the message finishes or parks), so what still belongs
                                 to it (tool calls, approvals, an object-mode repair's reset) stays inside it
-  step-reset                 -> reset-step (the client drops the step's parts), then a transient data-step-reset
+  step-reset                 -> reset-step (the client drops the step's parts, a partly streamed tool call's
+                                too), then a transient data-step-reset
   step-retry                 -> transient data-retry
   plan-update                -> data-plan (id "plan": each update replaces the message's plan part)
   error                      -> error
@@ -70,6 +72,7 @@ def ui_finish_reason(reason: str | None) -> str:
 @dataclass
 class _Step:
     calls: set[str] = field(default_factory=set)  # tool-call ids of the open step
+    streaming: set[str] = field(default_factory=set)  # ...whose input streamed (their tool-input-start went out)
     settled: set[str] = field(default_factory=set)  # ...with a result
     awaiting: set[str] = field(default_factory=set)  # ...with an approval request and no decision yet
     client: set[str] = field(default_factory=set)  # ...client-side calls waiting for their caller's result
@@ -220,16 +223,25 @@ class UIMessageTranslator:
         out.append({"type": "reasoning-delta", "id": self._reasoning_id, "delta": delta})
         return out
 
+    def _on_tool_input(self, event: Event) -> list[Chunk]:
+        call_id, piece = str(event.data.get("id")), str(event.data.get("text", ""))
+        if not piece:
+            return []
+        out = self._ensure_step(event.step) + self._close_parts()
+        if call_id not in self._step.streaming:
+            self._step.streaming.add(call_id)
+            out.append({"type": "tool-input-start", "toolCallId": call_id, "toolName": str(event.data.get("name"))})
+        out.append({"type": "tool-input-delta", "toolCallId": call_id, "inputTextDelta": piece})
+        return out
+
     def _on_tool_call(self, event: Event) -> list[Chunk]:
         call_id, name = str(event.data.get("id")), str(event.data.get("name"))
         out = self._ensure_step(event.step) if self._open_step is None else self._close_parts()
         self._step.calls.add(call_id)
         args = event.data.get("args", {})
-        return [
-            *out,
-            {"type": "tool-input-start", "toolCallId": call_id, "toolName": name},
-            {"type": "tool-input-available", "toolCallId": call_id, "toolName": name, "input": args},
-        ]
+        if call_id not in self._step.streaming:  # its input did not stream: the part opens here
+            out.append({"type": "tool-input-start", "toolCallId": call_id, "toolName": name})
+        return [*out, {"type": "tool-input-available", "toolCallId": call_id, "toolName": name, "input": args}]
 
     def _on_approval_request(self, event: Event) -> list[Chunk]:
         approval_id, call_id = str(event.data.get("approval_id")), str(event.data.get("tool_call_id"))
@@ -319,6 +331,7 @@ _HANDLERS = {
     EventType.TEXT_DELTA: UIMessageTranslator._on_text,
     EventType.OBJECT_DELTA: UIMessageTranslator._on_text,
     EventType.REASONING_DELTA: UIMessageTranslator._on_reasoning,
+    EventType.TOOL_INPUT_DELTA: UIMessageTranslator._on_tool_input,
     EventType.TOOL_CALL: UIMessageTranslator._on_tool_call,
     EventType.APPROVAL_REQUEST: UIMessageTranslator._on_approval_request,
     EventType.APPROVAL_DECISION: UIMessageTranslator._on_approval_decision,

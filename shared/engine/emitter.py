@@ -1,6 +1,6 @@
 """A step's event writer: coalesces content deltas per flush window, tracks whether content went out.
 
-Deltas of one kind are buffered for at most `window_s`; the first delta after a quiet
+Deltas of one kind (and, for tool input, of one tool call) are buffered for at most `window_s`; the first delta after a quiet
 window goes out at once (no added latency on slow streams). A process-wide timer
 thread flushes buffers whose window ended with no further delta (all that are due in one
 round trip). Bookkeeping events a step may `defer` (step-start, step-finish, tool calls and
@@ -25,7 +25,7 @@ from typing import Any
 
 from redis.commands.core import Script
 
-from stepq.models import Delta, EventType
+from stepq.models import Delta, EventType, ToolInputDelta
 from stepq.store.events import EventLog, PendingPublish
 
 _log = logging.getLogger("stepq.emitter")
@@ -113,10 +113,13 @@ class StepEmitter:
         self.turn_id = turn_id
         self.step = step
         self.window_s = window_s
-        self.emitted_content = False
+        self.emitted_content = False  # text, reasoning or object deltas went out: a retry needs the agent's consent
+        self.emitted_tool_input = False  # tool-input deltas went out: a retry must reset the step (see failure.py)
         self.text_parts: list[str] = []
         self._lock = threading.Lock()
         self._kind: str | None = None
+        self._call_id = ""  # the tool call whose input the buffer holds (kind `tool-input`)
+        self._call_name = ""
         self._buffer: list[str] = []
         self._buffer_started = 0.0
         self._last_flush = -math.inf  # a step's first delta goes out at once, whatever the monotonic clock reads
@@ -135,10 +138,17 @@ class StepEmitter:
         if not delta.text:
             return
         with self._lock:
-            self.emitted_content = True
+            now = time.monotonic()
             if delta.kind == "text":
                 self.text_parts.append(delta.text)
-            now = time.monotonic()
+                self.emitted_content = True
+            elif isinstance(delta, ToolInputDelta):  # coalesced per call: another call's input is its own event
+                if self._kind == "tool-input" and self._call_id != delta.call_id:
+                    self._defer_buffer_locked(now)
+                self._call_id, self._call_name = delta.call_id, delta.tool_name
+                self.emitted_tool_input = True
+            else:
+                self.emitted_content = True
             if self._kind is not None and self._kind != delta.kind:
                 self._defer_buffer_locked(now)
             if self.window_s <= 0 or (not self._buffer and now - self._last_flush >= self.window_s):
@@ -223,9 +233,17 @@ class StepEmitter:
         if self._buffer and self._kind is not None:
             if not self._deferred and not self._writes:
                 self._deferred_since = self._buffer_started
-            self._deferred.append((_KIND_EVENT[self._kind], {"text": "".join(self._buffer)}))
+            self._deferred.append(self._buffered_event_locked(self._kind))
             self._buffer.clear()
             self._kind = None
+
+    def _buffered_event_locked(self, kind: str) -> tuple[EventType, dict[str, Any]]:
+        """The buffer as one event: a tool call's input names its call (and its tool, on every piece, so a
+        subscriber that joins late or after a reset can still open the call's part)."""
+        text = "".join(self._buffer)
+        if kind == "tool-input":
+            return EventType.TOOL_INPUT_DELTA, {"id": self._call_id, "name": self._call_name, "text": text}
+        return _KIND_EVENT[kind], {"text": text}
 
     def _flush_locked(self) -> None:
         pending = self._start_flush_locked()
@@ -243,7 +261,8 @@ class StepEmitter:
         events = [(type_, self.step, data) for type_, data in self._deferred]
         self._deferred.clear()
         if self._buffer and self._kind is not None:
-            events.append((_KIND_EVENT[self._kind], self.step, {"text": "".join(self._buffer)}))
+            type_, data = self._buffered_event_locked(self._kind)
+            events.append((type_, self.step, data))
             self._buffer.clear()
         if events:
             queued.append(self.log.submit_many(self.turn_id, events))

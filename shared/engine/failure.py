@@ -3,7 +3,9 @@
 A retry is allowed only before the step streamed content (unless the agent opts into retrying after
 it), waits the provider's Retry-After or a jittered backoff (engine/retry.py), and is a commit of the
 turn with its next `not_before`. When the attempts are spent before any content, the step moves to the
-next fallback model; otherwise the turn fails, saying after how many attempts and why.
+next fallback model; otherwise the turn fails, saying after how many attempts and why. Streamed tool input
+is not content in that sense (the retry is allowed as before), but a retry or failover after it publishes a
+`step-reset` so subscribers drop the partial call.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def provider_failure(ctx: StepContext, exc: ProviderError) -> Decision:
         return fail(ctx, f"provider error after {attempt} attempts: {exc.describe()}")
     lifecycle.attempt_ended(ctx, "retry", error=exc)
     countdown = retry_countdown(exc.retry_after_s, state.attempt, s.retry_base_s, s.retry_cap_s)
-    if emitted:
+    if emitted or emitter.emitted_tool_input:
         ctx.rt.turns.clear_emitted(state.turn_id)
         emitter.publish(EventType.STEP_RESET, {"reason": "retrying after partial output"})
     emitter.publish(
@@ -93,6 +95,9 @@ def fail_over(d: Delivery, exc: ProviderError, fallback: Fallback, attempts: int
     """The step's attempts are spent before any content: its next attempt (and the rest of the turn) goes
     to the next fallback. Each adapter maps the canonical transcript, so nothing else changes."""
     state = d.state
+    if d.emitter.emitted_tool_input:  # a partial tool call went out: the fallback's attempt starts clean
+        d.rt.turns.clear_emitted(state.turn_id)
+        d.emitter.publish(EventType.STEP_RESET, {"reason": "retrying after partial output"})
     d.emitter.publish(
         EventType.STEP_RETRY,
         {

@@ -159,7 +159,7 @@ def budget_cut(ctx: StepContext) -> Decision:
         return finish_limit(ctx, stop)
     stopping.answers_anyway(state, ctx.agent, stop)  # the step runs again as the answer step
     stopping.mark(state, stop)
-    if emitter.emitted_content:
+    if emitter.emitted_content or emitter.emitted_tool_input:
         ctx.rt.turns.clear_emitted(state.turn_id)
         emitter.publish(EventType.STEP_RESET, {"reason": f"{BUDGET_SPENT}: answering now"})
     if not ctx.commit():

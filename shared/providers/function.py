@@ -12,7 +12,8 @@ The `scripted` provider replays fixed steps whatever it is asked. These answer w
   strings otherwise quote the prompt, numbers come from the prompt's numbers), so different inputs
   give different objects. Any agent runs on it with `provider="test"`.
 
-Both honour a forced answer (object mode's reserved answer step) and stream like a real provider.
+Both honour a forced answer (object mode's reserved answer step) and stream like a real provider: text in
+pieces, and each tool call's argument JSON as `tool-input` pieces before the call.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from stepq.models import (
     ToolSpec,
     Usage,
     UserMessage,
+    tool_input,
 )
 from stepq.providers.base import OUTPUT_TOOL, Emit, ProviderAdapter, ShouldStop, StepRequest
 from stepq.providers.scripted import ScriptToolCall
@@ -129,10 +131,10 @@ class FunctionModel(ProviderAdapter):
             streamed = _stream(text, "text", emit, should_stop, answer.delta_delay_s)
             if streamed:
                 parts.append(TextPart(text=streamed))
-            parts.extend(
-                ToolCall(id=c.id or f"call_{request.step}_{i}", name=c.name, args=c.args)
-                for i, c in enumerate(answer.tool_calls)
-            )
+            for i, c in enumerate(answer.tool_calls):
+                call = ToolCall(id=c.id or f"call_{request.step}_{i}", name=c.name, args=c.args)
+                _stream_input(call, emit, should_stop, answer.delta_delay_s)
+                parts.append(call)
         calls = [p for p in parts if isinstance(p, ToolCall)]
         transcript = sum(len(m.model_dump_json()) for m in request.messages) + len(request.system or "")
         usage = Usage(
@@ -158,6 +160,17 @@ def _stream(text: str, kind: Any, emit: Emit, should_stop: ShouldStop, delay_s: 
         emit(Delta(kind, chunk))
         sent.append(chunk)
     return "".join(sent)
+
+
+def _stream_input(call: ToolCall, emit: Emit, should_stop: ShouldStop, delay_s: float) -> None:
+    """The call's arguments as a provider streams them: its JSON in pieces (the call itself is whole)."""
+    text = json.dumps(call.args, ensure_ascii=False)
+    for i in range(0, len(text), _DELTA_CHARS):
+        if should_stop():
+            return
+        if delay_s:
+            time.sleep(delay_s)  # simulated model latency, as for text
+        emit(tool_input(call.id, call.name, text[i : i + _DELTA_CHARS]))
 
 
 # --------------------------------------------------------------------------- TestModel

@@ -174,6 +174,47 @@ test('tools: the tool part carries its input and output', async () => {
   assert.equal(message.parts.filter((p) => p.type === 'step-start').length, 2);
 });
 
+test('tool input streams: the client builds the tool part from input deltas, then the whole input', async () => {
+  const { message, chunks } = await ask('chat.tool_input', 'look alpha up');
+  const types = chunks.map((c) => c.type);
+  const id = chunks.find((c) => c.type === 'tool-input-start').toolCallId;
+  const ofCall = chunks.filter((c) => c.toolCallId === id).map((c) => c.type);
+  assert.equal(ofCall.filter((t) => t === 'tool-input-start').length, 1, `one start: ${ofCall.join(',')}`);
+  assert.equal(ofCall[0], 'tool-input-start');
+  const available = ofCall.indexOf('tool-input-available');
+  const deltas = chunks.filter((c) => c.type === 'tool-input-delta' && c.toolCallId === id);
+  assert.ok(deltas.length > 1, `the input streamed in pieces: ${types.join(',')}`);
+  assert.ok(ofCall.lastIndexOf('tool-input-delta') < available, 'every piece comes before the whole input');
+  const expected = { key: 'alpha, asked about at some length so that the argument streams in several pieces' };
+  assert.deepEqual(JSON.parse(deltas.map((c) => c.inputTextDelta).join('')), expected);
+  const [part, ...rest] = toolParts(message);
+  assert.equal(rest.length, 0);
+  assert.equal(part.type, 'tool-chat_lookup');
+  assert.equal(part.state, 'output-available');
+  assert.deepEqual(part.input, expected);
+});
+
+test('tool input streams: the part is input-streaming with a partial input before the call is final', async () => {
+  const snapshots = [];
+  const id = chatId('chat.tool_input');
+  const stream = await transport('chat.tool_input').sendMessages({
+    chatId: id,
+    trigger: 'submit-message',
+    messageId: undefined,
+    abortSignal: undefined,
+    messages: [{ id: `u-${id}`, role: 'user', parts: [{ type: 'text', text: 'look alpha up' }] }],
+  });
+  for await (const snapshot of readUIMessageStream({ stream, terminateOnError: true })) {
+    const [part] = toolParts(snapshot);
+    if (part) snapshots.push(structuredClone(part));
+  }
+  const partial = snapshots.filter((p) => p.state === 'input-streaming' && p.input !== undefined);
+  assert.ok(partial.length > 0, `a partial input was seen: ${snapshots.map((p) => p.state).join(',')}`);
+  assert.equal(typeof partial[0].input.key, 'string');
+  assert.ok(partial[0].input.key.length < 80, 'the first partial input is a prefix of the argument');
+  assert.equal(snapshots.at(-1).state, 'output-available');
+});
+
 test('a task plan streams as one data-plan part, updated in place as its tool runs', async () => {
   const { message, chunks } = await ask('chat.plan', 'what is alpha?');
   const updates = chunks.filter((c) => c.type === 'data-plan');

@@ -3,7 +3,7 @@
 Blocks are keyed by their `index`: text and thinking deltas are emitted as they
 arrive, thinking keeps its signature (and redacted thinking its data) so the next
 step can send it back verbatim, and tool input JSON is assembled from its
-`input_json_delta` pieces. Usage comes from `message_start` and the cumulative
+`input_json_delta` pieces, each emitted as a `tool-input` delta (the output tool's as `object`). Usage comes from `message_start` and the cumulative
 `message_delta` counts.
 """
 
@@ -17,7 +17,17 @@ from typing import Any
 import anthropic
 import httpx2
 
-from stepq.models import AssistantMessage, Delta, FinishReason, ReasoningPart, StepOutput, TextPart, ToolCall, Usage
+from stepq.models import (
+    AssistantMessage,
+    Delta,
+    FinishReason,
+    ReasoningPart,
+    StepOutput,
+    TextPart,
+    ToolCall,
+    Usage,
+    tool_input,
+)
 from stepq.providers.base import OUTPUT_TOOL, Emit, ProviderError
 from stepq.providers.errors import classify_status, parse_retry_after
 
@@ -187,8 +197,12 @@ class StreamAccumulator:
             block.signature = (block.signature or "") + delta.signature
         elif kind == "input_json_delta":
             block.json_parts.append(delta.partial_json)
-            if block.name == OUTPUT_TOOL and delta.partial_json:  # the structured answer, as it streams
+            if not delta.partial_json or block.kind != "tool_use":
+                return
+            if block.name == OUTPUT_TOOL:  # the structured answer, as it streams
                 self.emit(Delta("object", delta.partial_json))
+            else:
+                self.emit(tool_input(block.tool_id, block.name, delta.partial_json))
 
     def _append(self, block: _Block, kind: str, text: str) -> None:
         if text:

@@ -19,7 +19,7 @@ import botocore.config
 import botocore.exceptions
 
 from stepq.errors import DefinitionError, SubmitError
-from stepq.models import Delta, StepOutput, ToolSpec, Usage
+from stepq.models import StepOutput, ToolSpec, Usage
 from stepq.providers.base import AdapterAgent, BatchAPI, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
 from stepq.providers.bedrock import wire as bedrock_wire
 from stepq.providers.bedrock.errors import AUTH_HINT, classify_exception
@@ -136,8 +136,8 @@ class BedrockAdapter(ProviderAdapter):
             for event in stream:
                 deltas = assembler.on_event(event)
                 try:
-                    for kind, text in deltas:
-                        emit(Delta(kind, text))  # type: ignore[arg-type]  # text | reasoning | object
+                    for delta in deltas:
+                        emit(delta)
                 except Exception as exc:  # our own event log failed: not the provider's error to classify
                     raise _EmitFailed(exc) from exc
                 if should_stop():

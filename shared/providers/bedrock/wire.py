@@ -20,6 +20,7 @@ from stepq.errors import DefinitionError
 from stepq.models import (
     AssistantMessage,
     AssistantPart,
+    Delta,
     FilePart,
     FinishReason,
     ReasoningPart,
@@ -31,6 +32,7 @@ from stepq.models import (
     ToolSpec,
     Usage,
     UserMessage,
+    tool_input,
 )
 from stepq.providers.base import OUTPUT_TOOL, ProviderError, StepRequest
 
@@ -273,8 +275,8 @@ class StreamAssembler:
             self.blocks[index] = block
         return block
 
-    def on_event(self, event: dict[str, Any]) -> list[tuple[str, str]]:
-        """Apply one event; returns the (kind, text) content deltas it carried."""
+    def on_event(self, event: dict[str, Any]) -> list[Delta]:
+        """Apply one event; returns the content deltas it carried (a toolUse input piece as `tool-input`)."""
         if "contentBlockStart" in event:
             body = event["contentBlockStart"]
             tool = (body.get("start") or {}).get("toolUse")
@@ -301,28 +303,30 @@ class StreamAssembler:
             )
         return []
 
-    def _on_delta(self, body: dict[str, Any]) -> list[tuple[str, str]]:
+    def _on_delta(self, body: dict[str, Any]) -> list[Delta]:
         index = int(body.get("contentBlockIndex", 0))
         delta = body.get("delta") or {}
-        out: list[tuple[str, str]] = []
+        out: list[Delta] = []
         if "text" in delta:
             text = delta["text"] or ""
             self._block(index, "text").text.append(text)
             if text:
-                out.append(("text", text))
+                out.append(Delta("text", text))
         if "toolUse" in delta:
             fragment = (delta["toolUse"] or {}).get("input")
             if isinstance(fragment, str):
                 tool = self._block(index, "tool")
                 tool.input_buffer.append(fragment)
                 if tool.tool_name == OUTPUT_TOOL and fragment:  # the structured answer, as it streams
-                    out.append(("object", fragment))
+                    out.append(Delta("object", fragment))
+                elif fragment:
+                    out.append(tool_input(tool.tool_id, tool.tool_name, fragment))
         if "reasoningContent" in delta:
             reasoning = delta["reasoningContent"] or {}
             block = self._block(index, "reasoning")
             if reasoning.get("text"):
                 block.text.append(reasoning["text"])
-                out.append(("reasoning", reasoning["text"]))
+                out.append(Delta("reasoning", reasoning["text"]))
             if reasoning.get("signature"):
                 block.signature.append(reasoning["signature"])
             if reasoning.get("redactedContent") is not None:

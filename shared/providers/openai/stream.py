@@ -4,8 +4,8 @@
 `response.function_call_arguments.delta`, reasoning summaries, `response.completed` with usage, and the
 `error` / `response.failed` events a 200 stream may carry). `ChatAccumulator` reads Chat Completions
 chunks (content, tool-call pieces keyed by index, a compatible server's `reasoning_content`, and the
-usage chunk). Both emit deltas as they arrive; a forced object-mode answer streams as `object` deltas and
-comes back as the `stepq_output` call.
+usage chunk). Both emit deltas as they arrive, a call's argument pieces as `tool-input` deltas; a forced
+object-mode answer streams as `object` deltas and comes back as the `stepq_output` call.
 """
 
 from __future__ import annotations
@@ -20,7 +20,17 @@ import httpx
 import httpx2
 import openai
 
-from stepq.models import AssistantMessage, Delta, FinishReason, ReasoningPart, StepOutput, TextPart, ToolCall, Usage
+from stepq.models import (
+    AssistantMessage,
+    Delta,
+    FinishReason,
+    ReasoningPart,
+    StepOutput,
+    TextPart,
+    ToolCall,
+    Usage,
+    tool_input,
+)
 from stepq.providers.base import OUTPUT_TOOL, Emit, ProviderError
 from stepq.providers.errors import classify_status, parse_retry_after
 from stepq.providers.openai.wire import PROVIDER
@@ -110,6 +120,8 @@ class _Base:
             call.parts.append(delta)
             if call.name == OUTPUT_TOOL:  # the structured answer, as it streams
                 self.emit(Delta("object", delta))
+            elif call.call_id and call.name and not self.schema_answer:  # a schema answer drops its calls
+                self.emit(tool_input(call.call_id, call.name, delta))
 
     def reported_usage(self) -> Usage | None:
         if not (self.input_tokens or self.output_tokens):
