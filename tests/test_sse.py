@@ -129,6 +129,8 @@ def test_anthropic_reader_builds_the_typed_paths_output(captures: dict[str, byte
         ("reasoning", "think"),
         ("text", "Hello"),
         ("text", ", wörld ✓"),
+        ("tool-input", '{"q"'),  # the call's argument pieces, as the wire sent them
+        ("tool-input", ': "x"}'),
     ]
     assert out.usage.reasoning_tokens == 3
 
