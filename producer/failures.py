@@ -21,6 +21,7 @@ import redis
 
 from stepq.config.settings import Settings
 from stepq.errors import (
+    BrokerUnavailableError,
     StepqError,
     StoreUnavailableError,
     TurnNotFoundError,
@@ -65,7 +66,7 @@ def describe(exc: BaseException, settings: Settings | None) -> Failure | None:
     if isinstance(exc, TurnNotFoundError):
         hint = f" ({EMBEDDED_STATE_HINT})" if settings is not None and settings.embedded else ""
         return Failure(f"{_one_line(exc)}{hint}", 2)
-    if isinstance(exc, StoreUnavailableError | WaitTimeoutError):  # a service down or slow, not bad input
+    if isinstance(exc, StoreUnavailableError | BrokerUnavailableError | WaitTimeoutError):  # a service down or slow
         return Failure(_one_line(exc), 1)
     if isinstance(exc, StepqError):  # submit, definition (an agent module that fails to import), approval…
         return Failure(_one_line(exc), 2)

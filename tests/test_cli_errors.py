@@ -142,6 +142,16 @@ def test_broker_unreachable_in_approve_is_one_line(settings):
     env["STEPQ_BROKER_URL"] = f"redis://127.0.0.1:{closed_port()}/0"
     proc = run(env, "approve", "apr_0123456789abcdef", "deadbeef", "--yes")
     assert_one_line_failure(proc, "cannot reach the broker", env["STEPQ_BROKER_URL"])
+    assert proc.returncode == 1  # a service down, not bad input
+
+
+def test_broker_unreachable_in_run_is_one_line_and_exit_1(settings):
+    """Redis answers, the broker does not: the submit's BrokerUnavailableError is a service down (1), not bad input."""
+    env = settings_env(settings)
+    env["STEPQ_BROKER_URL"] = f"redis://127.0.0.1:{closed_port()}/0"
+    proc = run(env, "run", "demo.support", "hello")
+    assert_one_line_failure(proc, "cannot reach the broker", env["STEPQ_BROKER_URL"])
+    assert proc.returncode == 1
 
 
 # --------------------------------------------------------------------------- files, pipes, versions
