@@ -8,12 +8,15 @@
     stepq's signals and bootsteps) in the stepq worker: a cost added to the worker's Celery setup shows
     up as (b) against (a).
 (c) stepq: turns of N steps (zero-latency scripted model + one trivial tool per step) submitted
-    with `stepq.Client` and awaited with `Client.wait`; ms/step = total / N.
+    with `stepq.Client` and awaited with `Client.wait`; ms/step = total / N. This is the worker a user
+    gets: with nothing else waiting, a turn's next step runs in the same task (`STEPQ_INLINE_STEPS`).
+(d) stepq, one step per task: the same turns on a second stepq worker with `STEPQ_INLINE_STEPS=false`,
+    every step a hop through the broker (what each step costs when the worker is busy with others).
 
-Each worker: threads pool, concurrency 1; the sides alternate per round. Then one more round of stepq turns
-with the worker's stage clocks on (bench/stages.py) prints the worker's CPU per step by stage, measured.
-Targets: stepq ms/step <= 1.3x the plain hop's ms/hop, and the worker's CPU per step <= 1.3x the plain
-worker's CPU per hop.
+Each worker: threads pool, concurrency 1; the sides alternate per round. Then one more round of turns on
+each stepq worker with its stage clocks on (bench/stages.py) prints the worker's CPU per step by stage,
+measured. Targets (on (c), the default worker): stepq ms/step <= 1.3x the plain hop's ms/hop, and the
+worker's CPU per step <= 1.3x the plain worker's CPU per hop; (d) is shown against the same hop, no target.
 
     .venv/bin/python -m bench.step_overhead --steps 200 --turns 3 --repeat 3
 """
@@ -48,7 +51,7 @@ from stepq.producer.client import Client
 AGENT = "bench.overhead"
 TARGET_RATIO = 1.3  # stepq ms/step against the plain hop's ms/hop (moonshot 1.15)
 TARGET_CPU_RATIO = 1.3  # the worker's CPU per step against the plain worker's CPU per hop
-SIDES = ("plain", "celery", "stepq")
+SIDES = ("plain", "celery", "stepq", "per-task")
 CpuClock = Callable[[], float] | None
 
 
@@ -125,10 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     prefix = unique_prefix("step")
     settings = bench_settings(args.redis_url, prefix)
     client = Client(settings)
+    per_task_settings = bench_settings(args.redis_url, f"{prefix}-hop", inline_steps=False)
+    per_task = Client(per_task_settings)
     plain = build_plain_app(args.redis_url, prefix)
     print(
-        f"run {prefix}: plain worker (process) + stepq {args.worker} worker (--loglevel={args.loglevel}), each "
-        "threads pool, concurrency 1; "
+        f"run {prefix}: plain worker (process) + stepq {args.worker} worker + stepq {args.worker} worker with "
+        f"STEPQ_INLINE_STEPS=false (--loglevel={args.loglevel}), each threads pool, concurrency 1; "
         f"steps={n}, turns={args.turns}, repeat={args.repeat}",
         flush=True,
     )
@@ -141,16 +146,19 @@ def main(argv: list[str] | None = None) -> int:
         with (
             running_plain_worker(args.redis_url, prefix) as plain_cpu,
             running_worker(settings, args.worker, args.profile, args.loglevel) as cpu,
+            running_worker(per_task_settings, args.worker, None, args.loglevel) as per_task_cpu,
         ):
             plain_chain(plain, redis, prefix, 5, timeout=120)  # warm-up: proves the workers consume
             bare_chain(client, 5, timeout=120)
             stepq_turn(client, 3, timeout=120)
+            stepq_turn(per_task, 3, timeout=120)
             runs: dict[str, Callable[[], float]] = {
                 "plain": lambda: plain_chain(plain, redis, prefix, n, args.timeout),
                 "celery": lambda: bare_chain(client, n, args.timeout),
                 "stepq": lambda: stepq_turn(client, n, args.timeout),
+                "per-task": lambda: stepq_turn(per_task, n, args.timeout),
             }
-            clocks: dict[str, CpuClock] = {"plain": plain_cpu, "celery": cpu, "stepq": cpu}
+            clocks: dict[str, CpuClock] = {"plain": plain_cpu, "celery": cpu, "stepq": cpu, "per-task": per_task_cpu}
             for round_no in range(1, args.repeat + 1):
                 got: dict[str, list[tuple[float, float | None, float]]] = {side: [] for side in SIDES}
                 for side in SIDES:
@@ -166,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                         str(round_no),
                         *(f"{ms[side]:.3f}" for side in SIDES),
                         f"{ms['stepq'] / ms['plain']:.2f}x",
+                        f"{ms['per-task'] / ms['plain']:.2f}x",
                         f"{ms['celery'] / ms['plain']:.2f}x",
                         *(fmt_cpu([c for _, c, _ in got[side]], n) for side in SIDES),
                         fmt_cpu(client_cpu[-args.turns :], n),
@@ -173,14 +182,16 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(
                     f"round {round_no}: plain {ms['plain']:.3f} ms/hop, stepq-configured {ms['celery']:.3f} ms/hop, "
-                    f"stepq {ms['stepq']:.3f} ms/step",
+                    f"stepq {ms['stepq']:.3f} ms/step, one step per task {ms['per-task']:.3f} ms/step",
                     flush=True,
                 )
-            # the breakdown round: stepq turns again, with the worker's stage clocks recording
-            stages.ask(client, "reset")
-            for _ in range(args.turns):
-                stepq_turn(client, n, args.timeout)
-            dump = stages.ask(client, "dump")
+            # the breakdown rounds: stepq turns again on each stepq worker, with its stage clocks recording
+            dumps = {}
+            for side, side_client in (("stepq", client), ("per-task", per_task)):
+                stages.ask(side_client, "reset")
+                for _ in range(args.turns):
+                    stepq_turn(side_client, n, args.timeout)
+                dumps[side] = stages.ask(side_client, "dump")
         ms = {side: median(walls[side]) * 1000 / n for side in SIDES}
         ratio = ms["stepq"] / ms["plain"]
         rows.append(
@@ -188,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                 "median",
                 *(f"{ms[side]:.3f}" for side in SIDES),
                 f"{ratio:.2f}x",
+                f"{ms['per-task'] / ms['plain']:.2f}x",
                 f"{ms['celery'] / ms['plain']:.2f}x",
                 *(fmt_cpu(cpus[side], n) for side in SIDES),
                 fmt_cpu(client_cpu, n),
@@ -199,11 +211,14 @@ def main(argv: list[str] | None = None) -> int:
             "plain ms/hop",
             "stepq-cfg ms/hop",
             "stepq ms/step",
+            "per-task ms/step",
             "stepq/plain",
+            "per-task/plain",
             "cfg/plain",
             "plain cpu ms",
             "stepq-cfg cpu ms",
             "stepq cpu ms",
+            "per-task cpu ms",
             "client cpu ms",
         ]
         print(table(headers, rows))
@@ -224,20 +239,30 @@ def main(argv: list[str] | None = None) -> int:
                 f"worker CPU per step: {cpu_ratio:.2f}x the plain worker's per hop; "
                 f"target <= {TARGET_CPU_RATIO}x: {'met' if cpu_ok else 'NOT met'}."
             )
+        per_task_cpus = [c for c in cpus["per-task"] if c is not None]
+        per_task_cpu_ratio = f"{median(per_task_cpus) / median(plain_cpus):.2f}x" if per_task_cpus else "-"
+        print(
+            f"stepq with one step per task (STEPQ_INLINE_STEPS=false): {ms['per-task'] / ms['plain']:.2f}x the plain "
+            f"hop in wall clock, {per_task_cpu_ratio} in worker CPU (no target: every step pays a broker hop)."
+        )
         print(
             f"stepq-configured Celery hop: {ms['celery'] / ms['plain']:.2f}x the plain hop (what stepq's Celery "
             "configuration, signals and bootsteps cost before any engine work)."
         )
         print("cpu ms: each worker process's CPU per hop/step; client cpu ms: this process's (submit + Client.wait).")
         print()
-        print(stages.breakdown(dump, args.turns * n, "step"))
+        print("stepq (the default worker):")
+        print(stages.breakdown(dumps["stepq"], args.turns * n, "step"))
+        print("\nstepq, one step per task:")
+        print(stages.breakdown(dumps["per-task"], args.turns * n, "step"))
         if args.worker == "thread":
             print("(thread worker: the process total includes this benchmark's own client)")
         if args.profile:
             print(profile_report(args.profile))
         return 0 if wall_ok and cpu_ok else 1
     finally:
-        print(f"cleaned up {cleanup(args.redis_url, prefix)} keys under {prefix}")
+        cleaned = cleanup(args.redis_url, prefix) + cleanup(args.redis_url, per_task_settings.key_prefix)
+        print(f"cleaned up {cleaned} keys under {prefix} and {per_task_settings.key_prefix}")
 
 
 if __name__ == "__main__":

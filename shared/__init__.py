@@ -1,4 +1,4 @@
-"""stepq: durable LLM agent loops on Celery workers with Redis, one loop step per task.
+"""stepq: durable LLM agent loops on Celery workers with Redis, one loop step at a time, each committed.
 
 The names below are the public API: what an application, an agent module or a test writes code
 against. Everything else (`stepq.engine`, `stepq.store`, `stepq.providers`, `stepq.workers`, the

@@ -51,6 +51,18 @@ def make_settings(prefix: str, **overrides: object) -> Settings:
     return Settings(**values)  # type: ignore[arg-type]
 
 
+def amqp_available() -> bool:
+    """Whether RabbitMQ answers at AMQP_URL (the tests that need it skip otherwise)."""
+    from kombu import Connection
+
+    try:
+        with Connection(AMQP_URL, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+        return True
+    except Exception:
+        return False
+
+
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that gives a subprocess the same settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}

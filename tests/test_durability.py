@@ -12,16 +12,7 @@ from kombu import Connection
 
 from stepq.fleet.protocol import RUN_STEP
 from stepq.models import EventType, TurnStatus
-from tests.conftest import AMQP_URL, REDIS_URL, WorkerProcess, eventually, make_settings
-
-
-def _amqp_available() -> bool:
-    try:
-        with Connection(AMQP_URL, connect_timeout=3) as conn:
-            conn.ensure_connection(max_retries=1)
-        return True
-    except Exception:
-        return False
+from tests.conftest import AMQP_URL, REDIS_URL, WorkerProcess, amqp_available, eventually, make_settings
 
 
 def _side_effects(prefix: str, turn_id: str, label: str) -> int:
@@ -82,7 +73,7 @@ def test_sigkill_mid_stream_recovers_on_other_worker_redis_broker(prefix):
     _assert_recovered(result, seen, victim, prefix, turn_id)
 
 
-@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+@pytest.mark.skipif(not amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
 def test_sigkill_mid_stream_recovers_on_other_worker_rabbitmq_broker(prefix):
     settings = make_settings(prefix, broker_url=AMQP_URL)
     try:

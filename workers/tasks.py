@@ -1,4 +1,4 @@
-"""Tasks: `run_step` (one loop step per task), `approve`, `batch_drive`, the periodic `sweep` and `provider_batch_tick`.
+"""Tasks: `run_step` (a loop step, then inline its turn's next ones while nothing waits), `approve`, `batch_drive`, the periodic `sweep` and `provider_batch_tick`.
 
 The task bodies are module-level functions registered on each app (the same callables
 for every app); they read their settings from the app that runs them.
@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Celery, Task
+from celery.worker import state as worker_state
 
 from stepq.batches import driver as batch_driver
 from stepq.batches import provider as provider_batches
@@ -34,7 +36,9 @@ from stepq.store.batch_runs import BatchClaim
 
 log = logging.getLogger("stepq.worker")
 
-INLINE_BUDGET_S = 0.5  # how long one task runs a driven batch's items inline before it hands them to the broker
+INLINE_BUDGET_S = (
+    0.5  # how long one task runs steps inline (its turn's next ones, a batch's items) before it hands over
+)
 INLINE_CHECK_S = 0.02  # how often an inline run looks for interactive steps waiting (then it stops)
 
 
@@ -63,20 +67,90 @@ def _enqueue_step(
 
 
 def run_step(self: Task, turn_id: str, step: int, attempt: int = 0) -> str:
-    """Run one delivery of step `step`; `attempt` is informational (the turn state holds the truth)."""
+    """Run one delivery of step `step` (`attempt` is informational: the turn state holds the truth), then, with
+    `STEPQ_INLINE_STEPS`, the turn's next steps here while nothing else waits for this worker."""
     with log_context(turn_id=turn_id, step=step, attempt=attempt):  # on every log line of the delivery
-        decision = _deliver(self, turn_id, step)
-        if decision.action == "retry":
+        first = _deliver(self, turn_id, step)
+        if first.action == "retry":
             raise self.retry(
                 args=[turn_id, step],
-                kwargs={"attempt": decision.attempt},
-                countdown=decision.countdown,
-                queue=decision.queue or queue_for(_settings(self), decision.priority),
+                kwargs={"attempt": first.attempt},
+                countdown=first.countdown,
+                queue=first.queue or queue_for(_settings(self), first.priority),
             )
-        _follow(self, turn_id, decision)
-        if decision.batch:
-            _drive_inline(self, decision.batch, decision.claim)  # a driven batch's turn ended: its next item
-        return f"{decision.action}:{decision.reason}"
+    decision = first
+    if (
+        _settings(self).inline_steps
+        and _continues(first)
+        and _came_from(self, queue_for(_settings(self), first.priority))
+    ):
+        chained = _run_inline(self, turn_id, first.step, first.priority, _InlineClock())
+        if chained is None:
+            return "next:handed over"  # its next step went through the broker
+        decision = chained
+    _follow(self, turn_id, decision)
+    if decision.batch:
+        _drive_inline(self, decision.batch, decision.claim)  # a driven batch's turn ended: its next item
+    return f"{decision.action}:{decision.reason}"
+
+
+def _continues(decision: Decision) -> bool:
+    """Whether a delivery's decision is its turn's next step, runnable by this worker now."""
+    return decision.action == "next" and not decision.start and not decision.queue  # a pinned step: its own workers
+
+
+def _came_from(task: Task, queue: str) -> bool:
+    """Whether this task was delivered from `queue`, the one its turn's next step would be sent to: a worker
+    may run that step only if it serves that queue (a step from a pinned queue ran on an older definition's
+    worker, which leaves the next one to the workers of the queue it goes to)."""
+    delivery = task.request.delivery_info or {}
+    return bool(delivery.get("routing_key") == queue)
+
+
+@dataclass
+class _InlineClock:
+    """When an inline run hands over to the broker: past INLINE_BUDGET_S, when interactive steps wait in the
+    broker (looked at every INLINE_CHECK_S), or when the worker is shutting down."""
+
+    started: float = field(default_factory=time.monotonic)
+    checked: float = field(default_factory=time.monotonic)
+
+    def hand_over(self, task: Task) -> bool:
+        if _shutting_down():
+            return True
+        now = time.monotonic()
+        if now - self.started > INLINE_BUDGET_S:
+            return True
+        if now - self.checked > INLINE_CHECK_S:
+            self.checked = now
+            return _interactive_waiting(task)
+        return False
+
+
+def _shutting_down() -> bool:
+    """Whether this worker began a warm or cold shutdown (Celery sets the flag to the exit code, 0 included;
+    in a prefork child, which never sees the flag, the inline budget bounds the run instead)."""
+    return any(
+        flag is not None and flag is not False for flag in (worker_state.should_stop, worker_state.should_terminate)
+    )
+
+
+def _run_inline(task: Task, turn_id: str, step: int, priority: str, clock: _InlineClock) -> Decision | None:
+    """Run the turn's steps from `step` in this task, one delivery each (each fenced, leased and committed
+    on its own), until one ends on something other than its next step: that decision is returned for
+    `_follow`. When the clock says so, the step is sent through the broker instead and None is returned.
+    A crash here leaves the step unsent (or leased, then lapsed): the sweeper sends it, as for any worker."""
+    while True:
+        if clock.hand_over(task):
+            _enqueue_step(task, turn_id, step, priority)
+            if step == 0:
+                _runtime(task).turns.mark_dispatched(turn_id)
+            return None
+        with log_context(turn_id=turn_id, step=step, attempt=0):
+            decision = _deliver(task, turn_id, step)
+        if not _continues(decision):
+            return decision
+        step = decision.step
 
 
 def _deliver(task: Task, turn_id: str, step: int) -> Decision:
@@ -119,11 +193,10 @@ def _drive(
 def _drive_inline(task: Task, batch_id: str, claim: BatchClaim | None) -> None:
     """Run a driven batch's next item here, in this task, instead of through the broker (for a short item the
     hop is most of its cost): the item the ended turn's script claimed for this worker, else the first one a
-    driver pass places. Again while its steps and the next items keep coming, for at most INLINE_BUDGET_S and
-    never while interactive steps wait in the broker (looked at every INLINE_CHECK_S). What is not run here is
-    sent as usual: a crash here leaves a claim the tick places, or a turn the sweeper sends (placed but
-    unsent) or re-runs (a step whose lease lapsed), as for any worker."""
-    started = checked = time.monotonic()
+    driver pass places. Again while its steps and the next items keep coming, within one `_InlineClock`. What
+    is not run here is sent as usual: a crash here leaves a claim the tick places, or a turn the sweeper sends
+    (placed but unsent) or re-runs (a step whose lease lapsed), as for any worker."""
+    clock = _InlineClock()
     rt = _runtime(task)
     while True:
         kept = None
@@ -137,22 +210,9 @@ def _drive_inline(task: Task, batch_id: str, claim: BatchClaim | None) -> None:
         if kept is None:
             return
         turn_id, priority = kept
-        step = 0
-        while True:
-            now = time.monotonic()
-            hand_over = now - started > INLINE_BUDGET_S
-            if not hand_over and now - checked > INLINE_CHECK_S:
-                checked, hand_over = now, _interactive_waiting(task)
-            if hand_over:
-                _enqueue_step(task, turn_id, step, priority)
-                if step == 0:
-                    rt.turns.mark_dispatched(turn_id)
-                return
-            with log_context(turn_id=turn_id, step=step, attempt=0):
-                decision = _deliver(task, turn_id, step)
-            if decision.action != "next" or decision.start or decision.queue:  # a pinned step: its own workers
-                break
-            step = decision.step
+        decision = _run_inline(task, turn_id, 0, priority, clock)
+        if decision is None:
+            return
         _follow(task, turn_id, decision)
         if not decision.batch:
             return

@@ -157,6 +157,12 @@ class Settings(BaseSettings):
     """A delivery that finds the step leased by another worker looks again after this. Unset: half of
     `STEPQ_LEASE_TTL_S`.
     """
+    inline_steps: bool = True
+    """A step that ends with its turn's next step runs that step in the same task while no interactive step waits
+    in the broker (looked at every 20 ms), for up to 0.5 s, instead of sending it through the broker: each step
+    still commits on its own, and a worker that dies between them leaves the turn to the sweeper, as for any step.
+    `false`: one step per task, always.
+    """
     queue: str = Field(default="stepq", min_length=1)
     """Queue for interactive turns; batch turns use `<queue>.batch`, drained after it."""
     broker_transport_options: dict[str, Any] = Field(default_factory=dict)
