@@ -16,9 +16,8 @@ from kombu import Connection
 
 from stepq.config.settings import Settings
 from stepq.models import EventType, TurnStatus
-from tests.conftest import AMQP_URL, WorkerProcess, eventually, make_settings
+from tests.conftest import AMQP_URL, WorkerProcess, amqp_available, eventually, make_settings
 from tests.outage_helpers import RedisServer, TcpProxy
-from tests.test_durability import _amqp_available
 
 TURNS = 4
 LOG_DIR = Path(tempfile.gettempdir()) / "stepq-outage-logs"
@@ -33,7 +32,7 @@ def server() -> Iterator[RedisServer]:
 
 @pytest.fixture
 def amqp_proxy() -> Iterator[TcpProxy]:
-    if not _amqp_available():
+    if not amqp_available():
         pytest.skip("RabbitMQ is not reachable on 127.0.0.1:5672")
     parsed = urllib.parse.urlsplit(AMQP_URL)
     proxy = TcpProxy(parsed.hostname or "127.0.0.1", parsed.port or 5672)
@@ -117,7 +116,7 @@ def test_client_pause_mid_load_fails_nothing(
     make every Redis call time out and retry; no turn fails and no client call raises."""
     overrides: dict[str, object] = {"redis_url": server.url, "lease_ttl_s": 10.0, "redis_socket_timeout_s": 1.0}
     if broker == "rabbitmq":
-        if not _amqp_available():
+        if not amqp_available():
             pytest.skip("RabbitMQ is not reachable on 127.0.0.1:5672")
         overrides["broker_url"] = AMQP_URL
     settings = make_settings(prefix, **overrides)

@@ -13,8 +13,7 @@ from kombu import Connection
 from stepq.config.settings import Settings
 from stepq.models import EventType, TurnStatus
 from tests.agents_recovery import execution_key, keys_seen
-from tests.conftest import AMQP_URL, REDIS_URL, WorkerProcess, eventually, make_settings
-from tests.test_durability import _amqp_available
+from tests.conftest import AMQP_URL, REDIS_URL, WorkerProcess, amqp_available, eventually, make_settings
 
 DEFAULTS = {name: Settings.model_fields[name].default for name in ("lease_ttl_s", "sweep_interval_s")}
 
@@ -87,7 +86,7 @@ def test_kill_during_approved_mutation_redis_broker(prefix: str) -> None:
     _kill_during_approved_mutation(make_settings(prefix, **DEFAULTS), prefix)
 
 
-@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+@pytest.mark.skipif(not amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
 def test_kill_during_approved_mutation_rabbitmq_broker(prefix: str) -> None:
     settings = make_settings(prefix, broker_url=AMQP_URL, **DEFAULTS)
     try:

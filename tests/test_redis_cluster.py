@@ -23,8 +23,8 @@ from stepq.config.settings import Settings
 from stepq.errors import ConfigurationError
 from stepq.fleet.runtime import get_runtime
 from stepq.models import EventType, TurnStatus
-from tests.conftest import AMQP_URL, WorkerProcess, eventually, make_settings
-from tests.test_durability import _amqp_available, _side_effects
+from tests.conftest import AMQP_URL, WorkerProcess, amqp_available, eventually, make_settings
+from tests.test_durability import _side_effects
 
 pytestmark = pytest.mark.skipif(
     shutil.which("redis-server") is None or shutil.which("redis-cli") is None, reason="redis-server is not installed"
@@ -154,7 +154,7 @@ def _nodes_holding(settings: Settings, pattern: str) -> set[str]:
     return holders
 
 
-@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+@pytest.mark.skipif(not amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
 def test_a_turn_with_tools_an_approval_and_streaming_runs_on_the_cluster(
     cluster_settings: Settings, prefix: str
 ) -> None:
@@ -270,7 +270,7 @@ def test_the_sweeper_works_on_the_cluster_indexes(cluster_settings: Settings, pr
     assert sweep(rt, queued_grace_s=3600) == []
 
 
-@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+@pytest.mark.skipif(not amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
 def test_kill_9_during_an_approved_mutation_recovers_on_the_cluster(cluster_url: str, prefix: str) -> None:
     """A worker killed (SIGKILL) while an approved tool runs: the other worker's sweeper finds the step through
     the cluster's sharded worklist and the turn completes, the interrupted tool run again once."""
@@ -346,7 +346,7 @@ def test_the_cluster_client_follows_the_url(cluster_url: str) -> None:
         client.close()
 
 
-@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+@pytest.mark.skipif(not amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
 def test_the_gateway_streams_a_turn_from_the_cluster_over_sse(cluster_url: str, prefix: str) -> None:
     from tests.gateway_support import api_keys_setting, serve, sse_events, submit
 
@@ -374,7 +374,7 @@ def test_the_gateway_streams_a_turn_from_the_cluster_over_sse(cluster_url: str, 
     assert turn["status"] == "completed" and turn["result"]["text"] == "x" * 40
 
 
-@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+@pytest.mark.skipif(not amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
 def test_a_thread_carries_its_transcript_across_turns_on_the_cluster(cluster_settings: Settings) -> None:
     from stepq.producer.client import Client
     from tests.test_threads import WAIT_S, saw
@@ -398,7 +398,7 @@ def test_a_thread_carries_its_transcript_across_turns_on_the_cluster(cluster_set
         worker.stop()
 
 
-@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+@pytest.mark.skipif(not amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
 def test_a_batch_runs_and_resubmits_idempotently_on_the_cluster(cluster_settings: Settings) -> None:
     from stepq.producer.client import Client
 
@@ -428,7 +428,7 @@ def test_late_list_updates_never_undo_another_processs_on_the_cluster(cluster_se
     check_a_late_refresh_never_lists_a_finished_turn(rt, prefix)
 
 
-@pytest.mark.skipif(not _amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
+@pytest.mark.skipif(not amqp_available(), reason="RabbitMQ is not reachable on 127.0.0.1:5672")
 def test_a_driven_batch_parks_is_approved_in_bulk_and_finishes_on_the_cluster(
     cluster_settings: Settings, tmp_path: Path
 ) -> None:
