@@ -63,7 +63,8 @@ def _through_outage(settings: Settings, prefix: str, tmp_path: Path, outage: Cal
     client = Client(settings)
     LOG_DIR.mkdir(exist_ok=True)  # kept when a test fails (pytest's tmp dirs rotate under parallel runs)
     logs = [str(LOG_DIR / f"{prefix}-w{i}.log") for i in (1, 2)]
-    workers = [WorkerProcess(settings, f"o{i}", log_path=logs[i - 1]) for i in (1, 2)]
+    # named per test: two of these on one RabbitMQ at once would otherwise fight over one pidbox queue
+    workers = [WorkerProcess(settings, f"o{i}-{prefix}", log_path=logs[i - 1]) for i in (1, 2)]
     try:
         handles = [client.submit("rt.slow_stream", prompt="go", metadata={"prefix": prefix}) for _ in range(TURNS)]
         for event in handles[0].events(idle_timeout=120):  # a step is streaming: steps are in flight
