@@ -79,18 +79,19 @@ def run_step(self: Task, turn_id: str, step: int, attempt: int = 0) -> str:
                 queue=first.queue or queue_for(_settings(self), first.priority),
             )
     decision = first
+    clock = _InlineClock()  # one budget for everything this task runs inline: steps, then batch items
     if (
         _settings(self).inline_steps
         and _continues(first)
         and _came_from(self, queue_for(_settings(self), first.priority))
     ):
-        chained = _run_inline(self, turn_id, first.step, first.priority, _InlineClock())
+        chained = _run_inline(self, turn_id, first.step, first.priority, clock)
         if chained is None:
             return "next:handed over"  # its next step went through the broker
         decision = chained
     _follow(self, turn_id, decision)
     if decision.batch:
-        _drive_inline(self, decision.batch, decision.claim)  # a driven batch's turn ended: its next item
+        _drive_inline(self, decision.batch, decision.claim, clock)  # a driven batch's turn ended: its next item
     return f"{decision.action}:{decision.reason}"
 
 
@@ -190,13 +191,12 @@ def _drive(
     return plan, (kept[0] if kept else None)
 
 
-def _drive_inline(task: Task, batch_id: str, claim: BatchClaim | None) -> None:
+def _drive_inline(task: Task, batch_id: str, claim: BatchClaim | None, clock: _InlineClock) -> None:
     """Run a driven batch's next item here, in this task, instead of through the broker (for a short item the
     hop is most of its cost): the item the ended turn's script claimed for this worker, else the first one a
-    driver pass places. Again while its steps and the next items keep coming, within one `_InlineClock`. What
+    driver pass places. Again while its steps and the next items keep coming, within the task's `_InlineClock`. What
     is not run here is sent as usual: a crash here leaves a claim the tick places, or a turn the sweeper sends
     (placed but unsent) or re-runs (a step whose lease lapsed), as for any worker."""
-    clock = _InlineClock()
     rt = _runtime(task)
     while True:
         kept = None
