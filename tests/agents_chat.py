@@ -11,6 +11,8 @@ from pydantic import BaseModel
 
 from stepq.agents.definition import AgentDefinition, LoopConfig
 from stepq.agents.tools import ToolContext, tool
+from stepq.models import Delta, StepOutput, ToolInputDelta, UserMessage
+from stepq.providers.base import Emit, ShouldStop, StepRequest
 from stepq.providers.function import FunctionModel, FunctionRequest, FunctionResponse
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
 
@@ -80,6 +82,36 @@ tool_input = AgentDefinition(
     description="Streams a tool call's long argument before the call.",
     allowed_tools=["chat_lookup"],
     function_model=FunctionModel(_long_lookup),
+)
+
+HELD_PIECES = 2  # tool-input pieces `chat.held_input` streams before it holds its step
+
+
+class _HeldInput(FunctionModel):
+    """`_long_lookup`, holding its step after the first HELD_PIECES pieces of the call's argument until the
+    test pushes to the key the prompt names (`hold <key>`): a test can look at a half-streamed call."""
+
+    def stream_step(self, request: StepRequest, emit: Emit, should_stop: ShouldStop) -> StepOutput:
+        prompt = "\n".join(m.content for m in request.messages if isinstance(m, UserMessage))
+        key = prompt.rsplit("hold ", 1)[-1].strip()
+        pieces = 0
+
+        def held(delta: Delta) -> None:
+            nonlocal pieces
+            if isinstance(delta, ToolInputDelta):
+                pieces += 1
+                if pieces == HELD_PIECES + 1:
+                    _redis.blpop([key], timeout=GATE_TIMEOUT_S)
+            emit(delta)
+
+        return super().stream_step(request, held, should_stop)
+
+
+held_input = AgentDefinition(
+    id="chat.held_input",
+    description="Streams part of a tool call's argument, then waits for the test before the rest.",
+    allowed_tools=["chat_lookup"],
+    function_model=_HeldInput(_long_lookup),
 )
 
 gated = AgentDefinition(

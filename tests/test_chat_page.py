@@ -4,12 +4,15 @@ a wrong key, a phone-sized screen. Every test saves screenshots of its pages und
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
 import httpx
 import pytest
 
+from stepq.providers.function import _DELTA_CHARS as PIECE_CHARS
+from tests.agents_chat import HELD_PIECES, LONG_KEY, gate_key
 from tests.browser_fixtures import chromium, context, shots, stack  # noqa: F401 (the module's fixtures)
 from tests.browser_support import Shots, new_context
 from tests.chat_support import API_KEY, ChatStack
@@ -78,6 +81,26 @@ def test_a_tool_card_names_the_tool_tables_its_arguments_and_says_what_it_waits_
     expect(answer(page)).to_have_attribute("data-status", "completed")
     for sdk_word in ("output-available", "approval-requested", "input-available"):
         expect(page.get_by_test_id("messages")).not_to_contain_text(sdk_word)
+
+
+def test_a_tool_calls_arguments_show_as_they_stream_and_the_table_replaces_them(
+    context: Any, stack: ChatStack, shots: Shots
+) -> None:
+    page = open_chat(context, stack, shots, "tool-input", "chat.held_input")
+    token = f"input-{uuid.uuid4().hex[:8]}"
+    say(page, f"look it up; hold {gate_key(stack.settings.key_prefix, token)}")
+    card = answer(page).get_by_test_id("tool")
+    arguments = json.dumps({"key": LONG_KEY})
+    streamed = arguments[: HELD_PIECES * PIECE_CHARS]  # the pieces sent before the model holds its step
+    expect(card).to_have_attribute("data-state", "input-streaming")
+    expect(card.get_by_test_id("tool-status")).to_have_text("preparing")
+    expect(card.get_by_test_id("tool-input-streaming")).to_have_text(streamed)
+    expect(card.get_by_test_id("tool-input-row")).to_have_count(0)
+    assert httpx.post(f"{stack.control_url}/release/{token}").status_code == 200
+    expect(card.get_by_test_id("tool-status")).to_have_text("done")
+    expect(card.get_by_test_id("tool-input-streaming")).to_have_count(0)  # the whole arguments, as a table
+    expect(card.get_by_test_id("tool-input-row").locator("td")).to_have_text(LONG_KEY)
+    expect(answer(page)).to_have_attribute("data-status", "completed")
 
 
 def test_stop_cancels_the_turn_being_answered(context: Any, stack: ChatStack, shots: Shots) -> None:

@@ -175,9 +175,15 @@ class MessageBuilder {
       case 'tool-input-start':
         m.parts.push({ type: `tool-${chunk.toolName}`, toolCallId: chunk.toolCallId, state: 'input-streaming' });
         break;
+      case 'tool-input-delta': { // the call's arguments as the model writes them: shown until they are whole
+        const part = this.tool(chunk.toolCallId);
+        if (part?.state === 'input-streaming') part.inputText = (part.inputText || '') + chunk.inputTextDelta;
+        break;
+      }
       case 'tool-input-available': {
         const part = this.tool(chunk.toolCallId);
         Object.assign(part, { state: 'input-available', input: chunk.input });
+        delete part.inputText;
         break;
       }
       case 'tool-approval-request':
@@ -530,7 +536,8 @@ function drawTool(message, part) {
     el('div', { class: 'head' },
       el('span', { class: 'name', testid: 'tool-name', title: name }, humanName(name)),
       el('span', { class: 'status', testid: 'tool-status' }, status)),
-    part.input !== undefined ? valueTable(part.input, 'tool-input') : null);
+    part.input !== undefined ? valueTable(part.input, 'tool-input')
+      : part.inputText ? el('pre', { class: 'input-streaming', testid: 'tool-input-streaming' }, part.inputText) : null);
   if (part.state === 'approval-requested') {
     box.append(
       el('button', { type: 'button', testid: 'approve', onclick: () => decide(message, part, true) }, 'Approve'),
