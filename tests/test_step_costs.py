@@ -50,6 +50,7 @@ from stepq.engine.runner import Decision, StepRunner
 from stepq.fleet.runtime import Runtime
 from stepq.models import ToolResultMessage, ToolResultStatus, TurnStatus
 from stepq.store import connection
+from stepq.store.leases import StepLease
 from stepq.turns.submit import create_turn
 from tests.agents_costs import STREAM_DELTAS
 from tests.agents_engine import start
@@ -215,7 +216,12 @@ def counting_runtime(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Run
     monkeypatch.setitem(connection._clients, connection._url_key(settings), client)
     rt = Runtime.build(settings)
     assert rt.redis is client
-    scripts = {"begin": rt.turns._begin, "publish": rt.events._publish, "release": rt.leases._release}
+    scripts = {
+        "begin": rt.turns._begin,
+        "publish": rt.events._publish,
+        "release": rt.leases._release,
+        "renew": rt.leases._renew,
+    }
     for owner, label in ((rt.turns, ""), (rt.tool_results, "result."), (rt.approvals, "approval.")):
         for attr, value in vars(owner).items():
             if hasattr(value, "sha") and hasattr(value, "script"):
@@ -478,3 +484,25 @@ def test_a_tool_step_under_a_tenant_quota_adds_a_command_not_a_round_trip(costs_
     # trip 0: the step-start script, which also reads the quota counter (an HMGET inside the script)
     # trip 1: the plain tool step's pipeline plus the quota count script (one more command, same trip)
     assert counter.redis_cost() == Cost(trips=2, commands=5), counter.describe()
+
+
+# --------------------------------------------------------------------------- the lease heartbeat
+
+
+def test_the_lease_heartbeat_reads_every_steps_cancel_flag_in_one_command(costs_rt, counter, prefix):
+    """A tick of the heartbeat (the `stepq-leases` thread, 20 a second by default) costs one MGET whatever the
+    number of steps running, plus one pipeline of the renewals that are due; a cancel flag reaches only its
+    own step, and a lease no longer held is lost."""
+    leases = [StepLease(f"turn_{i:032x}", costs_rt.leases.new_token(), 6000) for i in range(50)]
+    costs_rt.redis.set(costs_rt.keys.cancel(leases[7].turn_id), "1", ex=60)
+    counter.active = True
+    costs_rt.leases._tick(leases)  # none due: each was renewed (taken) just now
+    assert counter.trips == [["MGET"]], counter.describe()
+    assert [lease.turn_id for lease in leases if lease.cancelled.is_set()] == [leases[7].turn_id]
+    counter.reset()
+    for lease in leases[:3]:
+        lease.renewed_at -= 10  # past a third of the TTL
+    costs_rt.leases._tick(leases)
+    counter.active = False
+    assert counter.trips == [["MGET"], ["EVALSHA(renew)"] * 3], counter.describe()
+    assert [lease.lost.is_set() for lease in leases[:4]] == [True, True, True, False]  # nobody holds their keys
