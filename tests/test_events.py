@@ -68,6 +68,23 @@ def test_resumed_subscription_sees_every_event_exactly_once(worker, client, pref
     assert _text(e for e in resumed if e.step == 1) == "after the gate opened, the rest of the answer"
 
 
+def test_a_follow_keeps_what_was_written_just_before_the_turn_was_seen_finished(rt, prefix):
+    """On a quiet channel the follow asks whether the turn finished, then reads the log: an event written
+    between the two (the turn ending right then; a loaded machine hit it) is still delivered, not dropped."""
+    turn_id = start(rt, "eng.simple", prefix)
+    first = rt.events.publish(turn_id, EventType.TEXT_DELTA, 0, {"text": "before"})
+    late: list[int] = []
+
+    def finished() -> bool:
+        if not late:  # the turn's last event lands as the follow asks, after its last look at the log
+            late.append(rt.events.publish(turn_id, EventType.TEXT_DELTA, 0, {"text": "just before the end"}))
+        return True
+
+    seen = list(rt.events.follow(turn_id, after=first, idle_timeout=60, is_finished=finished))
+    assert [e.seq for e in seen] == late
+    assert [e.data["text"] for e in seen] == ["just before the end"]
+
+
 def test_resume_from_any_cursor_after_the_turn_ended(rt, prefix, client):
     turn_id = start(rt, "eng.simple", prefix)
     drive(rt, turn_id)

@@ -170,3 +170,45 @@ def test_opening_a_stream_reads_the_log_once(rt: Runtime, prefix: str) -> None:
     seen, reads = asyncio.run(_open_and_follow(rt, prefix, streams=20))
     assert seen == [[1, 2, 3, 4]] * 20
     assert reads == 20
+
+
+class EndingReader(EventReader):
+    """Says the turn ended, after writing its last event first: the moment a follow's quiet check can fall
+    into (the turn ending between the follow's last read of the log and its question)."""
+
+    def __init__(self, client: aioredis.Redis, rt: Runtime, turn_id: str) -> None:
+        super().__init__(client, rt.keys)
+        self.rt, self.turn_id, self.late = rt, turn_id, 0
+
+    async def finished(self, turn_id: str) -> bool:
+        if not self.late:
+            self.late = self.rt.events.publish(self.turn_id, EventType.TEXT_DELTA, 1, {"text": "the last words"})
+        return True
+
+
+async def _follow_a_turn_that_ends_while_quiet(rt: Runtime, prefix: str) -> tuple[list[int], int]:
+    turn_id = f"{prefix}-ending"
+    rt.events.publish(turn_id, EventType.TEXT_DELTA, 1, {"text": "the first words"})
+    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True, max_connections=1)
+    commands = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    hub = StreamHub(client)
+    reader = EndingReader(commands, rt, turn_id)
+    await hub.start()
+    seqs: list[int] = []
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            async for batch in follow_batches(hub, reader, turn_id, 0, keepalive_s=0.2):
+                seqs += [e.seq for e in batch]
+        return seqs, reader.late
+    finally:
+        await hub.close()
+        await client.aclose()
+        await commands.aclose()
+
+
+def test_a_quiet_stream_keeps_the_last_event_of_a_turn_that_ends_as_it_checks(rt: Runtime, prefix: str) -> None:
+    """A quiet stream asks whether the turn ended, then reads the log: an event written in between is sent
+    before the stream closes (asked the other way round, it was lost)."""
+    seqs, late = asyncio.run(_follow_a_turn_that_ends_while_quiet(rt, prefix))
+    assert late == 2
+    assert seqs == [1, 2]

@@ -387,10 +387,13 @@ async def follow_batches(
                 listener.buffer.clear()
                 if listener.resync or quiet:
                     listener.resync = False
+                    # whether the turn ended is asked before the log is read: what it wrote before it ended is
+                    # then in this read (asked after it, a turn ending in between would lose its last events)
+                    ended = quiet and await _patiently(reader.finished, turn_id)
                     pending = await _patiently(reader.read, turn_id, cursor) + pending
-                if quiet:
-                    if not pending and await _patiently(reader.finished, turn_id):
+                    if ended and not pending:
                         return  # ended without a turn-finish event (its writer died after the commit)
+                if quiet:
                     yield []
         finally:
             timer.cancel()

@@ -283,9 +283,12 @@ class EventLog:
                 if message is None:
                     if deadline is not None and time.monotonic() >= deadline:
                         raise WaitTimeoutError(f"no event on turn {turn_id} for {idle_timeout}s")
-                    # a quiet channel: check the log too, in case a publish raced our subscribe
+                    # a quiet channel: check the log too, in case a publish raced our subscribe. Whether the
+                    # turn finished is asked first: what was written before it finished is then in this read
+                    # (asked after the read, a turn ending in between would lose its last events)
+                    finished = is_finished is not None and is_finished()
                     missed = self.read(turn_id, cursor)
-                    if not missed and is_finished is not None and is_finished():
+                    if not missed and finished:
                         return  # ended without a turn-finish event (its writer died after the commit)
                 else:
                     event = Event.model_validate_json(message["data"])
