@@ -4,7 +4,9 @@ hub's buffered-reply fast path, and its envelope parsing agrees with a full JSON
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -16,6 +18,21 @@ from tests.conftest import REDIS_URL
 
 BURST = 400
 TIMEOUT = 60.0
+
+
+@contextlib.asynccontextmanager
+async def _hub() -> AsyncIterator[tuple[StreamHub, aioredis.Redis]]:
+    """A started hub on a connection of its own, and a client for the readers' commands; all closed after."""
+    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True, max_connections=1)
+    commands = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    hub = StreamHub(client)
+    await hub.start()
+    try:
+        yield hub, commands
+    finally:
+        await hub.close()
+        await client.aclose()
+        await commands.aclose()
 
 
 async def _collect(hub: StreamHub, reader: EventReader, turn_id: str, into: list[int]) -> None:
@@ -33,12 +50,8 @@ def _publish_burst(rt: Runtime, turn_id: str, count: int) -> None:
 
 
 async def _run_bursts(rt: Runtime, turns: list[str], streams_per_turn: int) -> tuple[list[list[int]], int]:
-    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True, max_connections=1)
-    commands = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-    hub = StreamHub(client)
-    reader = EventReader(commands, rt.keys)
-    await hub.start()
-    try:
+    async with _hub() as (hub, commands):
+        reader = EventReader(commands, rt.keys)
         seen: list[list[int]] = [[] for _ in range(len(turns) * streams_per_turn)]
         tasks = [
             asyncio.create_task(_collect(hub, reader, turns[i // streams_per_turn], seen[i])) for i in range(len(seen))
@@ -52,10 +65,6 @@ async def _run_bursts(rt: Runtime, turns: list[str], streams_per_turn: int) -> t
         async with asyncio.timeout(TIMEOUT):
             await asyncio.gather(*tasks)
         return seen, hub.drained
-    finally:
-        await hub.close()
-        await client.aclose()
-        await commands.aclose()
 
 
 def test_bursts_reach_every_stream_once_in_order_through_the_fast_path(rt: Runtime, prefix: str) -> None:
@@ -74,15 +83,11 @@ def test_bursts_reach_every_stream_once_in_order_through_the_fast_path(rt: Runti
 async def _subscribe_during_a_burst(rt: Runtime, prefix: str) -> list[int]:
     """A stream opened while another channel's burst is being drained: its subscribe confirmation arrives
     among buffered messages and must still be handled (via redis-py), or its `listen()` never returns."""
-    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True, max_connections=1)
-    commands = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-    hub = StreamHub(client)
-    reader = EventReader(commands, rt.keys)
-    await hub.start()
-    busy, late = f"{prefix}-busy", f"{prefix}-late"
-    first: list[int] = []
-    second: list[int] = []
-    try:
+    async with _hub() as (hub, commands):
+        reader = EventReader(commands, rt.keys)
+        busy, late = f"{prefix}-busy", f"{prefix}-late"
+        first: list[int] = []
+        second: list[int] = []
         task = asyncio.create_task(_collect(hub, reader, busy, first))
         async with asyncio.timeout(TIMEOUT):
             while hub.subscribed_channels < 1:
@@ -99,10 +104,6 @@ async def _subscribe_during_a_burst(rt: Runtime, prefix: str) -> list[int]:
             await asyncio.gather(task, later)
         assert first == list(range(1, BURST * 5 + 2))
         return second
-    finally:
-        await hub.close()
-        await client.aclose()
-        await commands.aclose()
 
 
 def test_a_stream_opened_during_a_burst_is_confirmed_and_complete(rt: Runtime, prefix: str) -> None:
@@ -141,14 +142,10 @@ class CountingReader(EventReader):
 
 
 async def _open_and_follow(rt: Runtime, prefix: str, streams: int) -> tuple[list[list[int]], int]:
-    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True, max_connections=1)
-    commands = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-    hub = StreamHub(client)
-    reader = CountingReader(commands, rt.keys)
-    await hub.start()
-    turns = [f"{prefix}-open-{i}" for i in range(streams)]
-    seen: list[list[int]] = [[] for _ in turns]
-    try:
+    async with _hub() as (hub, commands):
+        reader = CountingReader(commands, rt.keys)
+        turns = [f"{prefix}-open-{i}" for i in range(streams)]
+        seen: list[list[int]] = [[] for _ in turns]
         tasks = [asyncio.create_task(_collect(hub, reader, t, into)) for t, into in zip(turns, seen, strict=True)]
         async with asyncio.timeout(TIMEOUT):
             while hub.subscribed_channels < streams or reader.reads < streams:
@@ -158,10 +155,6 @@ async def _open_and_follow(rt: Runtime, prefix: str, streams: int) -> tuple[list
         async with asyncio.timeout(TIMEOUT):
             await asyncio.gather(*tasks)
         return seen, reader.reads
-    finally:
-        await hub.close()
-        await client.aclose()
-        await commands.aclose()
 
 
 def test_opening_a_stream_reads_the_log_once(rt: Runtime, prefix: str) -> None:
@@ -189,21 +182,13 @@ class EndingReader(EventReader):
 async def _follow_a_turn_that_ends_while_quiet(rt: Runtime, prefix: str) -> tuple[list[int], int]:
     turn_id = f"{prefix}-ending"
     rt.events.publish(turn_id, EventType.TEXT_DELTA, 1, {"text": "the first words"})
-    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True, max_connections=1)
-    commands = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-    hub = StreamHub(client)
-    reader = EndingReader(commands, rt, turn_id)
-    await hub.start()
-    seqs: list[int] = []
-    try:
+    async with _hub() as (hub, commands):
+        reader = EndingReader(commands, rt, turn_id)
+        seqs: list[int] = []
         async with asyncio.timeout(TIMEOUT):
             async for batch in follow_batches(hub, reader, turn_id, 0, keepalive_s=0.2):
                 seqs += [e.seq for e in batch]
         return seqs, reader.late
-    finally:
-        await hub.close()
-        await client.aclose()
-        await commands.aclose()
 
 
 def test_a_quiet_stream_keeps_the_last_event_of_a_turn_that_ends_as_it_checks(rt: Runtime, prefix: str) -> None:
