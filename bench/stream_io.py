@@ -304,7 +304,10 @@ def main() -> None:
         for round_no in range(args.repeat):
             for side in sides:
                 upstream.configure(script)
-                result = measure(side, upstream.base_url, args.concurrency)
+                try:
+                    result = measure(side, upstream.base_url, args.concurrency)
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    sys.exit(f"bench.stream_io: {exc}")  # one line, not a traceback
                 results[side].append(result)
                 us = 1e6 * result["cpu"] / max(result["deltas"], 1)
                 print(f"round {round_no + 1} {side}: {us:.1f} us/delta, {result['wall']:.2f} s", flush=True)
