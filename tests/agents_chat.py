@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from stepq.agents.definition import AgentDefinition, LoopConfig
 from stepq.agents.tools import ToolContext, tool
-from stepq.models import Delta, StepOutput, ToolInputDelta, UserMessage
+from stepq.models import Delta, StepOutput, ToolInputDelta
 from stepq.providers.base import Emit, ShouldStop, StepRequest
 from stepq.providers.function import FunctionModel, FunctionRequest, FunctionResponse
 from stepq.providers.scripted import ScriptFailure, ScriptStep, ScriptToolCall
@@ -92,7 +92,7 @@ class _HeldInput(FunctionModel):
     test pushes to the key the prompt names (`hold <key>`): a test can look at a half-streamed call."""
 
     def stream_step(self, request: StepRequest, emit: Emit, should_stop: ShouldStop) -> StepOutput:
-        prompt = "\n".join(m.content for m in request.messages if isinstance(m, UserMessage))
+        prompt = FunctionRequest(list(request.messages), tools=[], output_schema=None, answer_now=False).prompt
         key = prompt.rsplit("hold ", 1)[-1].strip()
         pieces = 0
 
