@@ -111,6 +111,7 @@ def install() -> None:
     _installed = True
     gc.callbacks.append(_gc_callback)
     from stepq.engine import begin, context, decide, emitter, model_call, runner
+    from stepq.providers import loop_transport
     from stepq.store import turns
     from stepq.workers import tasks
 
@@ -121,6 +122,8 @@ def install() -> None:
         (begin, "plan_call", "begin"),
         (model_call, "compact", "model call / stream parsing"),
         (model_call, "answer", "model call / stream parsing"),
+        (loop_transport.LoopBody, "deliver", "model call / stream parsing"),  # a stream read on the provider loop
+        (loop_transport.LoopBody, "finish", "model call / stream parsing"),
         (emitter.StepEmitter, "emit", "coalescing (emit)"),
         (emitter.StepEmitter, "_start_flush_locked", "publish (flush + event write)"),
         (emitter.StepEmitter, "_end_flush_locked", "publish (flush + event write)"),

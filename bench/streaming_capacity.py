@@ -175,6 +175,7 @@ class TurnSeen:
     status: str | None = None
     gap: str = ""  # the first gap seen
     first_delta: float = 0.0  # receive times
+    last_delta: float = 0.0
     finished: float = 0.0
 
 
@@ -196,6 +197,7 @@ def subscriber_main(redis_url: str, prefix: str, index: int, digits: str, nice: 
     expected: set[str] = set()
     cpu0, wall0 = time.process_time(), time.monotonic()
     told_done = False
+    expecting = False  # told which turns to expect (maybe none: fewer turns than subscribers)
     while True:
         received, payloads = reader.messages(0.05)
         for payload in payloads:
@@ -214,6 +216,7 @@ def subscriber_main(redis_url: str, prefix: str, index: int, digits: str, nice: 
             if kind == "text-delta":
                 written = stamps(event["data"]["text"])
                 seen.first_delta = seen.first_delta or received
+                seen.last_delta = received
                 seen.deltas += len(written)
                 stats.upstream.extend(received - t for t in written)
             elif kind == "error":
@@ -223,7 +226,7 @@ def subscriber_main(redis_url: str, prefix: str, index: int, digits: str, nice: 
             elif kind == "turn-finish":
                 seen.status = event["data"]["status"]
                 seen.finished = received
-        if expected and not told_done and all(stats.turns.get(t, TurnSeen()).status for t in expected):
+        if expecting and not told_done and all(stats.turns.get(t, TurnSeen()).status for t in expected):
             out.put(("done", index))
             told_done = True
         while not ctl.empty():
@@ -231,12 +234,12 @@ def subscriber_main(redis_url: str, prefix: str, index: int, digits: str, nice: 
             if command[0] == "stop":
                 return
             if command[0] == "reset":
-                stats, expected, told_done = SubStats(), set(), False
+                stats, expected, expecting, told_done = SubStats(), set(), False, False
                 cpu0, wall0 = time.process_time(), time.monotonic()
                 out.put(("reset", index))
             elif command[0] == "expect":
                 expected = set(command[1])
-                told_done = False
+                expecting, told_done = True, False
             elif command[0] == "report":
                 cpu = 100 * (time.process_time() - cpu0) / max(time.monotonic() - wall0, 1e-9)
                 turns = {t: vars(s) for t, s in stats.turns.items()}
@@ -371,6 +374,7 @@ class Level:
     publish_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)
     upstream_ms: tuple[float, float] = (0.0, 0.0)
     stream_s: tuple[float, float] = (0.0, 0.0)  # first delta -> turn-finish, p50 / p99 over steps
+    end_ms: tuple[float, float] = (0.0, 0.0)  # last delta -> turn-finish (the step's end), p50 / p99
     events_per_s: float = 0.0
     threads: int = 0
     sub_cpu_max: float = 0.0
@@ -523,6 +527,8 @@ def run_round(
     seen_turns = [t for h in handles if (t := turns.get(h.turn_id)) and t["finished"] and t["first_delta"]]
     durations = [t["finished"] - t["first_delta"] for t in seen_turns]
     level.stream_s = (percentile(durations, 50), percentile(durations, 99))
+    ends = [(t["finished"] - t["last_delta"]) * 1000 for t in seen_turns]
+    level.end_ms = (percentile(ends, 50), percentile(ends, 99))
     if seen_turns:
         streaming = max(t["finished"] for t in seen_turns) - min(t["first_delta"] for t in seen_turns)
         level.events_per_s = events / max(streaming, 1e-9)
@@ -553,8 +559,8 @@ def run_round(
     print(
         f"{level.pool} {args.rate}/s C={c} round {round_no + 1}: {level.ok} ok, {level.failed} failed; {wall:.1f}s; submit {submitted:.2f}s; all streams open after "
         f"{level.up['gate_wait_s']:.2f}s; stream p50 {level.stream_s[0]:.2f}s p99 {level.stream_s[1]:.2f}s "
-        f"({level.duration_ratio:.2f}x the upstream's); "
-        f"publish->recv p99 "
+        f"({level.duration_ratio:.2f}x the upstream's; last delta -> turn-finish p50 {level.end_ms[0]:.0f} / p99 "
+        f"{level.end_ms[1]:.0f} ms); publish->recv p99 "
         f"{level.publish_ms[1]:.1f} ms; upstream->recv p99 {level.upstream_ms[1]:.1f} ms; worker CPU "
         f"{level.cpu['worker']:.0f}%{'; ' + '; '.join(level.why) if level.why else ''}",
         flush=True,

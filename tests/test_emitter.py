@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -11,6 +13,7 @@ from redis.retry import Retry
 
 from stepq.engine.emitter import StepEmitter
 from stepq.models import Delta, EventType, tool_input
+from stepq.providers import io_loop
 from stepq.store.events import EventLog
 from stepq.store.keys import Keys
 from tests.conftest import eventually
@@ -87,3 +90,61 @@ def test_streamed_tool_input_marks_the_step_as_emitted_for_crash_recovery(rt):
     turn_id = "turn_tool_input_crash"
     StepEmitter(rt.events, turn_id, 3, window_s=0.0).emit(tool_input("c1", "lookup", '{"q'))
     assert rt.redis.get(rt.keys.emitted(turn_id)) in ("3", b"3")
+
+
+# --------------------------------------------------------------------------- deltas from the provider loop
+
+
+def _on_loop(call: Callable[[], object]) -> object:
+    """Run `call` on the provider loop's thread (where a pumped stream's reader emits), return its result."""
+
+    async def run() -> object:
+        return call()
+
+    return asyncio.run_coroutine_threadsafe(run(), io_loop_running()).result(timeout=30)
+
+
+def io_loop_running() -> asyncio.AbstractEventLoop:
+    loop = io_loop.running()
+    assert loop is not None
+    return loop
+
+
+def _texts(rt, turn_id: str) -> list[tuple[str, str]]:
+    return [(e.type.value, e.data.get("text", "")) for e in rt.events.read(turn_id)]
+
+
+def test_a_delta_from_the_provider_loop_never_waits_for_the_emitters_lock(rt):
+    """The loop reads every stream of the process: a delta staged there returns at once even while the flush
+    timer holds the step's lock (through another round trip); the timer writes it afterwards, coalesced."""
+    turn_id = "turn_staged"
+    emitter = StepEmitter(rt.events, turn_id, 0, window_s=0.01)
+    with emitter._lock:  # as the timer holds it while a batch of writes goes out
+        _on_loop(lambda: [emitter.emit(Delta("text", t)) for t in ("Hel", "lo")])
+        assert emitter.emitted_content and emitter.text_parts == ["Hel", "lo"]
+    eventually(lambda: _texts(rt, turn_id) == [("text-delta", "Hello")], what="the timer to write the staged deltas")
+
+
+def test_staged_deltas_keep_their_order_kinds_and_calls_and_with_no_window_each_is_an_event(rt):
+    turn_id = "turn_staged_order"
+    emitter = StepEmitter(rt.events, turn_id, 0, window_s=0.0)
+    deltas = [Delta("reasoning", "hm"), Delta("text", "a"), Delta("text", "b"), tool_input("c1", "look", '{"q"')]
+    _on_loop(lambda: [emitter.emit(d) for d in deltas])
+    emitter.flush()  # the step's own flush takes what is still staged
+    assert _texts(rt, turn_id) == [
+        ("reasoning-delta", "hm"),
+        ("text-delta", "a"),
+        ("text-delta", "b"),
+        ("tool-input-delta", '{"q"'),
+    ]
+    assert emitter.emitted_tool_input
+
+
+def test_a_failed_timed_write_stops_the_stream_that_staged_it(prefix):
+    """The inline write of a delta raised when Redis was gone (the step then leaves the turn to the sweeper);
+    a staged delta's write fails on the timer's thread, so the stream's next delta raises it instead."""
+    emitter = StepEmitter(EventLog(_dead_redis(), Keys(prefix), 1000), "turn_z", 0, window_s=0.01)
+    _on_loop(lambda: emitter.emit(Delta("text", "lost")))
+    eventually(lambda: emitter._stream_failure is not None, what="the timer's write to fail")
+    with pytest.raises(redis.ConnectionError):
+        _on_loop(lambda: emitter.emit(Delta("text", "next")))

@@ -10,6 +10,11 @@ window ends, so a step spends few round trips on them. So do deferred writes
 events in the same trip, and `settle` sends them at once when something depends on them.
 All of a flush's events are one script call. Every write of a step happens under the
 step's lock, so seq order matches the order things happened.
+
+A delta emitted on the provider loop's thread (a stream pumped there, `providers.loop_transport`) is
+*staged* instead: appended to a queue with no lock and no round trip (that thread reads every stream
+of the process and must never wait), and the timer thread moves it into the buffer and writes it,
+together with every other step's due events, in one round trip.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from redis.commands.core import Script
 
 from stepq.models import Delta, EventType, ToolInputDelta
+from stepq.providers.io_loop import in_loop_thread
 from stepq.store.events import EventLog, PendingPublish
 
 _log = logging.getLogger("stepq.emitter")
@@ -76,27 +83,37 @@ class _FlushTimer:
 
 
 def flush_due(emitters: list[StepEmitter]) -> None:
-    """Flush every buffer whose window ended, in one round trip. Each emitter's lock is held until its
-    event is written (as in `flush_if_due`); all are taken before any write is queued, so this thread
-    never leads a batch of writes while it waits for a lock."""
+    """Flush every buffer whose window ended, in one round trip. Each flush is queued under its emitter's
+    lock (so its events keep their place among the step's writes: queued order is written order), and
+    the lock is let go at once when the flush is only events; a flush that carries a write (a checkpoint,
+    a tool's result) keeps its lock until that is stored, so `settle` can never see it as stored early.
+    Holding the lock of an events-only flush through the round trip would stall its step (and a stream on
+    the provider loop) behind every other write in the batch."""
     held: list[StepEmitter] = []
+    started: list[tuple[StepEmitter, list[PendingPublish]]] = []
     try:
         for emitter in emitters:
             emitter._lock.acquire()
-            held.append(emitter)
-        started: list[tuple[StepEmitter, list[PendingPublish]]] = []
-        for emitter in held:
+            keep = False
             try:
                 pending = emitter._start_flush_locked() if emitter._due_locked() else []
                 if pending:
                     started.append((emitter, pending))
+                    keep = any(p.script is not None for p in pending)
             except Exception as exc:  # keep the timer alive; the buffer's text is lost to subscribers, as before
                 _log.warning("timed flush of turn %s failed: %s", emitter.turn_id, type(exc).__name__)
+                emitter._stream_failure = exc  # a stream still staging deltas stops on it
+            finally:
+                if keep:
+                    held.append(emitter)
+                else:
+                    emitter._lock.release()
         for emitter, pending in started:
             try:
                 emitter._end_flush_locked(pending)
             except Exception as exc:
                 _log.warning("timed flush of turn %s failed: %s", emitter.turn_id, type(exc).__name__)
+                emitter._stream_failure = exc
                 if any(p.script is not None for p in pending):  # a write, not only events, was lost:
                     emitter._lost_write = exc  # `settle` must not report it as stored
     finally:
@@ -127,18 +144,25 @@ class StepEmitter:
         self._writes: list[tuple[Script, list[str], WriteArgs]] = []
         self._deferred_since = 0.0
         self._lost_write: Exception | None = None
+        self._staged: deque[Delta] = deque()  # deltas from the provider loop, not in the buffer yet
+        self._staged_scheduled = False  # the timer will take them (one schedule per batch, not per delta)
+        self._stream_failure: Exception | None = None  # a timed flush failed: the next staged delta raises it
 
     def idle(self) -> bool:
         """Nothing buffered or deferred (read without the lock: a stale answer only costs a wake-up, since
         whatever is queued next schedules its own flush)."""
-        return not (self._buffer or self._deferred or self._writes)
+        return not (self._buffer or self._deferred or self._writes or self._staged)
 
     def emit(self, delta: Delta) -> None:
         """Called by the adapter for each streamed delta."""
         if not delta.text:
             return
+        if in_loop_thread():
+            self._stage(delta)
+            return
         with self._lock:
             now = time.monotonic()
+            self._drain_staged_locked(now)
             if delta.kind == "text":
                 self.text_parts.append(delta.text)
                 self.emitted_content = True
@@ -164,12 +188,50 @@ class StepEmitter:
             if now - self._buffer_started >= self.window_s:
                 self._flush_locked()
 
+    def _stage(self, delta: Delta) -> None:
+        """A delta from the provider loop: queued without the lock (the timer thread may hold it through a
+        round trip) and written by the timer, at once after a quiet window, else when the window ends."""
+        if self._stream_failure is not None:  # as the inline write would have raised: the stream stops
+            raise self._stream_failure
+        if delta.kind == "text":
+            self.text_parts.append(delta.text)
+            self.emitted_content = True
+        elif isinstance(delta, ToolInputDelta):
+            self.emitted_tool_input = True
+        else:
+            self.emitted_content = True
+        self._staged.append(delta)
+        if not self._staged_scheduled:
+            self._staged_scheduled = True
+            _TIMER.schedule(max(time.monotonic(), self._last_flush + self.window_s), self)
+
+    def _drain_staged_locked(self, now: float) -> None:
+        """Move staged deltas into the buffer, coalescing them as `emit` would (kind, tool call)."""
+        if not self._staged:
+            return
+        self._staged_scheduled = False  # before taking them: a delta staged from here on schedules again
+        staged = self._staged
+        while staged:
+            delta = staged.popleft()
+            if isinstance(delta, ToolInputDelta):
+                if self._kind == "tool-input" and self._call_id != delta.call_id:
+                    self._defer_buffer_locked(now)
+                self._call_id, self._call_name = delta.call_id, delta.tool_name
+            if self._kind is not None and (self._kind != delta.kind or self.window_s <= 0):
+                self._defer_buffer_locked(now)  # no window: each delta is its own event, as `emit` writes it
+            if not self._buffer:
+                self._buffer_started = now
+                self._kind = delta.kind
+            self._buffer.append(delta.text)
+
     def flush_if_due(self) -> None:
         with self._lock:
             if self._due_locked():
                 self._flush_locked()
 
     def _due_locked(self) -> bool:
+        if self._staged:
+            return True  # the timer took them when their schedule came up
         elapsed = time.monotonic() - self.window_s * 0.999
         return bool(self._buffer and self._buffer_started <= elapsed) or bool(
             (self._deferred or self._writes) and self._deferred_since <= elapsed
@@ -198,6 +260,7 @@ class StepEmitter:
         """Queue an event to go out with the step's next write, or within the flush window."""
         with self._lock:
             now = time.monotonic()
+            self._drain_staged_locked(now)
             self._defer_buffer_locked(now)
             self._schedule_deferred_locked(now)
             self._deferred.append((type_, data))
@@ -253,6 +316,7 @@ class StepEmitter:
     def _start_flush_locked(self) -> list[PendingPublish]:
         """Queue everything waiting, in order (not written yet: `_end_flush_locked` waits for it). Deferred
         writes go first: an event a subscriber sees (a tool's result) is already stored."""
+        self._drain_staged_locked(time.monotonic())
         queued = [
             self.log.submit_script(script, keys, args() if callable(args) else args)
             for script, keys, args in self._writes
@@ -264,12 +328,13 @@ class StepEmitter:
             type_, data = self._buffered_event_locked(self._kind)
             events.append((type_, self.step, data))
             self._buffer.clear()
+        self._kind = None  # the buffer is taken: the next delta opens a new one
         if events:
             queued.append(self.log.submit_many(self.turn_id, events))
         return queued
 
     def _end_flush_locked(self, pending: list[PendingPublish]) -> None:
+        """Wait for a started flush (the timer calls it without the lock for an events-only flush)."""
         for item in pending:
             self.log.wait_script(item)
         self._last_flush = time.monotonic()
-        self._kind = None

@@ -38,19 +38,25 @@ def _parse_block(block: bytes) -> SSEvent | None:
     return event, b"\n".join(data)
 
 
-def iter_events(chunks: Iterable[bytes]) -> Iterator[SSEvent]:
-    """Every complete event in a byte stream cut anywhere; a trailing event without its blank line is
-    still dispatched at the end (as the SDKs' decoders do)."""
-    buf = b""
-    carry_cr = False  # the previous chunk ended in CR: a LF opening this one belongs to it
-    for chunk in chunks:
-        if carry_cr and chunk[:1] == b"\n":
+class SSEDecoder:
+    """Events out of a byte stream fed in chunks cut anywhere (pushed: the provider loop feeds it)."""
+
+    __slots__ = ("_buf", "_carry_cr")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._carry_cr = False  # the previous chunk ended in CR: a LF opening this one belongs to it
+
+    def feed(self, chunk: bytes) -> list[SSEvent]:
+        """Every event this chunk completes, in order."""
+        if self._carry_cr and chunk[:1] == b"\n":
             chunk = chunk[1:]
-        carry_cr = False
+        self._carry_cr = False
         if b"\r" in chunk:
-            carry_cr = chunk.endswith(b"\r")
+            self._carry_cr = chunk.endswith(b"\r")
             chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        buf = buf + chunk if buf else chunk
+        buf = self._buf + chunk if self._buf else chunk
+        events: list[SSEvent] = []
         start = 0
         while (end := buf.find(b"\n\n", start)) >= 0:
             block = buf[start:end]
@@ -58,11 +64,21 @@ def iter_events(chunks: Iterable[bytes]) -> Iterator[SSEvent]:
             if block:
                 parsed = _parse_block(block.lstrip(b"\n"))
                 if parsed is not None:
-                    yield parsed
+                    events.append(parsed)
         buf = buf[start:] if start else buf
-        buf = buf.lstrip(b"\n") if buf[:1] == b"\n" else buf
-    tail = buf.strip(b"\n")
-    if tail:
-        parsed = _parse_block(tail)
-        if parsed is not None:
-            yield parsed
+        self._buf = buf.lstrip(b"\n") if buf[:1] == b"\n" else buf
+        return events
+
+    def close(self) -> list[SSEvent]:
+        """The stream ended: a trailing event without its blank line is still dispatched (as the SDKs do)."""
+        tail, self._buf = self._buf.strip(b"\n"), b""
+        parsed = _parse_block(tail) if tail else None
+        return [parsed] if parsed is not None else []
+
+
+def iter_events(chunks: Iterable[bytes]) -> Iterator[SSEvent]:
+    """Every complete event in a byte stream cut anywhere (pulled: a thread reads the body)."""
+    decoder = SSEDecoder()
+    for chunk in chunks:
+        yield from decoder.feed(chunk)
+    yield from decoder.close()

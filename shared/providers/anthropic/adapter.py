@@ -27,12 +27,13 @@ import httpx2
 from stepq.errors import SubmitError
 from stepq.models import StepOutput, ToolSpec
 from stepq.providers.anthropic.batch import AnthropicBatchAPI
-from stepq.providers.anthropic.raw_stream import read_stream
+from stepq.providers.anthropic.raw_stream import MessagesReader
 from stepq.providers.anthropic.stream import AUTH_HINT, CREDENTIAL_VARS, StreamAccumulator, classify_error
 from stepq.providers.anthropic.wire import build_params
 from stepq.providers.anthropic.wire import check_tools as _check_tools
 from stepq.providers.base import AdapterAgent, BatchAPI, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
-from stepq.providers.raw_body import body_chunks
+from stepq.providers.loop_transport import loop_client
+from stepq.providers.raw_body import read_body
 
 DEFAULT_STALL_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
@@ -68,13 +69,18 @@ def _env_fingerprint() -> tuple[str, ...]:
     return tuple(hashlib.sha256(os.environ.get(n, "").encode()).hexdigest() for n in names)
 
 
+def new_client(**options: Any) -> anthropic.Anthropic:
+    """An SDK client with its retries off (the engine's retry is the only one), sending through the provider loop."""
+    return anthropic.Anthropic(max_retries=0, http_client=loop_client(anthropic.DefaultHttpxClient), **options)
+
+
 def shared_client() -> anthropic.Anthropic:
     """One SDK client (and connection pool) per environment, reused across steps and threads."""
     key = _env_fingerprint()
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = anthropic.Anthropic(max_retries=0)
+            client = new_client()
             _clients[key] = client
             while len(_clients) > _CLIENT_CACHE_SIZE:
                 _clients.popitem(last=False)  # streams in flight keep their own reference
@@ -89,7 +95,7 @@ def keyed_client(api_key: str) -> anthropic.Anthropic:
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
-            client = anthropic.Anthropic(api_key=api_key, auth_token=None, max_retries=0)
+            client = new_client(api_key=api_key, auth_token=None)
             _clients[key] = client
             while len(_clients) > _CLIENT_CACHE_SIZE:
                 _clients.popitem(last=False)
@@ -157,8 +163,8 @@ class AnthropicAdapter(ProviderAdapter):
             # The SDK makes the request (auth, headers, status errors); the raw SSE bytes are decoded here
             # (raw_stream.py): the SDK's per-event decoding was most of a streamed delta's CPU (docs/benchmarks.md)
             with messages.with_streaming_response.create(stream=True, **params) as response:
-                chunks = body_chunks(response.http_response)
-                if read_stream(chunks, acc, should_stop, self.label, self.auth_hint):
+                reader = MessagesReader(acc, should_stop, self.label, self.auth_hint)
+                if read_body(response.http_response, reader):
                     return acc.output()
         except Exception as exc:
             if should_stop():  # cancelled (or the lease moved on) while the stream failed: keep what arrived

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 
 from stepq.providers.anthropic.stream import RawEvent, StreamAccumulator, in_stream_error, scrub
 from stepq.providers.base import ShouldStop
-from stepq.providers.sse import iter_events
+from stepq.providers.raw_body import pull
+from stepq.providers.sse import SSEDecoder, SSEvent
 
 
 def error_event(data: bytes, label: str, auth_hint: str) -> Exception:
@@ -29,22 +30,44 @@ def error_event(data: bytes, label: str, auth_hint: str) -> Exception:
     return in_stream_error(err_type, scrub(str(message or text or "Error code: 200")), label, auth_hint)
 
 
+class MessagesReader:
+    """The Messages stream's reader, fed body chunks as they arrive (on the provider loop, or pulled by
+    `read_stream`); `feed` and `end` answer True when `should_stop` ended the read early."""
+
+    def __init__(self, acc: StreamAccumulator, should_stop: ShouldStop, label: str, auth_hint: str) -> None:
+        self._sse = SSEDecoder()
+        self._acc = acc
+        self._should_stop = should_stop
+        self._label = label
+        self._auth_hint = auth_hint
+
+    def feed(self, chunk: bytes) -> bool:
+        return self._read(self._sse.feed(chunk))
+
+    def end(self) -> bool:
+        return self._read(self._sse.close())
+
+    def _read(self, events: list[SSEvent]) -> bool:
+        acc = self._acc
+        for event, data in events:
+            if event is None or event == "ping":
+                continue
+            if event == "error":
+                raise error_event(data, self._label, self._auth_hint)
+            if not data:
+                continue
+            body = json.loads(data)
+            if event == "content_block_delta" and type(body) is dict:
+                acc.block_delta(body["index"], body["delta"])
+            else:
+                acc.feed(RawEvent(body) if type(body) is dict else body)
+            if self._should_stop():
+                return True
+        return False
+
+
 def read_stream(
     chunks: Iterable[bytes], acc: StreamAccumulator, should_stop: ShouldStop, label: str, auth_hint: str
 ) -> bool:
-    """Feed every event to `acc`; True when `should_stop` ended the read early."""
-    for event, data in iter_events(chunks):
-        if event is None or event == "ping":
-            continue
-        if event == "error":
-            raise error_event(data, label, auth_hint)
-        if not data:
-            continue
-        body = json.loads(data)
-        if event == "content_block_delta" and type(body) is dict:
-            acc.block_delta(body["index"], body["delta"])
-        else:
-            acc.feed(RawEvent(body) if type(body) is dict else body)
-        if should_stop():
-            return True
-    return False
+    """Feed every event of a pulled body to `acc`; True when `should_stop` ended the read early."""
+    return pull(chunks, MessagesReader(acc, should_stop, label, auth_hint))

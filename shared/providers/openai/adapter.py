@@ -36,11 +36,12 @@ import openai
 from stepq.errors import SubmitError
 from stepq.models import StepOutput, ToolSpec
 from stepq.providers.base import AdapterAgent, Emit, ProviderAdapter, ProviderError, ShouldStop, StepRequest
-from stepq.providers.openai.raw_stream import read_stream
+from stepq.providers.loop_transport import loop_client
+from stepq.providers.openai.raw_stream import EventsReader
 from stepq.providers.openai.stream import ChatAccumulator, ResponsesAccumulator, classify_error, without_secrets
 from stepq.providers.openai.wire import answers_with_schema, chat_params, responses_params
 from stepq.providers.openai.wire import check_tools as _check_tools
-from stepq.providers.raw_body import body_chunks
+from stepq.providers.raw_body import read_body
 
 DEFAULT_STALL_TIMEOUT_S = 60.0
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
@@ -103,9 +104,14 @@ def _cached(key: tuple[str, ...], make: Callable[[], Any]) -> Any:
         return client
 
 
+def new_client(sdk: Callable[..., Any], **options: Any) -> Any:
+    """An SDK client with its retries off (the engine's retry is the only one), sending through the provider loop."""
+    return sdk(max_retries=0, http_client=loop_client(openai.DefaultHttpxClient), **options)
+
+
 def openai_client() -> Any:
     env = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_ORG_ID", "OPENAI_PROJECT_ID")
-    return _cached(("openai", *_hashed(*(os.environ.get(n) for n in env))), lambda: openai.OpenAI(max_retries=0))
+    return _cached(("openai", *_hashed(*(os.environ.get(n) for n in env))), lambda: new_client(openai.OpenAI))
 
 
 def compatible_settings(options: dict[str, Any]) -> tuple[str | None, str]:
@@ -124,14 +130,14 @@ def compatible_settings(options: dict[str, Any]) -> tuple[str | None, str]:
 def compatible_client(options: dict[str, Any]) -> Any:
     base_url, key = compatible_settings(options)
     return _cached(
-        ("compatible", *_hashed(base_url, key)), lambda: openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
+        ("compatible", *_hashed(base_url, key)), lambda: new_client(openai.OpenAI, base_url=base_url, api_key=key)
     )
 
 
 def azure_client(options: dict[str, Any]) -> Any:
     version = options.get("api_version") or os.environ.get("OPENAI_API_VERSION")
     key = ("azure", *_hashed(*(os.environ.get(n) for n in AZURE_VARS), str(version or "")))
-    return _cached(key, lambda: openai.AzureOpenAI(api_version=version, max_retries=0))
+    return _cached(key, lambda: new_client(openai.AzureOpenAI, api_version=version))
 
 
 # --------------------------------------------------------------------------- the adapter
@@ -172,7 +178,7 @@ class OpenAIAdapter(ProviderAdapter):
         def keyed() -> Any:
             return _cached(
                 ("tenant", *_hashed(base_url, api_key)),
-                lambda: openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0),
+                lambda: new_client(openai.OpenAI, base_url=base_url, api_key=api_key),
             )
 
         self.client_factory = keyed
@@ -200,7 +206,7 @@ class OpenAIAdapter(ProviderAdapter):
             endpoint = client.chat.completions if self.api == "chat" else client.responses
             # the SDK makes the request (auth, headers, status errors); the raw SSE is decoded here (raw_stream.py)
             with endpoint.with_streaming_response.create(stream=True, timeout=timeout, **params) as response:
-                if read_stream(body_chunks(response.http_response), acc, should_stop, self.label):
+                if read_body(response.http_response, EventsReader(acc, should_stop, self.label)):
                     return acc.output()
         except Exception as exc:
             if should_stop():  # cancelled (or the lease moved on) while the stream failed: keep what arrived

@@ -14,7 +14,8 @@ from typing import Any
 
 from stepq.providers.base import ProviderError, ShouldStop
 from stepq.providers.openai.stream import ChatAccumulator, ResponsesAccumulator, in_stream_error
-from stepq.providers.sse import iter_events
+from stepq.providers.raw_body import pull
+from stepq.providers.sse import SSEDecoder, SSEvent
 
 STREAM_ERROR = "An error occurred during streaming"  # the SDK's message when the error object has none
 
@@ -45,18 +46,43 @@ def chunk_error(error: Any, label: str) -> ProviderError:
     return in_stream_error(code, message, label)
 
 
+class EventsReader:
+    """A Responses or Chat Completions stream's reader, fed body chunks as they arrive (on the provider loop,
+    or pulled by `read_stream`); `feed` and `end` answer True when `should_stop` ended the read early."""
+
+    def __init__(self, acc: ResponsesAccumulator | ChatAccumulator, should_stop: ShouldStop, label: str) -> None:
+        self._sse = SSEDecoder()
+        self._acc = acc
+        self._should_stop = should_stop
+        self._label = label
+        self._done = False  # `data: [DONE]` arrived: whatever follows is not read
+
+    def feed(self, chunk: bytes) -> bool:
+        return self._read(self._sse.feed(chunk))
+
+    def end(self) -> bool:
+        return self._read(self._sse.close())
+
+    def _read(self, events: list[SSEvent]) -> bool:
+        if self._done:
+            return False
+        acc = self._acc
+        for _, data in events:
+            if data.startswith(b"[DONE]"):
+                self._done = True
+                return False
+            body = json.loads(data)
+            if type(body) is dict:
+                if body.get("error"):
+                    raise chunk_error(body["error"], self._label)
+                acc.feed(Lenient(body))
+            if self._should_stop():
+                return True
+        return False
+
+
 def read_stream(
     chunks: Iterable[bytes], acc: ResponsesAccumulator | ChatAccumulator, should_stop: ShouldStop, label: str
 ) -> bool:
-    """Feed every event to `acc`; True when `should_stop` ended the read early."""
-    for _, data in iter_events(chunks):
-        if data.startswith(b"[DONE]"):
-            break
-        body = json.loads(data)
-        if type(body) is dict:
-            if body.get("error"):
-                raise chunk_error(body["error"], label)
-            acc.feed(Lenient(body))
-        if should_stop():
-            return True
-    return False
+    """Feed every event of a pulled body to `acc`; True when `should_stop` ended the read early."""
+    return pull(chunks, EventsReader(acc, should_stop, label))
