@@ -11,9 +11,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from stepq import io_loop
 from stepq.engine.emitter import StepEmitter
 from stepq.models import Delta, EventType, tool_input
-from stepq.providers import io_loop
 from stepq.store.events import EventLog
 from stepq.store.keys import Keys
 from tests.conftest import eventually

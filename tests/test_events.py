@@ -198,3 +198,20 @@ def test_a_bad_cursor_is_a_clear_error_not_a_redis_error(rt, prefix, client, aft
         rt.events.follow(turn_id, after=after)
     last = rt.events.last_seq(turn_id)
     assert [e.seq for e in client.events(turn_id, after=last)] == []  # the end itself is a valid cursor
+
+
+def test_a_follow_waits_a_quiet_tick_for_the_turn_finish_that_follows_the_commit(rt, prefix):
+    """A turn is stored as ended (its commit) one round trip before its `turn-finish` event is written: a quiet
+    tick that falls in between sees it ended with nothing new, and must not end the follow without that event."""
+    turn_id = start(rt, "eng.simple", prefix)
+    first = rt.events.publish(turn_id, EventType.TEXT_DELTA, 0, {"text": "the answer"})
+    asked: list[int] = []
+
+    def finished() -> bool:
+        asked.append(len(asked))
+        if len(asked) == 2:  # the writer is a tick late: its turn-finish lands only now
+            rt.events.publish(turn_id, EventType.TURN_FINISH, 0, {"status": "completed"})
+        return True
+
+    seen = list(rt.events.follow(turn_id, after=first, idle_timeout=60, is_finished=finished))
+    assert [e.type for e in seen] == [EventType.TURN_FINISH]

@@ -203,6 +203,13 @@ LAYERS: list[Layer] = [
         ("stepq.cancel", "stepq.errors"),
     ),
     Layer(
+        "stepq.io_loop",
+        (),
+        "the process's provider event loop: a leaf the providers and the emitter share",
+        ("stepq.io_loop", "stepq.models"),
+        ("stepq.io_loop", "stepq.io_loop"),
+    ),
+    Layer(
         "stepq.approvals",
         LEAVES,
         "approval tokens: a leaf",
@@ -225,7 +232,7 @@ LAYERS: list[Layer] = [
     ),
     Layer(
         "stepq.providers.*",
-        (*LEAVES, "stepq.config.*"),
+        (*LEAVES, "stepq.config.*", "stepq.io_loop"),
         "providers sit below the definitions: they type agents through protocols, never import them",
         ("stepq.providers.registry", "stepq.agents.definition"),
         ("stepq.providers.registry", "stepq.config.module_models"),
@@ -291,7 +298,7 @@ LAYERS: list[Layer] = [
     ),
     Layer(
         "stepq.engine.*",
-        LIBRARY,
+        (*LIBRARY, "stepq.io_loop"),
         "the engine is the library's top",
         ("stepq.engine.runner", "stepq.embedded"),
         ("stepq.engine.runner", "stepq.batches.items"),

@@ -23,7 +23,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from stepq.providers import io_loop
+from stepq import io_loop
 from stepq.providers.loop_transport import LoopTransport, pumpable
 
 Handler = Callable[[socket.socket, int], None]  # (the accepted connection, its index)
@@ -380,3 +380,29 @@ def test_under_gevent_requests_use_httpx2s_own_transport(serve):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["conn", "0", "/g", "False"]
+
+
+def test_with_a_proxy_in_the_environment_the_sdk_keeps_its_own_client(serve, monkeypatch):
+    """httpx2 reads HTTP(S)_PROXY only for a client without a transport of its own: a proxied worker's SDK
+    client must be the SDK's own, so its requests reach the proxy (here a host that does not resolve)."""
+    import anthropic
+
+    from stepq.providers.loop_transport import loop_client
+
+    def proxy(conn: socket.socket, index: int) -> None:
+        request = read_request(conn)
+        assert request is not None
+        conn.sendall(sized(request.split(b"\r\n")[0]))
+
+    server = serve(proxy)
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    monkeypatch.setenv("HTTP_PROXY", server.url)
+    with loop_client(anthropic.DefaultHttpxClient) as http:
+        assert (
+            http.get("http://upstream.invalid/v1/messages").text == "GET http://upstream.invalid/v1/messages HTTP/1.1"
+        )
+    monkeypatch.delenv("HTTP_PROXY")
+    with loop_client(anthropic.DefaultHttpxClient) as http, pytest.raises(httpx2.ConnectError):
+        http.get("http://upstream.invalid/v1/messages")  # no proxy: sent directly, and the name does not resolve

@@ -197,3 +197,37 @@ def test_a_quiet_stream_keeps_the_last_event_of_a_turn_that_ends_as_it_checks(rt
     seqs, late = asyncio.run(_follow_a_turn_that_ends_while_quiet(rt, prefix))
     assert late == 2
     assert seqs == [1, 2]
+
+
+class LateFinishReader(EventReader):
+    """Says the turn ended from the first quiet tick on, and writes its turn-finish only at the second: the
+    commit is stored one round trip before that event."""
+
+    def __init__(self, client: aioredis.Redis, rt: Runtime, turn_id: str) -> None:
+        super().__init__(client, rt.keys)
+        self.rt, self.turn_id, self.asked = rt, turn_id, 0
+
+    async def finished(self, turn_id: str) -> bool:
+        self.asked += 1
+        if self.asked == 2:
+            self.rt.events.publish(self.turn_id, EventType.TURN_FINISH, 1, {"status": "completed"})
+        return True
+
+
+async def _follow_a_turn_whose_finish_is_late(rt: Runtime, prefix: str) -> list[str]:
+    turn_id = f"{prefix}-late-finish"
+    rt.events.publish(turn_id, EventType.TEXT_DELTA, 1, {"text": "the answer"})
+    async with _hub() as (hub, commands):
+        reader = LateFinishReader(commands, rt, turn_id)
+        types: list[str] = []
+        async with asyncio.timeout(TIMEOUT):
+            async for batch in follow_batches(hub, reader, turn_id, 0, keepalive_s=0.2):
+                types += [e.type for e in batch]
+        return types
+
+
+def test_a_quiet_stream_waits_a_tick_for_the_turn_finish_that_follows_the_commit(rt: Runtime, prefix: str) -> None:
+    """A quiet stream that finds the turn ended and nothing new keeps listening one more keep-alive: its
+    turn-finish is written just after the commit, and closing on the first tick lost it."""
+    types = asyncio.run(_follow_a_turn_whose_finish_is_late(rt, prefix))
+    assert types == ["text-delta", "turn-finish"]

@@ -358,6 +358,7 @@ async def follow_batches(
         timer = _KeepAlive(listener, keepalive_s)
         try:
             pending = await _patiently(reader.read, turn_id, cursor)
+            ended_quietly = False  # the last quiet tick saw the turn ended and nothing new in its log
             while True:
                 batch: list[RawEvent] = []
                 for event in pending:
@@ -392,7 +393,11 @@ async def follow_batches(
                     ended = quiet and await _patiently(reader.finished, turn_id)
                     pending = await _patiently(reader.read, turn_id, cursor) + pending
                     if ended and not pending:
-                        return  # ended without a turn-finish event (its writer died after the commit)
+                        if ended_quietly:  # still nothing a whole keep-alive later
+                            return  # ended without a turn-finish event (its writer died after the commit)
+                        ended_quietly = True  # its turn-finish goes out just after the commit: give it a tick
+                if pending:
+                    ended_quietly = False
                 if quiet:
                     yield []
         finally:

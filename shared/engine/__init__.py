@@ -10,7 +10,8 @@ spans (`otel_spans`) observe them.
 
 May import: `stepq.errors`, `stepq.models`, `stepq.jsonsafe`, `stepq.cancel`, `stepq.approvals`, `stepq.config`,
 `stepq.logging`, `stepq.providers`, `stepq.agents`, `stepq.policy`, `stepq.store`, `stepq.fleet`, `stepq.turns`,
-`stepq.batches`. Providers only through their interface and registry; never the workers or the producer.
+`stepq.batches`, `stepq.io_loop`. Providers only through their interface and registry (the emitter asks
+`stepq.io_loop` whether a delta comes from the provider loop); never the workers or the producer.
 
 Internal: import the public names from `stepq`; what is in here may change without notice.
 """

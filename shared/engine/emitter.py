@@ -31,8 +31,8 @@ from typing import Any
 
 from redis.commands.core import Script
 
+from stepq.io_loop import in_loop_thread
 from stepq.models import Delta, EventType, ToolInputDelta
-from stepq.providers.io_loop import in_loop_thread
 from stepq.store.events import EventLog, PendingPublish
 
 _log = logging.getLogger("stepq.emitter")

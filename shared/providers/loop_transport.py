@@ -2,7 +2,7 @@
 
 The official SDKs keep making every request (auth, base URL, headers, retries off, status errors, their
 own exception types); only the bytes move differently. A request is written and its response parsed on
-`io_loop`'s event loop (asyncio Protocol + httptools, the C parser uvicorn uses), and the body is either
+`stepq.io_loop`'s event loop (asyncio Protocol + httptools, the C parser uvicorn uses), and the body is either
 read by the calling thread (`LoopBody` is an ordinary httpx2 byte stream) or, for a streamed model call,
 *pumped*: `LoopBody.pump` runs the adapter's SSE reader on the loop itself, chunk by chunk, while the
 step's thread only waits for the end. That takes httpx's per-chunk layers and a thread wake-up per delta
@@ -13,14 +13,16 @@ reused, and a reused one that fails before any response byte is retried once on 
 request's `timeout` extension (connect; read = no byte for that long, the stepq stall watchdog),
 `Content-Encoding` undone by httpx2's `Response` (the raw bytes are what the stream yields), bodies
 framed by length, chunks or the connection's end, TLS verified against httpx2's default context.
-Proxied origins never reach here: httpx2 mounts its own proxy transport for them. Under gevent (no
-provider loop) every request goes through httpx2's own transport.
+With a proxy in the environment (`HTTPS_PROXY` & co) the SDKs keep their own client: httpx2 mounts proxy
+transports only for a client without a transport of its own. Under gevent (no provider loop) every
+request goes through httpx2's own transport.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import ssl
 import threading
 import time
@@ -31,7 +33,7 @@ from typing import Any
 import httptools
 import httpx2
 
-from stepq.providers import io_loop
+from stepq import io_loop
 
 Origin = tuple[str, str, int]  # scheme, host, port
 _IDLE_PER_ORIGIN = 100  # as the SDKs' default keep-alive limit
@@ -395,7 +397,8 @@ class LoopTransport(httpx2.BaseTransport):
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         scheme = request.url.scheme
-        loop = io_loop.running() if scheme in _DEFAULT_PORTS else None
+        # a HEAD's response has a length but no body, which a response parser cannot know: httpx2's own
+        loop = io_loop.running() if scheme in _DEFAULT_PORTS and request.method != "HEAD" else None
         if loop is None or io_loop.in_loop_thread():
             return self._blocking().handle_request(request)
         content = request.read()
@@ -436,7 +439,13 @@ def pumpable(http_response: Any) -> LoopBody | None:
     return stream if encoding in ("", "identity") else None
 
 
+_PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
 def loop_client(default_client: Callable[..., Any]) -> Any:
-    """An SDK's `DefaultHttpxClient` (its timeouts, redirects, proxy mounts from the environment) whose
-    direct requests go out through `LoopTransport`."""
+    """An SDK's `DefaultHttpxClient` (its timeouts and redirects) whose requests go out through
+    `LoopTransport`; with a proxy in the environment, the SDK's own client unchanged (httpx2 reads proxies
+    from the environment only for a client without a transport of its own)."""
+    if any(os.environ.get(name) or os.environ.get(name.lower()) for name in _PROXY_VARS):
+        return default_client()
     return default_client(transport=LoopTransport())

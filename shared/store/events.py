@@ -277,6 +277,7 @@ class EventLog:
                 if len(page) < 1000:
                     break
             deadline = None if idle_timeout is None else time.monotonic() + idle_timeout
+            ended_quietly = False  # the last quiet tick saw the turn ended and nothing new in its log
             while True:
                 wait = 1.0 if deadline is None else max(0.0, deadline - time.monotonic())
                 message = pubsub.get_message(timeout=min(wait, 1.0))
@@ -289,7 +290,11 @@ class EventLog:
                     finished = is_finished is not None and is_finished()
                     missed = self.read(turn_id, cursor)
                     if not missed and finished:
-                        return  # ended without a turn-finish event (its writer died after the commit)
+                        if ended_quietly:  # still nothing a whole quiet tick later
+                            return  # ended without a turn-finish event (its writer died after the commit)
+                        ended_quietly = True  # its turn-finish goes out just after the commit: give it a tick
+                        continue
+                    ended_quietly = False
                 else:
                     event = Event.model_validate_json(message["data"])
                     if event.seq <= cursor:
