@@ -18,13 +18,14 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
 from stepq.errors import EventCursorError, WaitTimeoutError
 from stepq.jsonsafe import finite
 from stepq.models import CONTENT_EVENTS, Event, EventType
 from stepq.store.keys import Keys
-from stepq.store.pipelines import queue_evalsha
+from stepq.store.pipelines import evalsha_batch, queue_evalsha
 
 # KEYS: seq, events, channel, emitted. ARGV: maxlen, then per event: body, content flag, step.
 # Several events of one turn go in one call (a step's flush); returns the last seq.
@@ -138,11 +139,8 @@ class _GroupCommit:
         if len(batch) == 1:
             self._call(batch[0])
             return
-        pipe = self._client.pipeline(transaction=False)
-        for p in batch:
-            queue_evalsha(pipe, p.script or self._script, p.keys, p.args)
         try:
-            results = pipe.execute(raise_on_error=False)
+            results = self._send(batch)
         except Exception as exc:  # the round trip itself failed (connection): so did every write in it
             for p in batch:
                 p.error = exc
@@ -154,6 +152,15 @@ class _GroupCommit:
                 p.error = result
             else:
                 p.result = result
+
+    def _send(self, batch: list[PendingPublish]) -> list[Any]:
+        calls = [(p.script or self._script, p.keys, p.args) for p in batch]
+        if not isinstance(self._client, RedisCluster):
+            return evalsha_batch(self._client, calls)
+        pipe = self._client.pipeline(transaction=False)
+        for script, keys, args in calls:
+            queue_evalsha(pipe, script, keys, args)
+        return cast(list[Any], pipe.execute(raise_on_error=False))
 
     def _call(self, p: PendingPublish) -> None:
         try:
