@@ -363,12 +363,18 @@ from stepq.providers.loop_transport import LoopTransport
 with httpx2.Client(transport=LoopTransport()) as http:
     text = http.get(sys.argv[1]).text
 names = sorted(t.name for t in threading.enumerate())
-print(text, "stepq-provider-io" in names)
+import anthropic
+from stepq.providers.loop_transport import loop_client
+with loop_client(anthropic.DefaultHttpxClient) as sdk_http:  # the SDK's own client, with its pool limits
+    transport = type(sdk_http._transport).__name__
+print(text, "stepq-provider-io" in names, transport)
 """
 
 
 def test_under_gevent_requests_use_httpx2s_own_transport(serve):
-    """A loop thread under gevent is a greenlet that would block the hub: no loop, the blocking transport."""
+    """A loop thread under gevent is a greenlet that would block the hub: no loop, the blocking transport; and
+    the SDK clients stepq builds are the SDK's own (LoopTransport's fallback had httpx2's 100-connection default,
+    which queued a 300-stream gevent worker's requests until its steps timed out)."""
     pytest.importorskip("gevent")
     server = serve(keep_alive)
     done = subprocess.run(
@@ -379,7 +385,7 @@ def test_under_gevent_requests_use_httpx2s_own_transport(serve):
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["conn", "0", "/g", "False"]
+    assert done.stdout.split() == ["conn", "0", "/g", "False", "HTTPTransport"]
 
 
 def test_with_a_proxy_in_the_environment_the_sdk_keeps_its_own_client(serve, monkeypatch):

@@ -392,7 +392,10 @@ class LoopTransport(httpx2.BaseTransport):
 
     def _blocking(self) -> httpx2.HTTPTransport:
         if self._fallback is None:
-            self._fallback = httpx2.HTTPTransport()
+            # the SDKs' own limits (httpx2's default of 100 connections would queue a gevent worker's streams)
+            self._fallback = httpx2.HTTPTransport(
+                limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
+            )
         return self._fallback
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
@@ -444,8 +447,8 @@ _PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 
 def loop_client(default_client: Callable[..., Any]) -> Any:
     """An SDK's `DefaultHttpxClient` (its timeouts and redirects) whose requests go out through
-    `LoopTransport`; with a proxy in the environment, the SDK's own client unchanged (httpx2 reads proxies
+    `LoopTransport`; under gevent, or with a proxy in the environment, the SDK's own client unchanged (httpx2 reads proxies
     from the environment only for a client without a transport of its own)."""
-    if any(os.environ.get(name) or os.environ.get(name.lower()) for name in _PROXY_VARS):
-        return default_client()
+    if io_loop.gevent_patched() or any(os.environ.get(name) or os.environ.get(name.lower()) for name in _PROXY_VARS):
+        return default_client()  # gevent: no provider loop; the SDK's client keeps its own pool limits
     return default_client(transport=LoopTransport())
