@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from celery import Celery
+from celery.backends.base import Backend, DisabledBackend
 
 from stepq.config.settings import Settings, get_settings
 from stepq.fleet import broker_clients
@@ -12,11 +15,28 @@ from stepq.workers.signals import install_signals
 from stepq.workers.tasks import register_tasks
 
 
+class StepqCelery(Celery):
+    """Celery, with one result backend for the process. stepq stores no task results (`result_backend` is
+    None), yet Celery builds a backend per thread on first use (`app.backend` is thread-local) — per greenlet
+    under gevent, so once per task — and each build reads a dozen config keys (~0.2 ms). The disabled
+    backend has no state: every thread can share it."""
+
+    @cached_property
+    def _shared_backend(self) -> Backend:
+        return DisabledBackend(app=self)
+
+    @property
+    def backend(self) -> Backend:
+        if self.conf.result_backend:  # a backend with connections stays Celery's per-thread one
+            return super().backend
+        return self._shared_backend
+
+
 def create_app(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
     kombu_fixes.install()  # a worker must survive its broker connection going away (see the module)
     broker_clients.install()  # one Redis client per broker channel, not one per publish and ack
-    app = Celery("stepq")
+    app = StepqCelery("stepq")
     app.conf.update(celery_config(settings))
     app.conf.stepq_settings = settings
     register_tasks(app)
