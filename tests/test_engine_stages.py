@@ -107,6 +107,37 @@ def test_commit_is_fenced_on_the_lease_and_carries_the_deferred_events(rt, prefi
     assert rt.turns.load(turn_id).text == "kept"
 
 
+def test_an_announced_event_is_written_by_the_commit_only_if_it_takes(rt, prefix, open_step):
+    """`turn-finish` rides the finishing commit's own script: after the step's events, fanned out on the
+    turn's channel, with the log's TTL kept; a commit fenced off announces nothing."""
+    turn_id = start(rt, "eng.loop", prefix)
+    ctx, _ = open_step(turn_id, 0)
+    pubsub = rt.redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(rt.keys.channel(turn_id))
+    try:
+        ctx.emitter.defer(EventType.STEP_FINISH, {"usage": {}, "finish_reason": "stop"})
+        ctx.state.status = TurnStatus.COMPLETED
+        assert ctx.commit(announce=(EventType.TURN_FINISH, {"status": "completed"}))
+        events = rt.events.read(turn_id)
+        assert [e.type for e in events[-2:]] == [EventType.STEP_FINISH, EventType.TURN_FINISH]
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        assert events[-1].data == {"status": "completed"} and events[-1].step == 0
+        heard: list[str] = []
+        for _ in range(10):  # the subscribe confirmation reads as None; then step-finish and turn-finish
+            message = pubsub.get_message(timeout=5)
+            if message is not None:
+                heard.append(message["data"])
+            if len(heard) == 2:
+                break
+        assert heard[-1] == rt.redis.xrange(rt.keys.events(turn_id))[-1][1]["e"]
+        assert 0 < rt.redis.ttl(rt.keys.events(turn_id)) <= rt.turns.ttl_s
+        last = rt.events.last_seq(turn_id)
+        assert not ctx.commit(announce=(EventType.TURN_FINISH, {"status": "late"}))  # the lease is gone
+        assert rt.events.last_seq(turn_id) == last and pubsub.get_message(timeout=0.2) is None
+    finally:
+        pubsub.close()
+
+
 def test_tenant_label_reads_the_configured_metadata_key(prefix, open_step, rt):
     turn_id = start(rt, "eng.loop", prefix)
     ctx, _ = open_step(turn_id, 0)

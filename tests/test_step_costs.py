@@ -406,10 +406,10 @@ def test_streamed_answer_step(costs_rt, counter, prefix, deltas):
     assert state is not None and state.status == TurnStatus.COMPLETED
     # trip 0: the step-start script
     # trip 1: step-start and the first delta, at once (the first delta after a quiet window is not held back)
-    # trip 2: the other deltas (one text-delta event) and step-finish, the fenced commit that finishes and the
-    #         turn's listing moving with its status (stepq.store.listings)
-    # trip 3: turn-finish, after the commit (a subscriber that sees it can read the finished turn)
-    assert counter.redis_cost() == Cost(trips=4, commands=6), counter.describe()
+    # trip 2: the other deltas (one text-delta event) and step-finish, the fenced commit that finishes and
+    #         writes turn-finish itself (only if it takes: a subscriber that sees it can read the finished
+    #         turn), and the turn's listing moving with its status (stepq.store.listings)
+    assert counter.redis_cost() == Cost(trips=3, commands=5), counter.describe()
 
 
 @pytest.mark.parametrize("deltas", STREAM_DELTAS)
@@ -418,8 +418,8 @@ def test_streamed_answer_step_publishing_every_delta(unbatched_rt, counter, pref
     turn_id = warm_turn(unbatched_rt, f"cost.stream_{deltas}", prefix)
     assert counted(unbatched_rt, turn_id, 1).action == "none"
     # trip 0: the step-start script; trip 1: step-start and the first delta; then one trip per further delta;
-    # then step-finish with the fenced commit and the turn's listing, and turn-finish after it
-    assert counter.redis_cost() == Cost(trips=3 + deltas, commands=5 + deltas), counter.describe()
+    # then step-finish with the fenced commit (which writes turn-finish) and the turn's listing
+    assert counter.redis_cost() == Cost(trips=2 + deltas, commands=4 + deltas), counter.describe()
 
 
 # --------------------------------------------------------------------------- per delta
@@ -452,7 +452,7 @@ def test_json_and_redis_cost_per_delta_published_one_by_one(unbatched_rt, counte
     # fixed: the trips as in test_streamed_answer_step_publishing_every_delta; json: the envelopes of
     # step-start, step-finish and turn-finish; pydantic: the commit's state, its new message and its new
     # trace entry out, the step-start's state in
-    assert fixed == Cost(trips=3, commands=5, json_encodes=3, pydantic_encodes=3, pydantic_decodes=1), fixed
+    assert fixed == Cost(trips=2, commands=4, json_encodes=3, pydantic_encodes=3, pydantic_decodes=1), fixed
 
 
 def test_json_and_redis_cost_per_delta_coalesced(costs_rt, counter, prefix):
@@ -462,7 +462,7 @@ def test_json_and_redis_cost_per_delta_coalesced(costs_rt, counter, prefix):
     assert per_delta == Cost(trips=0, commands=0), (per_delta, fixed)
     # fixed: the trips as in test_streamed_answer_step; json: the envelopes of step-start, the first delta,
     # the other deltas, step-finish and turn-finish; pydantic as above
-    assert fixed == Cost(trips=4, commands=6, json_encodes=5, pydantic_encodes=3, pydantic_decodes=1), fixed
+    assert fixed == Cost(trips=3, commands=5, json_encodes=5, pydantic_encodes=3, pydantic_decodes=1), fixed
 
 
 def test_a_tool_step_under_a_tenant_quota_adds_a_command_not_a_round_trip(costs_rt, counter, prefix):

@@ -21,7 +21,7 @@ from stepq.agents.definition import AgentDefinition
 from stepq.engine.emitter import StepEmitter
 from stepq.fleet.runtime import Runtime
 from stepq.logging import Redactor, describe_exception, secret_values
-from stepq.models import AttemptTrace, StepOutput, StepTrace, ToolResult, TurnResult, TurnState
+from stepq.models import AttemptTrace, EventType, StepOutput, StepTrace, ToolResult, TurnResult, TurnState
 from stepq.policy.resolution import Effective
 from stepq.providers.base import StepRequest
 from stepq.store.batch_runs import BatchClaim
@@ -97,11 +97,15 @@ class Delivery:
     tool_timings: dict[str, tuple[float, float]] = field(default_factory=dict)  # call id -> (start, seconds)
     quota_windows: list[Window] = field(default_factory=list)  # the tenant's quotas this step counts toward
 
-    def commit(self, release: bool = True) -> bool:
-        """A fenced commit: only while this delivery's lease is held; the step's last commit releases it."""
+    def commit(self, release: bool = True, announce: tuple[EventType, dict[str, Any]] | None = None) -> bool:
+        """A fenced commit: only while this delivery's lease is held; the step's last commit releases it.
+        `announce`: an event the commit itself writes after the step's events, only if it takes."""
         lease = self.lease
         counting = self._quota_count()
-        prepared = self.rt.turns.prepare_commit(self.state, lease_token=lease.token, release=release)
+        event = None
+        if announce is not None:
+            event = self.emitter.log.announcement(self.state.turn_id, announce[0], self.emitter.step, announce[1])
+        prepared = self.rt.turns.prepare_commit(self.state, lease_token=lease.token, release=release, announce=event)
         checkpoint, self.pending_checkpoint = self.pending_checkpoint, None
         if checkpoint is not None:  # not written yet, and moot once this commits
             self.emitter.discard_write(checkpoint.script, checkpoint.keys)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from typing import Any
 
 from stepq.batches.items import result_line
 from stepq.engine import batch_step, lifecycle, stopping, tracing
@@ -69,13 +70,16 @@ def finish(d: Delivery, status: TurnStatus, reason: FinishReason) -> Decision:
         tracing.resume_trace(state, parked.step_trace)
         ids = [a.approval_id for a in parked.approvals]
         rt.approvals.cancel(ids, time.time(), f"turn {status.value}", tenant_of(state))
-    if not d.commit():
+    batch = state.metadata.get("batch_id")
+    # with nothing to run between the stored end and its announcement, the commit writes `turn-finish` itself
+    # (no round trip of its own); else the hooks run first: a reader that sees it may continue at once
+    announced = state.thread_id is None and not isinstance(batch, str) and not d.observers
+    if not d.commit(announce=(EventType.TURN_FINISH, _turn_finish_data(d, status, reason)) if announced else None):
         return none(StepLoss.COMMIT_LOST)
     start_next = threads.turn_finished(rt, state)  # before turn-finish: a reader may continue at once
     TURNS.labels(state.agent, status.value).inc()
     if parked is not None:  # cancelled while parked: its approvals no longer wait for anyone
         untrack_pending(rt, *[a.approval_id for a in parked.approvals])
-    batch = state.metadata.get("batch_id")
     ended = TurnEnd(drive=False)
     if isinstance(batch, str):  # counted, a driven batch's result written, its next item claimed for us
         item_key = str(state.metadata.get("item_key", ""))
@@ -84,7 +88,8 @@ def finish(d: Delivery, status: TurnStatus, reason: FinishReason) -> Decision:
     if d.observers:  # the hooks and spans of the last step and of the turn (committed), before turn-finish
         lifecycle.step_committed(d, state.step)
         follow_ups = _continue_thread(d, lifecycle.turn_committed(d))
-    _publish_turn_finish(d, status, reason)
+    if not announced:
+        d.emitter.publish(EventType.TURN_FINISH, _turn_finish_data(d, status, reason))
     return replace(
         none(f"turn {status.value}"),
         start=(*maybe(start_next), *follow_ups),
@@ -134,20 +139,17 @@ def _continue_thread(d: Delivery, prompts: list[str]) -> tuple[str, ...]:
     return tuple(sent)
 
 
-def _publish_turn_finish(d: Delivery, status: TurnStatus, reason: FinishReason) -> None:
+def _turn_finish_data(d: Delivery, status: TurnStatus, reason: FinishReason) -> dict[str, Any]:
     state = d.state
-    d.emitter.publish(
-        EventType.TURN_FINISH,
-        {
-            "status": status.value,
-            "finish_reason": reason.value,
-            "stopped_by": state.stopped_by.value if state.stopped_by else None,
-            "stop_detail": state.stop_detail,
-            "text": state.text,
-            "object": state.object,
-            "usage": state.usage.model_dump(),
-            "cost": state.cost,
-            "error": state.error,
-            "trace": state.trace.summary(),
-        },
-    )
+    return {
+        "status": status.value,
+        "finish_reason": reason.value,
+        "stopped_by": state.stopped_by.value if state.stopped_by else None,
+        "stop_detail": state.stop_detail,
+        "text": state.text,
+        "object": state.object,
+        "usage": state.usage.model_dump(),
+        "cost": state.cost,
+        "error": state.error,
+        "trace": state.trace.summary(),
+    }

@@ -15,6 +15,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
@@ -47,8 +48,26 @@ TERMINAL = EventType.TURN_FINISH
 _ENVELOPE = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
+def _body(turn_id: str, type_: EventType, step: int, data: dict[str, Any], now: float) -> str:
+    """An event's envelope as the publish scripts take it: JSON without the opening brace (they prepend seq)."""
+    envelope = {"turn_id": turn_id, "type": type_.value, "step": step, "data": data, "ts": now}
+    try:
+        return _ENVELOPE.encode(envelope)[1:]
+    except ValueError:  # NaN/Infinity from a model or a tool: every event stays valid JSON
+        return json.dumps(finite(envelope), separators=(",", ":"))[1:]
+
+
 _NAMED_TURNS = 4096  # turns whose publish keys are kept named (a worker streams at most a few hundred at once)
 _LEAD_ROUNDS = 8  # batches one leader sends in a row before it hands the lead on
+
+
+@dataclass(frozen=True, slots=True)
+class Announcement:
+    """One event for a commit to append and publish only if it takes (see TurnStore.prepare_commit)."""
+
+    channel: str
+    maxlen: int
+    body: str  # the envelope's JSON without its opening brace: the script puts `{"seq":N,` in front
 
 
 class PendingPublish:
@@ -191,13 +210,13 @@ class EventLog:
         now = time.time()
         args: list[Any] = [self.maxlen]
         for type_, step, data in events:
-            envelope = {"turn_id": turn_id, "type": type_.value, "step": step, "data": data, "ts": now}
-            try:
-                body = _ENVELOPE.encode(envelope)[1:]
-            except ValueError:  # NaN/Infinity from a model or a tool: every event stays valid JSON
-                body = json.dumps(finite(envelope), separators=(",", ":"))[1:]
-            args += [body, "1" if type_ in CONTENT_EVENTS else "0", step]
+            args += [_body(turn_id, type_, step, data, now), "1" if type_ in CONTENT_EVENTS else "0", step]
         return self._commits.submit(self._publish_keys(turn_id), args)
+
+    def announcement(self, turn_id: str, type_: EventType, step: int, data: dict[str, Any]) -> Announcement:
+        """An event (stamped now, not a content event) for a commit to write if it takes."""
+        assert type_ not in CONTENT_EVENTS, "a commit's announcement does not mark the step's content as streamed"
+        return Announcement(self.keys.channel(turn_id), self.maxlen, _body(turn_id, type_, step, data, time.time()))
 
     def _publish_keys(self, turn_id: str) -> list[str]:
         """The publish script's four keys of a turn, named once per turn (a streamed step asks per delta)."""

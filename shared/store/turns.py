@@ -25,6 +25,7 @@ from pydantic import TypeAdapter
 from redis.commands.core import Script
 
 from stepq.models import Message, StepOutput, StepTrace, TurnState, TurnStatus
+from stepq.store.events import Announcement
 from stepq.store.indexes import ACTIVE, AWAITING, RUNNING, SweepIndexes, on_awaiting_list
 from stepq.store.keys import Keys, home, idempotency_home
 from stepq.store.listings import ListingStore
@@ -68,20 +69,32 @@ redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 1
 """
 
-# KEYS: turn, version, active shard, awaiting shard, messages, trace, lease, then the turn's other keys (expired
-#       when terminal). On a cluster KEYS[3] and KEYS[4] are the turn's `absent` key and ARGV[5] is '': the shards
-#       live in other slots and are updated around the script.
+# KEYS: turn, version, active shard, awaiting shard, messages, trace, lease, then the turn's other keys from
+#       its events (8) and seq (9) on (expired when terminal), then, when an event is announced, the turn's
+#       channel. On a cluster KEYS[3] and KEYS[4] are the turn's `absent` key and ARGV[5] is '': the shards live in
+#       other slots and are updated around the script.
 # ARGV: expected version, new json, turn id, status, index score ('' = none), ttl, lease token ('' = none),
-#       release ('1'), #new messages, new messages..., new trace...
+#       release ('1'), #new messages, #new trace rows, new messages..., new trace..., then, to announce an event
+#       only if the commit takes (a turn's `turn-finish`): the event log's maxlen and the event's body (as the
+#       event publish script's)
 _COMMIT = """
 local current = redis.call('GET', KEYS[2])
 if current ~= ARGV[1] then return 0 end
 if ARGV[7] ~= '' and redis.call('GET', KEYS[7]) ~= ARGV[7] then return 0 end
+local new_messages, new_trace = tonumber(ARGV[9]), tonumber(ARGV[10])
+local last = 10 + new_messages + new_trace
+local owned = #KEYS
+if #ARGV > last then  -- the announced event, before the expiry below so the log keeps its TTL
+  owned = #KEYS - 1
+  local seq = redis.call('INCR', KEYS[9])
+  local payload = '{"seq":' .. seq .. ',' .. ARGV[last + 2]
+  redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[last + 1], seq .. '-0', 'e', payload)
+  redis.call('PUBLISH', KEYS[#KEYS], payload)
+end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], tonumber(ARGV[1]) + 1)
-local new_messages = tonumber(ARGV[9])
-for i = 10, 9 + new_messages do redis.call('RPUSH', KEYS[5], ARGV[i]) end
-for i = 10 + new_messages, #ARGV do redis.call('RPUSH', KEYS[6], ARGV[i]) end
+for i = 11, 10 + new_messages do redis.call('RPUSH', KEYS[5], ARGV[i]) end
+for i = 11 + new_messages, last do redis.call('RPUSH', KEYS[6], ARGV[i]) end
 if ARGV[8] == '1' then redis.call('DEL', KEYS[7], KEYS[11], KEYS[10]) end  -- lease, started, emitted
 local status = ARGV[4]
 local listed = ARGV[5] ~= ''
@@ -90,7 +103,7 @@ if status == 'completed' or status == 'failed' or status == 'cancelled' then
     redis.call('ZREM', KEYS[3], ARGV[3])
     redis.call('ZREM', KEYS[4], ARGV[3])
   end
-  for i = 1, #KEYS do
+  for i = 1, owned do
     if i ~= 3 and i ~= 4 and i ~= 7 then redis.call('EXPIRE', KEYS[i], ARGV[6]) end
   end
 elseif not listed then
@@ -438,10 +451,18 @@ class TurnStore:
         replies = run_scripts(pipe, [(prepared.script, prepared.keys, prepared.args), *prepared.riders])
         return self.finish_commit(prepared, replies[0])
 
-    def prepare_commit(self, state: TurnState, lease_token: str | None = None, release: bool = False) -> PreparedWrite:
+    def prepare_commit(
+        self,
+        state: TurnState,
+        lease_token: str | None = None,
+        release: bool = False,
+        announce: Announcement | None = None,
+    ) -> PreparedWrite:
         """The commit as a script call, so a caller can send it in the same round trip as other writes;
         pass its reply to `finish_commit`. On a cluster, a commit that moves the turn onto a sweeper list puts
-        it there now."""
+        it there now. `announce` (an event of the turn, from `EventLog.announcement`) is appended and
+        published by the commit itself, only if it takes: a `turn-finish` costs no round trip of its own and
+        never announces an end that was not stored."""
         k = self.keys
         expected = state.version
         state.version = expected + 1
@@ -473,9 +494,13 @@ class TurnStore:
             lease_token or "",
             "1" if release and lease_token else "0",
             len(new_messages),
+            len(new_trace),
             *new_messages,
             *new_trace,
         ]
+        if announce is not None:
+            keys.append(announce.channel)
+            args += [announce.maxlen, announce.body]
         prepared = PreparedWrite(self._commit, keys, args, state, expected, state._stored_status, state._stored_score)
         if state.status != state._stored_status and not self.indexes.separate:
             # the listing moves with the status, in the commit's round trip, applied only if the commit took
