@@ -48,7 +48,7 @@ from stepq.engine import emitter
 from stepq.engine.decisions import decide_approval
 from stepq.engine.runner import Decision, StepRunner
 from stepq.fleet.runtime import Runtime
-from stepq.models import ToolResultMessage, ToolResultStatus, TurnStatus
+from stepq.models import EventType, ToolResultMessage, ToolResultStatus, TurnStatus
 from stepq.store import connection
 from stepq.store.leases import StepLease
 from stepq.turns.submit import create_turn
@@ -222,7 +222,13 @@ def counting_runtime(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Run
         "release": rt.leases._release,
         "renew": rt.leases._renew,
     }
-    for owner, label in ((rt.turns, ""), (rt.tool_results, "result."), (rt.approvals, "approval.")):
+    owners = (
+        (rt.turns, ""),
+        (rt.tool_results, "result."),
+        (rt.approvals, "approval."),
+        (rt.turns.listings, "listing."),
+    )
+    for owner, label in owners:
         for attr, value in vars(owner).items():
             if hasattr(value, "sha") and hasattr(value, "script"):
                 scripts.setdefault(label + attr.strip("_"), value)
@@ -484,6 +490,27 @@ def test_a_tool_step_under_a_tenant_quota_adds_a_command_not_a_round_trip(costs_
     # trip 0: the step-start script, which also reads the quota counter (an HMGET inside the script)
     # trip 1: the plain tool step's pipeline plus the quota count script (one more command, same trip)
     assert counter.redis_cost() == Cost(trips=2, commands=5), counter.describe()
+
+
+# --------------------------------------------------------------------------- a submit
+
+
+def test_storing_a_turn_with_its_turn_start_is_one_round_trip(costs_rt, counter, prefix):
+    """The create script writes the turn's `turn-start` itself (only if it stores the turn), in the MULTI
+    with the tenant listing's update: the time to a turn's first chunk starts with one trip, then the
+    broker's. A repeated idempotency key stores nothing and announces nothing."""
+    warm, _ = create_turn(costs_rt, "cost.plain", prompt="go", metadata={"prefix": prefix})
+    counter.active = True
+    state, created = create_turn(costs_rt, "cost.plain", prompt="go", idempotency_key="k1", metadata={"prefix": prefix})
+    counter.active = False
+    assert created
+    assert counter.trips == [["MULTI", "EVALSHA(create)", "EVALSHA(listing.turn_script)", "EXEC"]], counter.describe()
+    events = costs_rt.events.read(state.turn_id)
+    assert [(e.seq, e.type, e.data["agent"]) for e in events] == [(1, EventType.TURN_START, "cost.plain")]
+    again, created = create_turn(costs_rt, "cost.plain", prompt="go", idempotency_key="k1", metadata={"prefix": prefix})
+    assert not created and again.turn_id == state.turn_id
+    assert costs_rt.events.last_seq(state.turn_id) == 1
+    assert costs_rt.events.read(warm.turn_id)[0].type == EventType.TURN_START
 
 
 # --------------------------------------------------------------------------- the lease heartbeat

@@ -32,8 +32,11 @@ from stepq.store.listings import ListingStore
 from stepq.store.pipelines import run_scripts
 
 # KEYS: idempotency key (or KEYS[6]), turn, version, messages, sent-step, the turn's `absent` (names no key),
-#       its `active` shard, the batch's counted turns, the batch record (each of the last three: or KEYS[6])
-# ARGV: state json, turn id, ttl, index score, sent step ('0', or '-1' when the caller records the send), messages...
+#       its `active` shard, the batch's counted turns, the batch record (each of the last three: or KEYS[6]), then,
+#       when an event is announced, the turn's seq, events and channel
+# ARGV: state json, turn id, ttl, index score, sent step ('0', or '-1' when the caller records the send),
+#       #messages, messages..., then, to announce an event only if this stores the turn (its `turn-start`): the
+#       event log's maxlen and the event's body (as the event publish script's)
 # The idempotency key shares the turn's home, so one slot; on a cluster the shard and the batch's keys are in
 # other slots, passed as KEYS[6] and updated around the script. A batch turn counts once in `created`, however
 # often its submit is repeated (a submitter that died between storing a turn and counting it is counted later).
@@ -57,7 +60,14 @@ redis.call('SET', KEYS[3], '0')
 redis.call('SET', KEYS[5], ARGV[5])
 if KEYS[7] ~= KEYS[6] then redis.call('ZADD', KEYS[7], ARGV[4], ARGV[2]) end
 count(ARGV[2])
-for i = 6, #ARGV do redis.call('RPUSH', KEYS[4], ARGV[i]) end
+local last = 6 + tonumber(ARGV[6])
+for i = 7, last do redis.call('RPUSH', KEYS[4], ARGV[i]) end
+if #ARGV > last then
+  local seq = redis.call('INCR', KEYS[10])
+  local payload = '{"seq":' .. seq .. ',' .. ARGV[last + 2]
+  redis.call('XADD', KEYS[11], 'MAXLEN', '~', ARGV[last + 1], seq .. '-0', 'e', payload)
+  redis.call('PUBLISH', KEYS[12], payload)
+end
 return ''
 """
 
@@ -238,9 +248,16 @@ class TurnStore:
         self._commit = client.register_script(_COMMIT)
 
     def create(
-        self, state: TurnState, idempotency_key: str | None, batch_id: str | None = None, sent: bool = True
+        self,
+        state: TurnState,
+        idempotency_key: str | None,
+        batch_id: str | None = None,
+        sent: bool = True,
+        announce: Announcement | None = None,
     ) -> str | None:
         """Store a new turn. Returns the existing turn id when the idempotency key was used before.
+        `announce` (its `turn-start`, from `EventLog.announcement`) is written by the same script, only if it
+        stores the turn: a submit costs no round trip for it, and a repeated key announces nothing.
 
         The turn is on the sweeper's `active` list from then on (on a cluster, put there first: a submitter
         dying right after storing it leaves a turn the sweeper finds). `sent=False`: step 0 counts as not sent
@@ -273,8 +290,12 @@ class TurnStore:
             self.ttl_s,
             state.updated_at,
             "0" if sent else "-1",
+            len(messages),
             *messages,
         ]
+        if announce is not None:
+            create_keys += [k.seq(state.turn_id), k.events(state.turn_id), announce.channel]
+            create_args += [announce.maxlen, announce.body]
         if separate:
             existing = self._create(keys=create_keys, args=create_args)
         else:  # single Redis: the turn and its listing in one MULTI (the listing only if this stored the turn)

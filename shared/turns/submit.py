@@ -492,17 +492,18 @@ def create_turn(
     batch_id = state.metadata.get("batch_id")
     files.upload(state._objects)
     rt.turns.store_files(state)
-    existing = rt.turns.create(state, idempotency_key, batch_id if isinstance(batch_id, str) else None, sent=sent)
+    start = {"agent": agent.id, "provider": state.provider, "model": state.model, "mode": agent.execution_mode}
+    existing = rt.turns.create(
+        state,
+        idempotency_key,
+        batch_id if isinstance(batch_id, str) else None,
+        sent=sent,
+        announce=rt.events.announcement(state.turn_id, EventType.TURN_START, 0, start),
+    )
     rt.turns.files_stored(state, kept=not existing)
     if existing:
         found = rt.turns.load(existing)
         if found is None:
             raise SubmitError(f"idempotency key {idempotency_key!r} names turn {existing}, which has expired")
         return found, False
-    rt.events.publish(
-        state.turn_id,
-        EventType.TURN_START,
-        0,
-        {"agent": agent.id, "provider": state.provider, "model": state.model, "mode": agent.execution_mode},
-    )
     return state, True
