@@ -22,14 +22,14 @@ class StepqCelery(Celery):
     backend has no state: every thread can share it."""
 
     @cached_property
-    def _shared_backend(self) -> Backend:
-        return DisabledBackend(app=self)
+    def _shared_backend(self) -> Backend | None:
+        """Decided at the first use (the configuration is final by then): a configured backend, which has
+        connections, stays Celery's per-thread one."""
+        return None if self.conf.result_backend else DisabledBackend(app=self)
 
     @property
     def backend(self) -> Backend:
-        if self.conf.result_backend:  # a backend with connections stays Celery's per-thread one
-            return super().backend
-        return self._shared_backend
+        return self._shared_backend or super().backend
 
 
 def create_app(settings: Settings | None = None) -> Celery:

@@ -61,6 +61,12 @@ class RateLimitKeys(NamedTuple):
     paused_until: str  # the provider's retry-after, as a timestamp
 
 
+@functools.lru_cache(maxsize=4096)
+def _tenant_digest(tenant: str) -> str:
+    """A tenant's listing hash tag: a commit that moves a turn's listing names eleven of its keys."""
+    return hashlib.sha256(tenant.encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class Keys:
     prefix: str
@@ -238,8 +244,7 @@ class Keys:
     def listing(self, tenant: str, name: str) -> str:
         """One of a tenant's listing keys (stepq.store.listings). They share one hash tag per tenant (hashed:
         any characters, fixed length), so a script updates or pages them all in one slot."""
-        digest = hashlib.sha256(tenant.encode()).hexdigest()[:16]
-        return f"{self.prefix}:ls:{{{self.prefix}:ls:{digest}}}:{name}"
+        return f"{self.prefix}:ls:{{{self.prefix}:ls:{_tenant_digest(tenant)}}}:{name}"
 
     # ----------------------------------------------------------------- threads
 
