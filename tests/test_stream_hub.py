@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -179,24 +180,27 @@ class EndingReader(EventReader):
         return True
 
 
-async def _follow_a_turn_that_ends_while_quiet(rt: Runtime, prefix: str) -> tuple[list[int], int]:
-    turn_id = f"{prefix}-ending"
+async def _follow_one_quiet_turn(
+    rt: Runtime, turn_id: str, reader_class: Callable[[aioredis.Redis, Runtime, str], EventReader]
+) -> tuple[list[RawEvent], Any]:
+    """Follow a turn with one event written, through a hub and `reader_class` (it decides how the turn ends)
+    until the stream closes; returns what the stream sent and the reader."""
     rt.events.publish(turn_id, EventType.TEXT_DELTA, 1, {"text": "the first words"})
     async with _hub() as (hub, commands):
-        reader = EndingReader(commands, rt, turn_id)
-        seqs: list[int] = []
+        reader = reader_class(commands, rt, turn_id)
+        sent: list[RawEvent] = []
         async with asyncio.timeout(TIMEOUT):
             async for batch in follow_batches(hub, reader, turn_id, 0, keepalive_s=0.2):
-                seqs += [e.seq for e in batch]
-        return seqs, reader.late
+                sent += batch
+        return sent, reader
 
 
 def test_a_quiet_stream_keeps_the_last_event_of_a_turn_that_ends_as_it_checks(rt: Runtime, prefix: str) -> None:
     """A quiet stream asks whether the turn ended, then reads the log: an event written in between is sent
     before the stream closes (asked the other way round, it was lost)."""
-    seqs, late = asyncio.run(_follow_a_turn_that_ends_while_quiet(rt, prefix))
-    assert late == 2
-    assert seqs == [1, 2]
+    sent, reader = asyncio.run(_follow_one_quiet_turn(rt, f"{prefix}-ending", EndingReader))
+    assert reader.late == 2
+    assert [e.seq for e in sent] == [1, 2]
 
 
 class LateFinishReader(EventReader):
@@ -214,20 +218,8 @@ class LateFinishReader(EventReader):
         return True
 
 
-async def _follow_a_turn_whose_finish_is_late(rt: Runtime, prefix: str) -> list[str]:
-    turn_id = f"{prefix}-late-finish"
-    rt.events.publish(turn_id, EventType.TEXT_DELTA, 1, {"text": "the answer"})
-    async with _hub() as (hub, commands):
-        reader = LateFinishReader(commands, rt, turn_id)
-        types: list[str] = []
-        async with asyncio.timeout(TIMEOUT):
-            async for batch in follow_batches(hub, reader, turn_id, 0, keepalive_s=0.2):
-                types += [e.type for e in batch]
-        return types
-
-
 def test_a_quiet_stream_waits_a_tick_for_the_turn_finish_that_follows_the_commit(rt: Runtime, prefix: str) -> None:
     """A quiet stream that finds the turn ended and nothing new keeps listening one more keep-alive: its
     turn-finish is written just after the commit, and closing on the first tick lost it."""
-    types = asyncio.run(_follow_a_turn_whose_finish_is_late(rt, prefix))
-    assert types == ["text-delta", "turn-finish"]
+    sent, _ = asyncio.run(_follow_one_quiet_turn(rt, f"{prefix}-late-finish", LateFinishReader))
+    assert [e.type for e in sent] == ["text-delta", "turn-finish"]
