@@ -47,6 +47,9 @@ def build_app(settings: Settings) -> Celery:
     profile_path = os.environ.get("STEPQ_BENCH_PROFILE")
     if profile_path:
         _profile_tasks(profile_path)
+    end_path = os.environ.get("STEPQ_BENCH_PROFILE_END")
+    if end_path:
+        _profile_step_ends(end_path)
     return app
 
 
@@ -66,6 +69,52 @@ def _profile_tasks(path: str) -> None:
     task_prerun.connect(lambda **_: profile.enable(), weak=False)
     task_postrun.connect(lambda **_: profile.disable(), weak=False)
     worker_shutdown.connect(lambda **_: profile.dump_stats(path), weak=False)
+
+
+def _profile_step_ends(path: str) -> None:
+    """cProfile each streamed step's end on its thread's CPU clock: from its stream's last byte (the provider
+    loop's pump returns) to its task's end (Celery's trace and ack included). Where the steps of a burst that
+    end together spend their CPU; threads pool only (the pumped read). The merged stats are dumped at shutdown."""
+    import cProfile
+    import pstats
+    import threading
+    import time
+
+    import celery.concurrency.thread as thread_pool
+    from celery.signals import worker_shutdown
+
+    from stepq.providers.loop_transport import LoopBody
+
+    profiles: list[cProfile.Profile] = []
+    running = threading.local()
+    pump, apply_target = LoopBody.pump, thread_pool.apply_target
+
+    def pumped(self: LoopBody, feed: Any, end: Any) -> bool:
+        done = pump(self, feed, end)
+        running.profile = cProfile.Profile(time.thread_time)
+        running.profile.enable()
+        return done
+
+    def applied(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return apply_target(*args, **kwargs)
+        finally:
+            profile = getattr(running, "profile", None)
+            if profile is not None:
+                profile.disable()
+                profiles.append(profile)
+                running.profile = None
+
+    def dump(**_: Any) -> None:
+        if profiles:
+            stats = pstats.Stats(profiles[0])
+            for profile in profiles[1:]:
+                stats.add(profile)
+            stats.dump_stats(path)
+
+    LoopBody.pump = pumped  # type: ignore[method-assign]
+    thread_pool.apply_target = applied
+    worker_shutdown.connect(dump, weak=False)
 
 
 def dump_profile(path: str) -> None:

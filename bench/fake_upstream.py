@@ -400,7 +400,12 @@ def sdk_env(base_url: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def stepq_worker(
-    settings: Settings, concurrency: int, base_url: str, pool: str = "threads", app: str = "stepq.workers.celery_app"
+    settings: Settings,
+    concurrency: int,
+    base_url: str,
+    pool: str = "threads",
+    app: str = "stepq.workers.celery_app",
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`celery -A stepq.workers.celery_app worker --pool=POOL --concurrency=C` (what `stepq worker --pool POOL`
     runs, without beat), with the SDK pointed at the fake upstream. `app="bench.celery_app"`: the same app
@@ -409,6 +414,7 @@ def stepq_worker(
 
     env = {k: v for k, v in settings_env(settings).items() if not k.startswith("ANTHROPIC_")}
     env.update(sdk_env(base_url))
+    env.update(extra_env or {})
     cmd = [
         sys.executable, "-m", "celery", "-A", app, "worker",
         f"--pool={pool}", f"--concurrency={concurrency}", "--loglevel=ERROR",

@@ -64,6 +64,7 @@ from bench._common import (
     cleanup,
     percentile,
     process_cpu_seconds,
+    profile_report,
     table,
     unique_prefix,
 )
@@ -453,10 +454,17 @@ def py_spy(pid: int, path: str, c: int) -> subprocess.Popen[bytes]:
 def run_level(args: argparse.Namespace, client: Client, upstream: Any, subs: Subscribers, c: int, pool: str) -> Level:
     """A fresh worker process (Celery pool `pool`) with concurrency C; `--repeat` rounds of C turns; the round
     with the median p99 upstream->recv stands for the level (its other rounds' p99s are kept for the report)."""
-    with stepq_worker(client.settings, c, upstream.base_url, pool, app="bench.celery_app") as worker:
+    end_profile = f"{args.profile_end}.{pool}.c{c}.pstat" if args.profile_end and pool == "threads" else ""
+    extra_env = {"STEPQ_BENCH_PROFILE_END": end_profile} if end_profile else {}
+    with stepq_worker(
+        client.settings, c, upstream.base_url, pool, app="bench.celery_app", extra_env=extra_env
+    ) as worker:
         upstream.configure(Script(first_ms=0, deltas=5, interval_ms=1))  # warm-up: imports, first connection
         client.submit(AGENT, prompt="warm up").wait(timeout=120)
         rounds = [run_round(args, client, upstream, subs, c, worker, n) for n in range(args.repeat)]
+    if end_profile:
+        print(f"the steps' ends, cProfile on each step thread's CPU clock (all rounds and the warm-up), {end_profile}:")
+        print(profile_report(end_profile, limit=25))
     ordered = sorted(rounds, key=lambda lv: (lv.failed > 0, lv.upstream_ms[1]))
     level = ordered[(len(ordered) - 1) // 2]
     level.round_p99s = [lv.upstream_ms[1] for lv in rounds]
@@ -679,6 +687,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="per level, after the last submit")
     parser.add_argument("--profile", metavar="PATH", help="py-spy the worker during each level: PATH.c<C>.txt")
     parser.add_argument("--profile-levels", type=int, nargs="*", help="only these levels (default: all)")
+    parser.add_argument(
+        "--profile-end",
+        metavar="PATH",
+        help="cProfile each step's end (stream's last byte to the task's end, threads pool): PATH.threads.c<C>.pstat",
+    )
     args = parser.parse_args(argv)
 
     prefix = unique_prefix("cap")
