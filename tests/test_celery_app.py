@@ -14,14 +14,14 @@ from stepq.workers.app import create_app
 from stepq.workers.tasks import RUN_STEP
 
 
-def _backends_seen_by(app, threads: int = 3) -> list[object]:
-    seen: list[object] = []
+def _backends_seen_by(app, threads: int = 3) -> list[tuple[object, object]]:
+    """(app.backend, the step task's backend) as each of `threads` threads sees them, one slot per thread."""
+    seen: list[tuple[object, object]] = [(None, None)] * threads
 
-    def look() -> None:
-        seen.append(app.backend)
-        seen.append(app.tasks[RUN_STEP].backend)
+    def look(slot: int) -> None:
+        seen[slot] = (app.backend, app.tasks[RUN_STEP].backend)
 
-    workers = [threading.Thread(target=look) for _ in range(threads)]
+    workers = [threading.Thread(target=look, args=(i,)) for i in range(threads)]
     for t in workers:
         t.start()
     for t in workers:
@@ -33,7 +33,7 @@ def test_every_thread_and_task_shares_one_disabled_backend(settings):
     """Celery builds `app.backend` per thread on first use (~0.2 ms of config reads each): a 300-thread
     worker paid it in most of its steps' ends. stepq keeps no results, so one stateless backend serves all."""
     app = create_app(settings)
-    seen = _backends_seen_by(app)
+    seen = [b for pair in _backends_seen_by(app) for b in pair]
     assert isinstance(seen[0], DisabledBackend)
     assert all(b is seen[0] for b in seen)
     assert app.backend is seen[0]
@@ -42,9 +42,10 @@ def test_every_thread_and_task_shares_one_disabled_backend(settings):
 def test_a_configured_result_backend_stays_celerys_own_per_thread(settings):
     app = create_app(settings)
     app.conf.result_backend = "cache+memory://"
-    seen = _backends_seen_by(app, threads=2)
-    assert not isinstance(seen[0], DisabledBackend)
-    assert seen[0] is not seen[2]  # Celery's thread-local instances, as Celery makes them
+    (first, first_task), (second, _) = _backends_seen_by(app, threads=2)
+    assert not isinstance(first, DisabledBackend)
+    assert first_task is first
+    assert first is not second  # Celery's thread-local instances, as Celery makes them
 
 
 GEVENT_CHILD = """

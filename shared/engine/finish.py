@@ -58,7 +58,8 @@ def finish_limit(ctx: StepContext, stop: LoopStop) -> Decision:
 
 
 def finish(d: Delivery, status: TurnStatus, reason: FinishReason) -> Decision:
-    """End the turn: commit its end, then start what waits on it and announce `turn-finish`."""
+    """End the turn: commit its end, then start what waits on it and announce `turn-finish` — in the
+    commit itself when nothing waits on it (no thread, batch or observer)."""
     state, rt = d.state, d.rt
     _trace_failed_attempts(d, reason)
     state.status = status
