@@ -17,13 +17,16 @@ Why the counts do not depend on timing (`make test-stress` runs this with CPU bu
   threads hold a connection at that instant) and redis-py's idle health-check PING (the clock) are not counted.
 - The lease heartbeat thread (`stepq-leases`: one pipeline per poll tick, as often as the clock says) is not
   counted. Every other thread is: the delivering one, the tool executor's, the flush timer's.
+- Only the test's own runtime is counted (its client has a connection class of its own): an earlier test's
+  runtime in the same pytest process may still send something late (its flush timer, its leases).
 - The coalescing window is 120 s (`WINDOW_MS`), far longer than a step takes even under load, so the flush timer
   never sends anything: deferred events and writes go in the step's own trips, and of a streamed answer the
   first delta goes out at once (the first after a quiet window) and the rest with the commit. The window-0
   runtime publishes each delta as it comes: the worst case, and what a slow stream costs at any window.
 - The counted delivery is step 1 of a turn, after a step 0 of the same kind in this process (the per-process
-  history caches warm, as in a long turn), after a whole warm-up turn of the same agent (every script the step
-  calls is in Redis's script cache: no NOSCRIPT reload trip).
+  history caches warm, as in a long turn), after a whole warm-up turn of the same agent. Every script the
+  runtime names is loaded into Redis's script cache before anything is counted (no NOSCRIPT reload trip, on a
+  fresh Redis too).
 
 Not counted, because a delivery does not do it: Celery's enqueue of the next step (the task does, around
 `StepRunner.deliver`) and the model's latency (the scripted model has none). See docs/benchmarks.md
@@ -79,6 +82,7 @@ class Counter:
     json: dict[str, int] = field(default_factory=dict)
     scripts: dict[str, str] = field(default_factory=dict)  # sha -> a name, for readable failures
     lock: threading.Lock = field(default_factory=threading.Lock)
+    client: object = None  # the counted runtime's connection class: an earlier test's client is not counted
 
     def counting(self) -> bool:
         return self.active and threading.current_thread().name not in NOT_COUNTED_THREADS
@@ -167,7 +171,7 @@ class CountingConnection(redis.Connection):
             self._internal -= 1
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        if not self._internal and COUNTER.counting():
+        if not self._internal and type(self) is COUNTER.client and COUNTER.counting():
             COUNTER.record_trip(command)
         super().send_packed_command(command, check_health)
 
@@ -204,13 +208,16 @@ def counter() -> Iterator[Counter]:
 
 def counting_runtime(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Runtime:
     """A runtime (built afresh, not cached) whose one Redis client counts: the client `get_redis` makes for
-    this URL, with the same options, on CountingConnection."""
+    this URL, with the same options, on a CountingConnection class of its own: what an earlier test's runtime
+    still sends (a timed flush, a lease's release) is not counted as this test's."""
     assert settings.redis_url
+    counted_connection = type("CountingConnection", (CountingConnection,), {})
+    COUNTER.client = counted_connection
     client = redis.Redis.from_url(
         settings.redis_url,
         decode_responses=True,
         max_connections=connection.MAX_CONNECTIONS,
-        connection_class=CountingConnection,
+        connection_class=counted_connection,
         **connection.client_options(settings),
     )
     monkeypatch.setitem(connection._clients, connection._url_key(settings), client)
@@ -233,6 +240,8 @@ def counting_runtime(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Run
             if hasattr(value, "sha") and hasattr(value, "script"):
                 scripts.setdefault(label + attr.strip("_"), value)
     COUNTER.scripts = {script.sha: name for name, script in scripts.items()}
+    for script in scripts.values():  # in Redis's script cache, whatever ran before: no NOSCRIPT reload counted
+        client.script_load(script.script)
     return rt
 
 
