@@ -82,7 +82,7 @@ class Counter:
     json: dict[str, int] = field(default_factory=dict)
     scripts: dict[str, str] = field(default_factory=dict)  # sha -> a name, for readable failures
     lock: threading.Lock = field(default_factory=threading.Lock)
-    client: object = None  # the counted runtime's connection class: an earlier test's client is not counted
+    connection_class: type[redis.Connection] | None = None  # the counted runtime's: an earlier test's is not
 
     def counting(self) -> bool:
         return self.active and threading.current_thread().name not in NOT_COUNTED_THREADS
@@ -171,7 +171,7 @@ class CountingConnection(redis.Connection):
             self._internal -= 1
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        if not self._internal and type(self) is COUNTER.client and COUNTER.counting():
+        if not self._internal and type(self) is COUNTER.connection_class and COUNTER.counting():
             COUNTER.record_trip(command)
         super().send_packed_command(command, check_health)
 
@@ -212,7 +212,7 @@ def counting_runtime(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Run
     still sends (a timed flush, a lease's release) is not counted as this test's."""
     assert settings.redis_url
     counted_connection = type("CountingConnection", (CountingConnection,), {})
-    COUNTER.client = counted_connection
+    COUNTER.connection_class = counted_connection
     client = redis.Redis.from_url(
         settings.redis_url,
         decode_responses=True,
