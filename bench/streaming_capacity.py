@@ -31,8 +31,10 @@ process with upstream->recv p99 <= 250 ms, every step's stream (first delta to t
 steps) <= 1.1x the upstream's duration, and no failed step. The 100 deltas/s levels are the stress rate,
 reported with the same checks but no target. publish->recv is still printed (Redis-side delivery).
 
-On the threads pool, each round also prints the worker's CPU per delta by stage, measured with thread CPU
-clocks around the engine's stage calls (bench/stages.py).
+On the threads pool, one more round per level (after the judged ones, never judged) runs with the stage
+clocks on and prints the worker's CPU per delta by stage, measured with thread CPU clocks around the
+engine's stage calls (bench/stages.py). The judged rounds run with the clocks off: at C=300 their
+thread-clock pairs cost about a tenth of the worker's CPU, on the provider loop's thread too.
 
     .venv/bin/python -m bench.streaming_capacity --levels 50 100 200 300 400 --repeat 3
 """
@@ -384,7 +386,8 @@ class Level:
     cpu: dict[str, float] = field(default_factory=dict)  # % of one core, per component, over the level
     worker_us_per_delta: float = 0.0  # the worker's CPU over the level / upstream deltas it streamed
     round_p99s: list[float] = field(default_factory=list)  # p99 upstream->recv of every round
-    breakdown: dict[str, Any] | None = None  # the stage clocks' dump for the round (threads pool)
+    breakdown: dict[str, Any] | None = None  # the stage clocks' dump of the level's breakdown round (threads pool)
+    probe_us_per_delta: float = 0.0  # the worker's CPU per delta in that round, the clocks' own cost included
 
     @property
     def duration_ratio(self) -> float:
@@ -462,6 +465,11 @@ def run_level(args: argparse.Namespace, client: Client, upstream: Any, subs: Sub
         upstream.configure(Script(first_ms=0, deltas=5, interval_ms=1))  # warm-up: imports, first connection
         client.submit(AGENT, prompt="warm up").wait(timeout=120)
         rounds = [run_round(args, client, upstream, subs, c, worker, n) for n in range(args.repeat)]
+        # the breakdown round: once more with the stage clocks recording, printed and never judged (the clocks
+        # cost about a tenth of the worker's CPU here, which the judged rounds must not pay)
+        probe = (
+            run_round(args, client, upstream, subs, c, worker, args.repeat, clocks=True) if pool == "threads" else None
+        )
     if end_profile:
         print(f"the steps' ends, cProfile on each step thread's CPU clock (all rounds and the warm-up), {end_profile}:")
         print(profile_report(end_profile, limit=25))
@@ -469,6 +477,8 @@ def run_level(args: argparse.Namespace, client: Client, upstream: Any, subs: Sub
     level = ordered[(len(ordered) - 1) // 2]
     level.round_p99s = [lv.upstream_ms[1] for lv in rounds]
     level.failed = max(lv.failed for lv in rounds)  # a failure in any round fails the level
+    if probe is not None:
+        level.breakdown, level.probe_us_per_delta = probe.breakdown, probe.worker_us_per_delta
     level.ok = c - level.failed
     level.pool = pool
     return level
@@ -482,10 +492,12 @@ def run_round(
     c: int,
     worker: subprocess.Popen[bytes],
     round_no: int,
+    clocks: bool = False,
 ) -> Level:
+    """One round of C turns; with `clocks` (threads pool only: greenlets share one thread's CPU clock), the
+    stage clocks record it and their dump is kept as the round's breakdown."""
     settings = client.settings
     level = Level(c, pool=pool_of(worker), rate=args.rate, upstream_s=args.deltas * args.interval_ms / 1000)
-    clocks = level.pool == "threads"  # thread CPU clocks mean nothing when greenlets share a thread
     if clocks:
         stages.ask(client, "reset")
     script = Script(first_ms=args.first_ms, deltas=args.deltas, interval_ms=args.interval_ms, gate=c)
@@ -564,8 +576,9 @@ def run_round(
     pub_list, up_list = list(publish), list(upstream_lat)
     level.publish_ms = (percentile(pub_list, 50) * 1000, percentile(pub_list, 99) * 1000, max(pub_list) * 1000)
     level.upstream_ms = (percentile(up_list, 50) * 1000, percentile(up_list, 99) * 1000)
+    label = "breakdown round (stage clocks on, not judged)" if clocks else f"round {round_no + 1}"
     print(
-        f"{level.pool} {args.rate}/s C={c} round {round_no + 1}: {level.ok} ok, {level.failed} failed; {wall:.1f}s; submit {submitted:.2f}s; all streams open after "
+        f"{level.pool} {args.rate}/s C={c} {label}: {level.ok} ok, {level.failed} failed; {wall:.1f}s; submit {submitted:.2f}s; all streams open after "
         f"{level.up['gate_wait_s']:.2f}s; stream p50 {level.stream_s[0]:.2f}s p99 {level.stream_s[1]:.2f}s "
         f"({level.duration_ratio:.2f}x the upstream's; last delta -> turn-finish p50 {level.end_ms[0]:.0f} / p99 "
         f"{level.end_ms[1]:.0f} ms); publish->recv p99 "
@@ -611,7 +624,8 @@ the worker's CPU over the round (submit to the last turn-finish) per delta the u
 one core over the round; others = the machine's busy CPU minus all of these (other programs). busiest sub
 cpu: one subscriber process, % of one core. omem: the largest Redis output buffer of a subscriber
 connection (it grows when a reader falls behind). upstream lag: how late the fake wrote frames against its
-own schedule. The stage breakdown (threads pool) is thread CPU time around the engine's stage calls."""
+own schedule. The stage breakdown (threads pool) is thread CPU time around the engine's stage calls, from one more
+round per level with the clocks on (not judged; the judged rounds run with them off)."""
 
 
 def result_row(lv: Level) -> list[str]:
@@ -738,7 +752,11 @@ def main(argv: list[str] | None = None) -> int:
     for lv in levels:
         if lv.breakdown is not None:
             print()
-            print(f"{lv.pool} {lv.rate}/s C={lv.concurrency} (the level's shown round): ", end="")
+            print(
+                f"{lv.pool} {lv.rate}/s C={lv.concurrency} (its breakdown round, stage clocks on: "
+                f"{lv.probe_us_per_delta:.0f} us/delta against {lv.worker_us_per_delta:.0f} in the judged round): ",
+                end="",
+            )
             print(stages.breakdown(lv.breakdown, lv.concurrency * round(lv.rate * lv.upstream_s), "delta"))
     if any(lv.breakdown is None for lv in levels):
         print("\n(no stage breakdown for the gevent pool: its greenlets share one thread's CPU clock)")
