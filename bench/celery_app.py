@@ -14,7 +14,7 @@ from typing import Any
 
 from celery import Celery
 
-from bench import stages
+from bench import stages, timeline
 from stepq.config.settings import Settings, get_settings
 from stepq.store.connection import get_redis
 from stepq.workers.app import create_app
@@ -50,6 +50,9 @@ def build_app(settings: Settings) -> Celery:
     end_path = os.environ.get("STEPQ_BENCH_PROFILE_END")
     if end_path:
         _profile_step_ends(end_path)
+    timeline_path = os.environ.get("STEPQ_BENCH_TIMELINE")
+    if timeline_path:
+        timeline.install(timeline_path)
     return app
 
 

@@ -59,7 +59,7 @@ from typing import Any
 
 import redis
 
-from bench import stages
+from bench import stages, timeline
 from bench._common import (
     DEFAULT_REDIS_URL,
     bench_settings,
@@ -387,6 +387,7 @@ class Level:
     worker_us_per_delta: float = 0.0  # the worker's CPU over the level / upstream deltas it streamed
     round_p99s: list[float] = field(default_factory=list)  # p99 upstream->recv of every round
     breakdown: dict[str, Any] | None = None  # the stage clocks' dump of the level's breakdown round (threads pool)
+    window: tuple[float, float] = (0.0, 0.0)  # the round's wall-clock span (time.time()), submit to the last finish
     probe_us_per_delta: float = 0.0  # the worker's CPU per delta in that round, the clocks' own cost included
 
     @property
@@ -459,6 +460,9 @@ def run_level(args: argparse.Namespace, client: Client, upstream: Any, subs: Sub
     with the median p99 upstream->recv stands for the level (its other rounds' p99s are kept for the report)."""
     end_profile = f"{args.profile_end}.{pool}.c{c}.pstat" if args.profile_end and pool == "threads" else ""
     extra_env = {"STEPQ_BENCH_PROFILE_END": end_profile} if end_profile else {}
+    timeline_path = f"{args.timeline}.{pool}.c{c}.json" if args.timeline and pool == "threads" else ""
+    if timeline_path:
+        extra_env["STEPQ_BENCH_TIMELINE"] = timeline_path
     with stepq_worker(
         client.settings, c, upstream.base_url, pool, app="bench.celery_app", extra_env=extra_env
     ) as worker:
@@ -475,6 +479,9 @@ def run_level(args: argparse.Namespace, client: Client, upstream: Any, subs: Sub
         print(profile_report(end_profile, limit=25))
     ordered = sorted(rounds, key=lambda lv: (lv.failed > 0, lv.upstream_ms[1]))
     level = ordered[(len(ordered) - 1) // 2]
+    if timeline_path:
+        print(f"the timeline of the level's shown round (round {rounds.index(level) + 1}), {timeline_path}:")
+        print(timeline.report(timeline_path, level.window))
     level.round_p99s = [lv.upstream_ms[1] for lv in rounds]
     level.failed = max(lv.failed for lv in rounds)  # a failure in any round fails the level
     if probe is not None:
@@ -507,7 +514,7 @@ def run_round(
     sampler = Sampler(args.redis_url, settings.key_prefix)
     sampler.start()
     meter = CpuMeter(worker.pid, client.runtime.redis)
-    wall0 = time.monotonic()
+    wall0, started = time.monotonic(), time.time()
     handles = [client.submit(AGENT, prompt=f"stream {i}") for i in range(c)]
     submitted = time.monotonic() - wall0
     spy = None
@@ -517,6 +524,7 @@ def run_round(
     subs.expect([h.turn_id for h in handles])
     threads = threads_of(worker.pid)
     finished = subs.wait_done(timeout=args.timeout)
+    level.window = (started, time.time())
     level.threads = max(threads, threads_of(worker.pid))
     wall = time.monotonic() - wall0
     level.cpu = meter.stop()
@@ -705,6 +713,12 @@ def main(argv: list[str] | None = None) -> int:
         "--profile-end",
         metavar="PATH",
         help="cProfile each step's end (stream's last byte to the task's end, threads pool): PATH.threads.c<C>.pstat",
+    )
+    parser.add_argument(
+        "--timeline",
+        metavar="PATH",
+        help="record the provider loop's lag per delta and each step's end on the clock (threads pool), and print "
+        "them for the level's shown round: PATH.threads.c<C>.json",
     )
     args = parser.parse_args(argv)
 
