@@ -33,8 +33,8 @@ reported with the same checks but no target. publish->recv is still printed (Red
 
 On the threads pool, one more round per level (after the judged ones, never judged) runs with the stage
 clocks on and prints the worker's CPU per delta by stage, measured with thread CPU clocks around the
-engine's stage calls (bench/stages.py). The judged rounds run with the clocks off: at C=300 their
-thread-clock pairs cost about a tenth of the worker's CPU, on the provider loop's thread too.
+engine's stage calls (bench/stages.py). The judged rounds run with the clocks off, as the worker a user
+runs (a thread-clock pair per stage call, on the provider loop's thread for every chunk).
 
     .venv/bin/python -m bench.streaming_capacity --levels 50 100 200 300 400 --repeat 3
 """
@@ -469,8 +469,8 @@ def run_level(args: argparse.Namespace, client: Client, upstream: Any, subs: Sub
         upstream.configure(Script(first_ms=0, deltas=5, interval_ms=1))  # warm-up: imports, first connection
         client.submit(AGENT, prompt="warm up").wait(timeout=120)
         rounds = [run_round(args, client, upstream, subs, c, worker, n) for n in range(args.repeat)]
-        # the breakdown round: once more with the stage clocks recording, printed and never judged (the clocks
-        # cost about a tenth of the worker's CPU here, which the judged rounds must not pay)
+        # the breakdown round: once more with the stage clocks recording, printed and never judged (the judged
+        # rounds measure the worker a user runs, without the clocks' thread-clock pairs)
         probe = (
             run_round(args, client, upstream, subs, c, worker, args.repeat, clocks=True) if pool == "threads" else None
         )
