@@ -176,6 +176,17 @@ def stop_process(proc: subprocess.Popen[Any]) -> None:
         proc.wait()
 
 
+def output_path_problem(flag: str, path: str | None) -> str | None:
+    """Why an output PATH flag cannot be written (its folder is missing), as one line; None when it can. Checked
+    before the run: the worker writes these files only at its shutdown, minutes later."""
+    if path is None:
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"{flag} {path}: no folder {folder} to write to"
+    return None
+
+
 def profile_report(path: str, limit: int = 30) -> str:
     import io
     import pstats

@@ -37,6 +37,7 @@ from bench._common import (
     cleanup,
     median,
     now,
+    output_path_problem,
     profile_report,
     running_plain_worker,
     running_worker,
@@ -123,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 1 <= args.steps <= 1000:
         parser.error("--steps must be 1..1000 (LoopConfig.max_steps allows at most 1000)")
+    problem = output_path_problem("--profile", args.profile)
+    if problem:
+        parser.error(problem)
     n = args.steps
 
     prefix = unique_prefix("step")

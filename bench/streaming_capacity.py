@@ -64,6 +64,7 @@ from bench._common import (
     DEFAULT_REDIS_URL,
     bench_settings,
     cleanup,
+    output_path_problem,
     percentile,
     process_cpu_seconds,
     profile_report,
@@ -727,6 +728,10 @@ def main(argv: list[str] | None = None) -> int:
     stream_s = args.stream_s
     if any(r <= 0 for r in args.rate):
         parser.error("--rate must be positive")
+    for flag, path in (("--profile", args.profile), ("--profile-end", args.profile_end), ("--timeline", args.timeline)):
+        problem = output_path_problem(flag, path)
+        if problem:
+            parser.error(problem)
     print(
         f"run {prefix}: per step {stream_s:g} s of deltas at {args.rate} deltas/s (after {args.first_ms:g} ms); "
         f"levels {args.levels}; pools {args.pools}; one worker process per level; "

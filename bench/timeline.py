@@ -82,8 +82,11 @@ def install(path: str) -> None:
 
 def report(path: str, window: tuple[float, float]) -> str:
     """The loop lag per BUCKET_S and the steps' end segments of the round that ran within `window`."""
-    with open(path) as f:
-        data = json.load(f)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:  # the worker died before its shutdown wrote the file, or wrote it in part
+        return f"(no timeline: {path} could not be read: {type(exc).__name__})"
     start, stop = window
     lags = [(t, lag) for t, lag in data["lags"] if start <= t <= stop]
     ends = [e for e in data["ends"] if e.get("seen") and start <= e["seen"] <= stop]
