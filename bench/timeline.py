@@ -5,6 +5,8 @@ The benchmark worker (`bench.celery_app`, with `STEPQ_BENCH_TIMELINE=PATH`) reco
 - per delta, when the provider loop hands it to the step's emitter and how long after the fake upstream
   wrote it (the fake stamps its write time into each delta's text): the **loop lag**, which grows when the
   loop's thread cannot keep up (the deltas wait in its sockets);
+- per timed flush (the flush timer's thread writing staged deltas), when and for how many steps: the
+  rounds per 200 ms and steps per round, next to the loop lag;
 - per streamed step, when the loop saw its stream end, when the step's thread ran again, and when its
   final commit (which writes `turn-finish`) started and returned.
 
@@ -31,14 +33,21 @@ def install(path: str) -> None:
     """Wrap the loop's delta hand-off, the body's settle and pump, and the delivery's commit (worker side)."""
     from celery.signals import worker_shutdown
 
+    from stepq.engine import emitter as emitter_module
     from stepq.engine.context import Delivery
     from stepq.engine.emitter import StepEmitter
     from stepq.providers.loop_transport import LoopBody
 
     lags: list[tuple[float, float]] = []
     ends: list[dict[str, float]] = []
+    flushes: list[tuple[float, int]] = []  # each timed flush: when, and how many steps' buffers it took
     running = threading.local()
     stage, settle, pump, commit = StepEmitter._stage, LoopBody._settle, LoopBody.pump, Delivery.commit
+    flush_due = emitter_module.flush_due
+
+    def flushed(emitters: list[Any]) -> None:
+        flushes.append((time.time(), len(emitters)))
+        flush_due(emitters)
 
     def staged(self: StepEmitter, delta: Any) -> None:
         now = time.time()
@@ -71,12 +80,13 @@ def install(path: str) -> None:
 
     def dump(**_: Any) -> None:
         with open(path, "w") as out:
-            json.dump({"lags": lags, "ends": ends}, out)
+            json.dump({"lags": lags, "ends": ends, "flushes": flushes}, out)
 
     StepEmitter._stage = staged  # type: ignore[method-assign]
     LoopBody._settle = settled  # type: ignore[method-assign]
     LoopBody.pump = pumped  # type: ignore[method-assign]
     Delivery.commit = committed  # type: ignore[method-assign]
+    emitter_module.flush_due = flushed
     worker_shutdown.connect(dump, weak=False)
 
 
@@ -96,14 +106,20 @@ def report(path: str, window: tuple[float, float]) -> str:
     buckets: dict[int, list[float]] = {}
     for t, lag in lags:
         buckets.setdefault(int((t - first) / BUCKET_S), []).append(lag * 1000)
-    rows = [
-        [f"{b * BUCKET_S:.1f}", str(len(v)), f"{percentile(v, 50):.1f}", f"{percentile(v, 99):.1f}"]
-        for b, v in sorted(buckets.items())
-    ]
+    rounds: dict[int, list[int]] = {}
+    for t, size in data.get("flushes", []):
+        if start <= t <= stop and t >= first:
+            rounds.setdefault(int((t - first) / BUCKET_S), []).append(size)
+    rows = []
+    for b, v in sorted(buckets.items()):
+        sizes = rounds.get(b, [])
+        mean_size = f"{sum(sizes) / len(sizes):.1f}" if sizes else "-"
+        lag = [f"{percentile(v, 50):.1f}", f"{percentile(v, 99):.1f}"]
+        rows.append([f"{b * BUCKET_S:.1f}", str(len(v)), *lag, str(len(sizes)), mean_size])
     out = [
         "provider loop lag (fake's write -> delta handed to the emitter on the loop), per "
-        f"{BUCKET_S * 1000:.0f} ms from the round's first delta:",
-        table(["from s", "deltas", "lag p50 ms", "lag p99 ms"], rows),
+        f"{BUCKET_S * 1000:.0f} ms from the round's first delta, and the flush timer's rounds (steps per round):",
+        table(["from s", "deltas", "lag p50 ms", "lag p99 ms", "flush rounds", "steps/round"], rows),
     ]
     seen0 = min(e["seen"] for e in ends)
 
