@@ -103,13 +103,17 @@ def report(path: str, window: tuple[float, float]) -> str:
     if not lags or not ends:
         return "(no timeline recorded for this round)"
     first = lags[0][0]
+
+    def bucket(t: float) -> int:
+        return int((t - first) / BUCKET_S)
+
     buckets: dict[int, list[float]] = {}
     for t, lag in lags:
-        buckets.setdefault(int((t - first) / BUCKET_S), []).append(lag * 1000)
+        buckets.setdefault(bucket(t), []).append(lag * 1000)
     rounds: dict[int, list[int]] = {}
     for t, size in data.get("flushes", []):
-        if start <= t <= stop and t >= first:
-            rounds.setdefault(int((t - first) / BUCKET_S), []).append(size)
+        if first <= t <= stop:  # the round's, from its first delta on (first >= start)
+            rounds.setdefault(bucket(t), []).append(size)
     rows = []
     for b, v in sorted(buckets.items()):
         sizes = rounds.get(b, [])
