@@ -1,0 +1,32 @@
+"""A benchmark's output PATH flag whose folder is missing stops it at once with one line (the worker would only
+write there at its shutdown, after the whole run), before anything touches Redis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import step_overhead, streaming_capacity
+
+
+@pytest.mark.parametrize("flag", ["--timeline", "--profile", "--profile-end"])
+def test_streaming_capacity_refuses_an_output_path_in_a_missing_folder(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere" / "out"
+    with pytest.raises(SystemExit) as exit_:
+        streaming_capacity.main([flag, str(missing), "--redis-url", "redis://127.0.0.1:1/0"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith(f"error: {flag} {missing}: no folder {missing.parent} to write to")
+
+
+def test_step_overhead_refuses_a_profile_path_in_a_missing_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere" / "stats"
+    with pytest.raises(SystemExit) as exit_:
+        step_overhead.main(["--profile", str(missing), "--redis-url", "redis://127.0.0.1:1/0"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(f"--profile {missing}: no folder {missing.parent} to write to")
