@@ -131,6 +131,9 @@ def test_staged_deltas_keep_their_order_kinds_and_calls_and_with_no_window_each_
     deltas = [Delta("reasoning", "hm"), Delta("text", "a"), Delta("text", "b"), tool_input("c1", "look", '{"q"')]
     _on_loop(lambda: [emitter.emit(d) for d in deltas])
     emitter.flush()  # the step's own flush takes what is still staged
+    # ... unless the flush timer took them first: its events-only write lets the step's lock go before its round
+    # trip (the step's next write queues behind it in the group commit), so the read waits for the write to land
+    eventually(lambda: len(rt.events.read(turn_id)) >= len(deltas), what="the staged deltas' write")
     assert _texts(rt, turn_id) == [
         ("reasoning-delta", "hm"),
         ("text-delta", "a"),
