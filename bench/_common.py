@@ -123,16 +123,16 @@ def running_worker(
 
 
 @contextlib.contextmanager
-def running_plain_worker(redis_url: str, prefix: str) -> Iterator[Callable[[], float]]:
+def running_plain_worker(redis_url: str, prefix: str, concurrency: int = 1) -> Iterator[Callable[[], float]]:
     """A `celery worker` subprocess of the plain app (bench/plain_celery.py: Celery's defaults, late acks,
-    prefetch 1, nothing of stepq), threads pool, concurrency 1, on its own queue. Yields its CPU clock."""
+    prefetch 1, nothing of stepq), threads pool, on its own queue. Yields its CPU clock."""
     from bench.plain_celery import plain_queue
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
     env.update(STEPQ_BENCH_PLAIN_REDIS_URL=redis_url, STEPQ_BENCH_PLAIN_PREFIX=prefix, PYTHONPATH=str(ROOT))
     cmd = [
         sys.executable, "-m", "celery", "-A", "bench.plain_celery", "worker",
-        "--pool=threads", "--concurrency=1", "--loglevel=ERROR", "-Q", plain_queue(prefix),
+        "--pool=threads", f"--concurrency={concurrency}", "--loglevel=ERROR", "-Q", plain_queue(prefix),
         "--without-gossip", "--without-mingle", "--without-heartbeat", f"--hostname={prefix}-plain@%h",
     ]  # fmt: skip
     with tempfile.NamedTemporaryFile(prefix=f"{prefix}-plain-worker-", suffix=".log", delete=False) as log:

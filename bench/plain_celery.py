@@ -5,19 +5,27 @@ compared with, so a cost added to the worker's Celery setup (in `bench.celery_ap
 shows up against it. The one extra setting is the broker's `global_keyprefix`, which only names the
 broker's keys under the run's prefix (so runs can share a Redis and the run can delete its keys).
 
+Two tasks: `noop`, the hop `bench.step_overhead` compares a step with, and `stream`, the Anthropic SDK called
+from a plain task that publishes each text delta on Redis pub/sub as it arrives (no store, no lease, no
+coalescing): the least a Celery-based streaming design does, which `bench.provider_ttfc` times beside a stepq
+turn and the SDK called directly.
+
 `celery -A bench.plain_celery worker` builds the app from `STEPQ_BENCH_PLAIN_{REDIS_URL,PREFIX}`; the
 benchmark process builds the same app with `build_plain_app` to send the first task.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
+import anthropic
 import redis
 from celery import Celery
 
 PLAIN_NOOP = "bench.plain.noop"
+PLAIN_STREAM = "bench.plain.stream"
 
 
 def plain_queue(prefix: str) -> str:
@@ -26,6 +34,11 @@ def plain_queue(prefix: str) -> str:
 
 def plain_done_key(prefix: str, run_id: str) -> str:
     return f"{prefix}:bench:plain-done:{run_id}"
+
+
+def plain_channel(prefix: str, run_id: str) -> str:
+    """Where the `stream` task publishes: the pattern `{prefix}:turn:*:ch` a stepq turn's events match too."""
+    return f"{prefix}:turn:{run_id}:ch"
 
 
 def build_plain_app(redis_url: str, prefix: str) -> Celery:
@@ -45,6 +58,28 @@ def build_plain_app(redis_url: str, prefix: str) -> Celery:
             app.send_task(PLAIN_NOOP, args=[run_id, remaining - 1], queue=queue)
         else:
             done.rpush(plain_done_key(prefix, run_id), "done")
+
+    sdk: list[anthropic.Anthropic] = []  # built on the first call, from ANTHROPIC_BASE_URL / _API_KEY
+
+    @app.task(name=PLAIN_STREAM)
+    def stream(run_id: str, prompt: str) -> None:
+        """Stream one answer: PUBLISH each text delta as it arrives, then a `turn-finish`."""
+        if not sdk:
+            sdk.append(anthropic.Anthropic(max_retries=0))
+        channel = plain_channel(prefix, run_id)
+        with sdk[0].messages.create(
+            model="claude-bench",
+            max_tokens=1024,
+            system="benchmark",
+            messages=[{"role": "user", "content": prompt}],
+            stream=True,
+        ) as events:
+            for event in events:
+                if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                    done.publish(
+                        channel, json.dumps({"type": "text-delta", "turn_id": run_id, "delta": event.delta.text})
+                    )
+        done.publish(channel, json.dumps({"type": "turn-finish", "turn_id": run_id}))
 
     return app
 
