@@ -514,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--pool",
         default="threads",
         choices=["threads", "gevent", "prefork", "solo"],
-        help="Celery pool (default: threads; gevent for hundreds of concurrent streaming steps per process)",
+        help="Celery pool (default: threads, whose one event loop reads every provider stream of the process)",
     )
     p.add_argument("--concurrency", type=int, default=32, help="concurrent steps (default: 32)")
     p.add_argument("--queues", help="comma-separated queues (default: STEPQ_QUEUE and STEPQ_QUEUE.batch)")
