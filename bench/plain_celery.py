@@ -76,9 +76,8 @@ def build_plain_app(redis_url: str, prefix: str) -> Celery:
         ) as events:
             for event in events:
                 if event.type == "content_block_delta" and event.delta.type == "text_delta":
-                    done.publish(
-                        channel, json.dumps({"type": "text-delta", "turn_id": run_id, "delta": event.delta.text})
-                    )
+                    delta = {"type": "text-delta", "turn_id": run_id, "data": {"text": event.delta.text}}
+                    done.publish(channel, json.dumps(delta))
         done.publish(channel, json.dumps({"type": "turn-finish", "turn_id": run_id}))
 
     return app

@@ -44,7 +44,7 @@ from bench._common import (
     table,
     unique_prefix,
 )
-from bench.fake_upstream import Script, running_upstream, sdk_env, stepq_worker
+from bench.fake_upstream import Script, running_upstream, sdk_env, stamps, stepq_worker
 from bench.plain_celery import PLAIN_STREAM, build_plain_app, plain_queue
 from stepq.models import TurnStatus
 from stepq.producer.client import Client
@@ -66,6 +66,7 @@ class FirstChunks:
         self._cond = threading.Condition()
         self.step_start: dict[str, float] = {}
         self.first_delta: dict[str, float] = {}
+        self.first_written: dict[str, float] = {}  # seconds from the fake's write of that first delta
         self.finished: set[str] = set()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="ttfc-subscriber", daemon=True)
@@ -76,7 +77,7 @@ class FirstChunks:
             message = self._pubsub.get_message(timeout=0.5)
             if message is None:
                 continue
-            received = time.perf_counter()
+            received, received_wall = time.perf_counter(), time.time()
             event = json.loads(message["data"])
             kind, turn_id = event["type"], event["turn_id"]
             with self._cond:
@@ -84,16 +85,18 @@ class FirstChunks:
                     self.step_start.setdefault(turn_id, received)
                 elif kind == "text-delta" and turn_id not in self.first_delta:
                     self.first_delta[turn_id] = received
+                    self.first_written[turn_id] = received_wall - stamps(event["data"]["text"])[0]
                     self._cond.notify_all()
                 elif kind == "turn-finish":
                     self.finished.add(turn_id)
                     self._cond.notify_all()
 
-    def wait_first_delta(self, turn_id: str, timeout: float) -> float:
+    def wait_first_delta(self, turn_id: str, timeout: float) -> tuple[float, float]:
+        """When the turn's first text delta arrived (perf_counter), and seconds since the fake wrote it."""
         with self._cond:
             if not self._cond.wait_for(lambda: turn_id in self.first_delta, timeout=timeout):
                 raise TimeoutError(f"no text-delta on turn {turn_id} within {timeout}s")
-            return self.first_delta[turn_id]
+            return self.first_delta[turn_id], self.first_written[turn_id]
 
     def wait_finished(self, turn_id: str, timeout: float) -> None:
         with self._cond:
@@ -112,7 +115,7 @@ def stepq_turn(client: Client, sub: FirstChunks, timeout: float) -> dict[str, fl
     started, started_wall = time.perf_counter(), time.time()
     handle = client.submit(AGENT, prompt=PROMPT)
     submitted = time.perf_counter()
-    first = sub.wait_first_delta(handle.turn_id, timeout)
+    first, from_write = sub.wait_first_delta(handle.turn_id, timeout)
     result = handle.wait(timeout=timeout)  # drain: the next turn starts on an idle worker
     if result.status != TurnStatus.COMPLETED:
         raise RuntimeError(f"turn {handle.turn_id} ended {result.status.value}: {result.error}")
@@ -124,17 +127,19 @@ def stepq_turn(client: Client, sub: FirstChunks, timeout: float) -> dict[str, fl
         "began": began - started_wall,
         "step_start": sub.step_start[handle.turn_id] - started,
         "first": first - started,
+        "from_write": from_write,
     }
 
 
-def plain_turn(app: Celery, queue: str, sub: FirstChunks, n: int, timeout: float) -> float:
-    """One plain Celery streaming task: seconds from send_task to its first published text delta."""
+def plain_turn(app: Celery, queue: str, sub: FirstChunks, n: int, timeout: float) -> tuple[float, float]:
+    """One plain Celery streaming task: seconds from send_task to its first published text delta, and from
+    the fake's write of that delta to its arrival."""
     run_id = f"plain-{n}"
     started = time.perf_counter()
     app.send_task(PLAIN_STREAM, args=[run_id, PROMPT], queue=queue)
-    first = sub.wait_first_delta(run_id, timeout)
+    first, from_write = sub.wait_first_delta(run_id, timeout)
     sub.wait_finished(run_id, timeout)  # drain: the next call starts on an idle worker
-    return first - started
+    return first - started, from_write
 
 
 def verdict(direct_p50_s: float, stepq_p50_s: float) -> tuple[bool, str]:
@@ -147,10 +152,11 @@ def verdict(direct_p50_s: float, stepq_p50_s: float) -> tuple[bool, str]:
     )
 
 
-def direct_call(sdk: anthropic.Anthropic) -> float:
-    """Seconds from messages.create(stream=True) to the first content_block_delta; the stream is drained."""
+def direct_call(sdk: anthropic.Anthropic) -> tuple[float, float]:
+    """Seconds from messages.create(stream=True) to the first text delta, and from the fake's write of that
+    delta to its arrival; the stream is drained."""
     started = time.perf_counter()
-    first = None
+    first = from_write = None
     with sdk.messages.create(
         model="claude-bench",
         max_tokens=1024,
@@ -159,11 +165,11 @@ def direct_call(sdk: anthropic.Anthropic) -> float:
         stream=True,
     ) as events:
         for event in events:
-            if first is None and event.type == "content_block_delta":
-                first = time.perf_counter() - started
-    if first is None:
-        raise RuntimeError("the direct stream had no content_block_delta")
-    return first
+            if first is None and event.type == "content_block_delta" and event.delta.type == "text_delta":
+                first, from_write = time.perf_counter() - started, time.time() - stamps(event.delta.text)[0]
+    if first is None or from_write is None:
+        raise RuntimeError("the direct stream had no text delta")
+    return first, from_write
 
 
 def ms(values: list[float], q: float) -> str:
@@ -210,15 +216,16 @@ def main(argv: list[str] | None = None) -> int:
                     direct_call(sdk)
                 upstream.stats()  # reset: count only the measured streams
                 stepq: list[dict[str, float]] = []
-                plain: list[float] = []
-                direct: list[float] = []
+                plain_runs: list[tuple[float, float]] = []
+                direct_runs: list[tuple[float, float]] = []
                 for n in range(args.turns):
                     stepq.append(stepq_turn(client, sub, args.timeout))
-                    plain.append(plain_turn(plain_app, queue, sub, n, args.timeout))
-                    direct.append(direct_call(sdk))
+                    plain_runs.append(plain_turn(plain_app, queue, sub, n, args.timeout))
+                    direct_runs.append(direct_call(sdk))
                 up = upstream.stats()
 
         first = [a["first"] for a in stepq]
+        plain, direct = [p[0] for p in plain_runs], [d[0] for d in direct_runs]
         rows = [
             [name, str(len(v)), ms(v, 50), ms(v, 95), ms(v, 0), ms(v, 100), f"{percentile(v, 50) / percentile(direct, 50):.2f}x",
              f"{(percentile(v, 50) - percentile(direct, 50)) * 1000:+.1f}"]
@@ -244,6 +251,17 @@ def main(argv: list[str] | None = None) -> int:
         ]  # fmt: skip
         print("\nstepq turn, from the submit call:")
         print(table(["milestone", "p50 ms", "p95 ms"], parts))
+        writes = [
+            [name, ms(v, 50), ms(v, 95)]
+            for name, v in (
+                ("direct SDK", [d[1] for d in direct_runs]),
+                ("plain Celery task", [p[1] for p in plain_runs]),
+                ("stepq turn", [a["from_write"] for a in stepq]),
+            )
+        ]
+        print("\nthe first delta, from the fake's write of it to its arrival (each side's time before that write is")
+        print("its way to the upstream plus the upstream's own first-event latency):")
+        print(table(["side", "p50 ms", "p95 ms"], writes))
         print(
             f"\nupstream: {up['streams']} measured streams, frame write lag p50 {up['lag_p50_ms']:.2f} ms / "
             f"p99 {up['lag_p99_ms']:.2f} ms / max {up['lag_max_ms']:.2f} ms (its own pacing accuracy)"
