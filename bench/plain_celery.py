@@ -22,6 +22,7 @@ from typing import Any
 
 import anthropic
 import redis
+from anthropic.types import RawMessageStreamEvent
 from celery import Celery
 
 PLAIN_NOOP = "bench.plain.noop"
@@ -39,6 +40,17 @@ def plain_done_key(prefix: str, run_id: str) -> str:
 def plain_channel(prefix: str, run_id: str) -> str:
     """Where the `stream` task publishes: the pattern `{prefix}:turn:*:ch` a stepq turn's events match too."""
     return f"{prefix}:turn:{run_id}:ch"
+
+
+def open_answer_stream(sdk: anthropic.Anthropic, prompt: str) -> anthropic.Stream[RawMessageStreamEvent]:
+    """The streamed Messages request the SDK sides of `bench.provider_ttfc` make (the plain task, the direct call)."""
+    return sdk.messages.create(
+        model="claude-bench",
+        max_tokens=1024,
+        system="benchmark",
+        messages=[{"role": "user", "content": prompt}],
+        stream=True,
+    )
 
 
 def build_plain_app(redis_url: str, prefix: str) -> Celery:
@@ -67,13 +79,7 @@ def build_plain_app(redis_url: str, prefix: str) -> Celery:
         if not sdk:
             sdk.append(anthropic.Anthropic(max_retries=0))
         channel = plain_channel(prefix, run_id)
-        with sdk[0].messages.create(
-            model="claude-bench",
-            max_tokens=1024,
-            system="benchmark",
-            messages=[{"role": "user", "content": prompt}],
-            stream=True,
-        ) as events:
+        with open_answer_stream(sdk[0], prompt) as events:
             for event in events:
                 if event.type == "content_block_delta" and event.delta.type == "text_delta":
                     delta = {"type": "text-delta", "turn_id": run_id, "data": {"text": event.delta.text}}

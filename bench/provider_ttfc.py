@@ -45,7 +45,7 @@ from bench._common import (
     unique_prefix,
 )
 from bench.fake_upstream import Script, running_upstream, sdk_env, stamps, stepq_worker
-from bench.plain_celery import PLAIN_STREAM, build_plain_app, plain_queue
+from bench.plain_celery import PLAIN_STREAM, build_plain_app, open_answer_stream, plain_queue
 from stepq.models import TurnStatus
 from stepq.producer.client import Client
 
@@ -157,13 +157,7 @@ def direct_call(sdk: anthropic.Anthropic) -> tuple[float, float]:
     delta to its arrival; the stream is drained."""
     started = time.perf_counter()
     first = from_write = None
-    with sdk.messages.create(
-        model="claude-bench",
-        max_tokens=1024,
-        system="benchmark",
-        messages=[{"role": "user", "content": PROMPT}],
-        stream=True,
-    ) as events:
+    with open_answer_stream(sdk, PROMPT) as events:
         for event in events:
             if first is None and event.type == "content_block_delta" and event.delta.type == "text_delta":
                 first, from_write = time.perf_counter() - started, time.time() - stamps(event.delta.text)[0]
