@@ -33,11 +33,20 @@ from stepq.errors import (
     TurnNotFoundError,
     WaitTimeoutError,
 )
-from stepq.fleet import broker_clients
-from stepq.fleet.protocol import APPROVE, RUN_STEP, celery_config, queue_for, run_step_message
+from stepq.fleet import broker_capture, broker_clients
+from stepq.fleet.protocol import (
+    APPROVE,
+    RUN_STEP,
+    broker_is_store,
+    celery_config,
+    queue_for,
+    run_step_message,
+    send_options,
+)
 from stepq.fleet.runtime import Runtime, get_runtime
 from stepq.logging import redact_url
 from stepq.models import Event, EventType, Policy, TurnResult, TurnState
+from stepq.store.broker_push import BrokerPush
 from stepq.store.connection import ever_reached
 from stepq.turns import client_results as client_tools
 from stepq.turns import listings, threads, trace_context
@@ -177,6 +186,9 @@ class Client:
         with store_outage(self.settings):  # a cluster client connects as it is built
             self.runtime: Runtime = get_runtime(self.settings)
         self._celery: Celery | None = None
+        # the create script pushes a new turn's first message itself: one round trip, no turn without its message
+        self._push_with_turn = broker_is_store(self.settings) and broker_capture.install()
+        self._sent_once = False  # a send went through: kombu's channel is open, so a captured send needs no I/O
         self._worker_lock = threading.Lock()
         self._holds_worker = False
 
@@ -214,7 +226,28 @@ class Client:
 
     def _send_step(self, turn_id: str, step: int, priority: str) -> None:
         self._ensure_worker()
-        self.celery.send_task(RUN_STEP, queue=queue_for(self.settings, priority), **run_step_message(turn_id, step))
+        options = {**send_options(self.settings), **run_step_message(turn_id, step)}
+        self.celery.send_task(RUN_STEP, queue=queue_for(self.settings, priority), **options)
+        self._sent_once = True
+
+    def _first_step(self, pushes: list[BrokerPush], state: TurnState) -> BrokerPush | None:
+        """Step 0's message as Celery would send it, taken instead of sent, for the create script to push (and
+        noted in `pushes`). None before this client's first send (which opens kombu's channel, connecting and
+        retrying through an outage), whenever a channel cannot open and for a send kombu did not hand over: then
+        the caller stores the turn and sends it as on any broker (a Redis that is down raises the store's error,
+        within the store's window)."""
+        if not self._sent_once:
+            return None
+        options = {**send_options(self.settings), **run_step_message(state.turn_id, 0), "retry": False}
+        try:
+            with broker_capture.captured() as taken:
+                self.celery.send_task(RUN_STEP, queue=queue_for(self.settings, state.priority), **options)
+        except (BrokerConnectionError, broker_capture.NotCaptured):
+            return None
+        if len(taken) != 1:  # none: kombu sent it itself, before the turn exists; the send after the store is the one
+            return None
+        pushes.append(taken[0])
+        return taken[0]
 
     def _check_served(self, turn_id: str, unserved_since: list[float]) -> None:
         """Embedded mode: raise NoWorkerError once no worker has existed here for NO_WORKER_AFTER_S.
@@ -289,6 +322,7 @@ class Client:
         Raises SubmitError (UnknownAgentError, MissingFeaturesError, OverrideError, …) naming the
         problem; nothing is stored then.
         """
+        pushes: list[BrokerPush] = []  # the first step's message, when the create script pushed it
         state, created = create_turn(
             self.runtime,
             agent,
@@ -307,8 +341,11 @@ class Client:
             traceparent=traceparent or trace_context.current(),
             context=context,
             defer_tools=defer_tools,
+            first_step=functools.partial(self._first_step, pushes) if self._push_with_turn else None,
         )
-        if created or (
+        if created and pushes:
+            pass  # the create script pushed its first step's message (and marked a keyed turn dispatched)
+        elif created or (
             idempotency_key is not None
             and not state.status.terminal
             and self.runtime.turns.never_dispatched(state.turn_id)

@@ -506,8 +506,9 @@ def test_a_tool_step_under_a_tenant_quota_adds_a_command_not_a_round_trip(costs_
 
 def test_storing_a_turn_with_its_turn_start_is_one_round_trip(costs_rt, counter, prefix):
     """The create script writes the turn's `turn-start` itself (only if it stores the turn), in the MULTI
-    with the tenant listing's update: the time to a turn's first chunk starts with one trip, then the
-    broker's. A repeated idempotency key stores nothing and announces nothing."""
+    with the tenant listing's update: the time to a turn's first chunk starts with this one trip (a Client on a
+    Redis broker pushes the first step's message in it too: tests/test_broker_capture.py). A repeated
+    idempotency key stores nothing and announces nothing."""
     warm, _ = create_turn(costs_rt, "cost.plain", prompt="go", metadata={"prefix": prefix})
     counter.active = True
     state, created = create_turn(costs_rt, "cost.plain", prompt="go", idempotency_key="k1", metadata={"prefix": prefix})

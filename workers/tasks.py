@@ -29,6 +29,7 @@ from stepq.fleet.protocol import (
     SWEEP,
     queue_for,
     run_step_message,
+    send_options,
 )
 from stepq.fleet.runtime import Runtime, get_runtime
 from stepq.logging import log_context
@@ -61,8 +62,9 @@ def _enqueue_step(
     queue: str = "",
 ) -> None:
     """Send a step: to its priority's queue, or to `queue` (a turn pinned to an older agent definition)."""
-    queue = queue or queue_for(_settings(task), priority)
-    task.app.send_task(RUN_STEP, countdown=countdown, queue=queue, **run_step_message(turn_id, step, attempt))
+    settings = _settings(task)
+    options = {**send_options(settings), **run_step_message(turn_id, step, attempt)}
+    task.app.send_task(RUN_STEP, countdown=countdown, queue=queue or queue_for(settings, priority), **options)
     _runtime(task).turns.mark_sent(turn_id, step)  # a crash before this line is found by the sweeper
 
 

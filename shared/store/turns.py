@@ -25,6 +25,7 @@ from pydantic import TypeAdapter
 from redis.commands.core import Script
 
 from stepq.models import Message, StepOutput, StepTrace, TurnState, TurnStatus
+from stepq.store.broker_push import BrokerPush
 from stepq.store.events import Announcement
 from stepq.store.indexes import ACTIVE, AWAITING, RUNNING, SweepIndexes, on_awaiting_list
 from stepq.store.keys import Keys, home, idempotency_home
@@ -33,10 +34,12 @@ from stepq.store.pipelines import run_scripts
 
 # KEYS: idempotency key (or KEYS[6]), turn, version, messages, sent-step, the turn's `absent` (names no key),
 #       its `active` shard, the batch's counted turns, the batch record (each of the last three: or KEYS[6]), then,
-#       when an event is announced, the turn's seq, events and channel
+#       when an event is announced, the turn's seq, events and channel, then, when the first step's message is
+#       pushed, the broker queue's list and the turn's dispatched marker (or KEYS[6])
 # ARGV: state json, turn id, ttl, index score, sent step ('0', or '-1' when the caller records the send),
 #       #messages, messages..., then, to announce an event only if this stores the turn (its `turn-start`): the
-#       event log's maxlen and the event's body (as the event publish script's)
+#       event log's maxlen and the event's body (as the event publish script's), then the first step's broker
+#       message, pushed only if this stores the turn (single Redis only: the broker's list is in no turn's slot)
 # The idempotency key shares the turn's home, so one slot; on a cluster the shard and the batch's keys are in
 # other slots, passed as KEYS[6] and updated around the script. A batch turn counts once in `created`, however
 # often its submit is repeated (a submitter that died between storing a turn and counting it is counted later).
@@ -67,6 +70,10 @@ if #ARGV > last then
   local payload = '{"seq":' .. seq .. ',' .. ARGV[last + 2]
   redis.call('XADD', KEYS[11], 'MAXLEN', '~', ARGV[last + 1], seq .. '-0', 'e', payload)
   redis.call('PUBLISH', KEYS[12], payload)
+end
+if #KEYS > 12 then
+  redis.call('LPUSH', KEYS[13], ARGV[last + 3])
+  if KEYS[14] ~= KEYS[6] then redis.call('SET', KEYS[14], '1', 'EX', ARGV[3]) end
 end
 return ''
 """
@@ -254,10 +261,14 @@ class TurnStore:
         batch_id: str | None = None,
         sent: bool = True,
         announce: Announcement | None = None,
+        push: BrokerPush | None = None,
     ) -> str | None:
         """Store a new turn. Returns the existing turn id when the idempotency key was used before.
         `announce` (its `turn-start`, from `EventLog.announcement`) is written by the same script, only if it
         stores the turn: a submit costs no round trip for it, and a repeated key announces nothing.
+        `push` (its first step's message, on a broker that is this Redis; needs `announce`) is pushed by the
+        script too, only if it stores the turn, and marks the turn dispatched: no send, and no stored turn
+        without its message.
 
         The turn is on the sweeper's `active` list from then on (on a cluster, put there first: a submitter
         dying right after storing it leaves a turn the sweeper finds). `sent=False`: step 0 counts as not sent
@@ -296,6 +307,11 @@ class TurnStore:
         if announce is not None:
             create_keys += [k.seq(state.turn_id), k.events(state.turn_id), announce.channel]
             create_args += [announce.maxlen, announce.body]
+        if push is not None:
+            if announce is None or separate:
+                raise ValueError("a turn's first message is pushed with its turn-start, on a single Redis only")
+            create_keys += [push.key, k.dispatched(state.turn_id) if idempotency_key else absent]
+            create_args.append(push.message)
         if separate:
             existing = self._create(keys=create_keys, args=create_args)
         else:  # single Redis: the turn and its listing in one MULTI (the listing only if this stored the turn)

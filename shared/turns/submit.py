@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -50,6 +50,7 @@ from stepq.policy.resolution import (
 )
 from stepq.providers.registry import choose_model, model_layer, resolve_model
 from stepq.store import quotas
+from stepq.store.broker_push import BrokerPush
 from stepq.store.keys import idempotency_home
 from stepq.turns import attachments as files
 from stepq.turns import trace_context
@@ -467,9 +468,12 @@ def create_turn(
     traceparent: str | None = None,
     context: Any = None,
     defer_tools: bool = False,
+    first_step: Callable[[TurnState], BrokerPush | None] | None = None,
 ) -> tuple[TurnState, bool]:
     """Validate and store a turn. Returns (state, created); created is False for a repeated key.
-    `sent=False`: the caller records its send of step 0 (`mark_sent`); until then the sweeper sends it."""
+    `sent=False`: the caller records its send of step 0 (`mark_sent`); until then the sweeper sends it.
+    `first_step`: the validated turn's step-0 message for a broker that is this Redis (or None): the store
+    pushes it with the turn, only if it stores it; the caller sends nothing then."""
     agent, state = new_turn_state(
         rt,
         agent_id,
@@ -490,6 +494,7 @@ def create_turn(
         defer_tools=defer_tools,
     )
     batch_id = state.metadata.get("batch_id")
+    push = first_step(state) if first_step is not None else None
     files.upload(state._objects)
     rt.turns.store_files(state)
     start = {"agent": agent.id, "provider": state.provider, "model": state.model, "mode": agent.execution_mode}
@@ -499,6 +504,7 @@ def create_turn(
         batch_id if isinstance(batch_id, str) else None,
         sent=sent,
         announce=rt.events.announcement(state.turn_id, EventType.TURN_START, 0, start),
+        push=push,
     )
     rt.turns.files_stored(state, kept=not existing)
     if existing:
