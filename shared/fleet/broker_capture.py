@@ -20,13 +20,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepq.errors import StepqError
 from stepq.store.broker_push import BrokerPush
 
 _local = threading.local()
 _installed = False
 
 
-class NotCaptured(Exception):
+class NotCaptured(StepqError):
     """A send needed more than LPUSHes (a queue declared with `x-expires`, which stepq's queues are not): nothing
     was sent, and the caller sends it the usual way."""
 
