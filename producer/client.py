@@ -536,6 +536,7 @@ class Client:
         context (validated against the agent's `context_schema`; each turn of a thread carries its own), as
         for submit."""
         self._settle_thread(thread_id)
+        pushes: list[BrokerPush] = []  # the first step's message, when the thread's script pushed it
         continued = threads.continue_thread(
             self.runtime,
             thread_id,
@@ -549,6 +550,7 @@ class Client:
             caller_policy=policy,
             traceparent=traceparent or trace_context.current(),
             context=context,
+            first_step=functools.partial(self._first_step, pushes) if self._push_with_turn else None,
         )
         for turn_id in continued.send:
             self._send_step(turn_id, 0, continued.state.priority)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,9 +23,9 @@ import redis
 from celery.contrib.testing.worker import start_worker
 
 from stepq.config.settings import Settings
-from stepq.errors import StoreUnavailableError
+from stepq.errors import StoreUnavailableError, ThreadBusyError
 from stepq.fleet.protocol import RUN_STEP, run_step_message, send_options, worker_queues
-from stepq.models import TurnStatus
+from stepq.models import EventType, TurnStatus
 from stepq.producer.client import Client
 from stepq.store.keys import Keys
 from tests.conftest import AMQP_URL, REDIS_URL, make_settings
@@ -192,3 +193,67 @@ def test_only_a_redis_broker_skips_the_declare() -> None:
     assert (
         send_options(make_settings("p", broker_url=AMQP_URL)) == {}
     )  # RabbitMQ drops a message to an undeclared queue
+
+
+# --------------------------------------------------------------------------- a thread's next turn (the chat path)
+
+
+def _listed(client: Client, tenant: str = "") -> list[str]:
+    return client.runtime.listings.turn_page(tenant, time.time() + 1).ids
+
+
+def test_a_thread_turn_is_one_write_trip_that_announces_lists_and_pushes(prefix: str) -> None:
+    """continue_thread (the AI SDK chat endpoint's path): the thread's reads, then one MULTI: the thread's script
+    stores the turn, writes its `turn-start` and pushes its first message; the listing rides in the same MULTI."""
+    client, _ = warm_client(make_settings(prefix), prefix)
+    thread = client.create_thread("eng.simple", metadata={"prefix": prefix})
+    with trips_of_this_thread() as trips:
+        handle = client.continue_thread(thread.thread_id, prompt="hi")
+    assert trips == [
+        ["HGET"],  # the thread's finished turn, if one waits to be folded in (settle)
+        ["MULTI", "HGETALL", "LRANGE", "LRANGE", "LRANGE", "EXEC"],  # the thread, to validate against
+        ["MULTI", "EVALSHA", "EVALSHA", "EXEC"],  # the thread's script and the listing
+    ]
+    assert _args(_queued(client.settings)[0]) == [handle.turn_id, 0]
+    (start,) = client.runtime.events.read(handle.turn_id)
+    assert start.type == EventType.TURN_START and start.data["thread_id"] == thread.thread_id
+    assert handle.turn_id in _listed(client)
+
+
+def test_a_refused_or_waiting_thread_turn_pushes_nothing(prefix: str) -> None:
+    """Busy under `reject`: nothing stored, announced, listed or pushed. Queued behind the running turn under
+    `enqueue`: stored, announced and listed, but its message waits for the running turn's finish."""
+    client, _ = warm_client(make_settings(prefix), prefix)
+    thread = client.create_thread("eng.simple", metadata={"prefix": prefix})
+    running = client.continue_thread(thread.thread_id, prompt="first")  # no worker: it stays the running turn
+    queued_before = len(_queued(client.settings))
+    with pytest.raises(ThreadBusyError):
+        client.continue_thread(thread.thread_id, prompt="refused")
+    waiting = client.continue_thread(thread.thread_id, prompt="second", multitask="enqueue")
+    assert len(_queued(client.settings)) == queued_before  # neither pushed a message
+    assert [e.type for e in client.runtime.events.read(waiting.turn_id)] == [EventType.TURN_START]
+    assert {running.turn_id, waiting.turn_id} <= set(_listed(client))
+    assert len(_listed(client)) == 3  # the warm-up turn and these two: the refused one was never listed
+
+
+def test_a_listing_that_ran_ahead_of_a_lost_script_is_written_after_it() -> None:
+    """After a restart the script cache is empty, and a worker's commit may load the listing's script before
+    the next submit: in the MULTI the store's script then fails (NOSCRIPT) while the listing, version-checked,
+    finds no turn and does nothing; the script runs again alone, and so must the listing, or the turn never
+    appears in its tenant's listing."""
+    server = RedisServer()
+    try:
+        settings = Settings(redis_url=server.url, key_prefix="capture-noscript", agent_modules=["tests.agents_engine"])
+        client = Client(settings)
+        client.submit("eng.simple", prompt="warm")
+        thread = client.create_thread("eng.simple")
+        listing_script = client.runtime.listings.turn_script.script
+        server.client().script_flush()
+        server.client().script_load(listing_script)  # as a worker's first commit after the restart does
+        submitted = client.submit("eng.simple", prompt="after the flush")
+        server.client().script_flush()
+        server.client().script_load(listing_script)
+        continued = client.continue_thread(thread.thread_id, prompt="after the flush")
+        assert {submitted.turn_id, continued.turn_id} <= set(_listed(client))
+    finally:
+        server.close()

@@ -17,10 +17,14 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis
+from redis.commands.core import Script
 
+from stepq.store.broker_push import BrokerPush
+from stepq.store.events import Announcement
 from stepq.store.indexes import ACTIVE, SweepIndexes
 from stepq.store.keys import Keys
 from stepq.store.listings import THREAD_IN_SCRIPT, ListingStore
+from stepq.store.pipelines import run_scripts
 
 # KEYS: thread, transcript, turns, queue
 #       [, the tenant's `threads` listing: single Redis only (each script below likewise)]
@@ -37,8 +41,12 @@ return 1
 )
 
 # KEYS: thread, transcript, turns, queue, turn, turn version, turn messages, the turn's thread input, the turn's
-#       `active` shard, the turn's `absent` key (KEYS[9] is it on a cluster: the shard is listed around the script)
-# ARGV: policy, turn id, turn state json, now, ttl, new messages...
+#       `active` shard, the turn's `absent` key (KEYS[9] is it on a cluster: the shard is listed around the script),
+#       the tenant's `threads` listing (single Redis; else KEYS[10]), the thread's files, the turn's seq, events and
+#       channel, the broker queue's list (single Redis, a first message to push; else KEYS[10])
+# ARGV: policy, turn id, turn state json, now, ttl, the event log's maxlen, the `turn-start` event's body (written
+#       only if the turn is stored), the first step's broker message (pushed only if the turn starts now), new
+#       messages...
 _SUBMIT = (
     THREAD_IN_SCRIPT
     + """
@@ -52,19 +60,25 @@ local outcome
 if running == '' then
   local transcript = redis.call('LRANGE', KEYS[2], 0, -1)
   for i = 1, #transcript do redis.call('RPUSH', KEYS[7], transcript[i]) end
-  for i = 6, #ARGV do redis.call('RPUSH', KEYS[7], ARGV[i]) end
+  for i = 9, #ARGV do redis.call('RPUSH', KEYS[7], ARGV[i]) end
   redis.call('HSET', KEYS[1], 'running', ARGV[2], 'base', #transcript)
   if KEYS[9] ~= KEYS[10] then redis.call('ZADD', KEYS[9], ARGV[4], ARGV[2]) end
   outcome = 'started'
 else
-  for i = 6, #ARGV do redis.call('RPUSH', KEYS[8], ARGV[i]) end
+  for i = 9, #ARGV do redis.call('RPUSH', KEYS[8], ARGV[i]) end
   redis.call('EXPIRE', KEYS[8], ARGV[5])
   if ARGV[1] == 'interrupt' then redis.call('LPUSH', KEYS[4], ARGV[2]) else redis.call('RPUSH', KEYS[4], ARGV[2]) end
   outcome = 'queued'
 end
 redis.call('HSET', KEYS[1], 'updated_at', ARGV[4])
 for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ARGV[5]) end
-if KEYS[11] then list_thread(KEYS[11], string.match(KEYS[1], '([^:]+)$'), ARGV[4], ARGV[5]) end
+redis.call('EXPIRE', KEYS[12], ARGV[5])  -- the thread's files live as long as its transcript
+if KEYS[11] ~= KEYS[10] then list_thread(KEYS[11], string.match(KEYS[1], '([^:]+)$'), ARGV[4], ARGV[5]) end
+local seq = redis.call('INCR', KEYS[13])
+local payload = '{"seq":' .. seq .. ',' .. ARGV[7]
+redis.call('XADD', KEYS[14], 'MAXLEN', '~', ARGV[6], seq .. '-0', 'e', payload)
+redis.call('PUBLISH', KEYS[15], payload)
+if outcome == 'started' and KEYS[16] ~= KEYS[10] then redis.call('LPUSH', KEYS[16], ARGV[8]) end
 return {outcome, running}
 """
 )
@@ -200,27 +214,58 @@ class ThreadStore:
         policy: str,
         messages: list[str],
         now: float,
+        announce: Announcement,
         tenant: str = "",
+        push: BrokerPush | None = None,
+        listing: tuple[Script, list[str], list[Any]] | None = None,
     ) -> tuple[str, str | None]:
         """Store a turn of the thread under `policy`. Returns (outcome, the turn running before it):
-        outcome is `started`, `queued`, `busy` (refused under `reject`) or `missing` (no such thread)."""
+        outcome is `started`, `queued`, `busy` (refused under `reject`) or `missing` (no such thread).
+        A stored turn's `turn-start` (`announce`) is written by the script itself, and so is its first step's
+        message (`push`, single Redis only) if the turn starts now; `listing` (the turn's listing write, checked
+        against its version 0, single Redis only) goes in the same MULTI, taking only if the turn was stored."""
         k = self.keys
         separate = self.indexes.separate
+        if separate and (push is not None or listing is not None):
+            raise ValueError("a thread turn's message and listing go with its script on a single Redis only")
+        absent = k.absent(turn_id)
         keys = [
             *self._thread_keys(thread_id),
             k.turn(turn_id),
             k.version(turn_id),
             k.messages(turn_id),
             k.thread_input(turn_id),
-            k.absent(turn_id) if separate else self.indexes.key(ACTIVE, turn_id),
-            k.absent(turn_id),
-            *self._listed(tenant),
+            absent if separate else self.indexes.key(ACTIVE, turn_id),
+            absent,
+            *(self._listed(tenant) or [absent]),
+            k.thread_files(thread_id),
+            k.seq(turn_id),
+            k.events(turn_id),
+            announce.channel,
+            push.key if push is not None else absent,
+        ]
+        args: list[Any] = [
+            policy,
+            turn_id,
+            state_json,
+            now,
+            self.ttl_s,
+            announce.maxlen,
+            announce.body,
+            push.message if push else "",
         ]
         # on a cluster: on the sweeper's list before it may start (a submitter dying next leaves it findable); off
         # again if it waits behind the running turn or was refused, unless a finishing turn started it meanwhile
         # (that moved the entry's score; the sweeper also drops a waiting turn it finds there)
         added = separate and self.indexes.add(ACTIVE, turn_id, now, only_new=True)
-        outcome, running = self._submit(keys=keys, args=[policy, turn_id, state_json, now, self.ttl_s, *messages])
+        if listing is None:
+            outcome, running = self._submit(keys=keys, args=[*args, *messages])
+        else:
+            pipe = self.client.pipeline(transaction=True)
+            (outcome, running), listed = run_scripts(pipe, [(self._submit, keys, [*args, *messages]), listing])
+            if outcome in ("started", "queued") and not listed:  # ran ahead of a script the cache had lost
+                script, listing_keys, listing_args = listing
+                script(keys=listing_keys, args=listing_args)  # version-checked: a no-op once a worker committed
         if outcome != "started" and added:
             self.indexes.remove_if(ACTIVE, turn_id, now)
         if outcome in ("started", "queued"):

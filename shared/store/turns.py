@@ -316,8 +316,10 @@ class TurnStore:
             existing = self._create(keys=create_keys, args=create_args)
         else:  # single Redis: the turn and its listing in one MULTI (the listing only if this stored the turn)
             pipe = self.client.pipeline(transaction=True)
-            writes = [(self._create, create_keys, create_args), self.listings.turn_write(state, 0)]
-            existing = run_scripts(pipe, writes)[0]
+            listing = self.listings.turn_write(state, 0)
+            existing, listed = run_scripts(pipe, [(self._create, create_keys, create_args), listing])
+            if not existing and not listed:  # it ran ahead of a create the script cache had lost (a restart)
+                listing[0](keys=listing[1], args=listing[2])  # version-checked: a no-op once a worker committed
         if existing and separate:
             self.indexes.remove(ACTIVE, state.turn_id)  # the unused new id (the stored turn keeps its own entry)
         if not existing:

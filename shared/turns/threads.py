@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -29,6 +30,7 @@ from stepq.errors import SubmitError, ThreadBusyError, ThreadNotFoundError, Unkn
 from stepq.fleet.runtime import Runtime
 from stepq.models import EventType, Message, Policy, TurnState, TurnStatus
 from stepq.models import closed_transcript as well_formed  # a thread keeps every tool call answered
+from stepq.store.broker_push import BrokerPush
 from stepq.store.keys import home
 from stepq.turns.attachments import upload
 from stepq.turns.submit import new_turn_state
@@ -138,9 +140,12 @@ def continue_thread(
     caller_policy: Policy | dict[str, Any] | None = None,
     traceparent: str | None = None,
     context: Any = None,
+    first_step: Callable[[TurnState], BrokerPush | None] | None = None,
 ) -> Continued:
     """Store the thread's next turn (its input: the thread's transcript, then these messages).
 
+    `first_step`: the validated turn's step-0 message for a broker that is this Redis (or None, as in
+    create_turn): the thread's script pushes it if the turn starts now, and `Continued.send` is then empty.
     Raises ThreadNotFoundError (unknown, expired, or another tenant's), ThreadBusyError (a turn runs and
     `multitask` is `reject`), or a SubmitError for bad input; nothing is stored when it raises."""
     try:
@@ -175,6 +180,9 @@ def continue_thread(
     new_messages = [_MESSAGE.dump_json(m).decode() for m in state.messages]
     state.thread_id = thread_id
     state.messages = []  # the thread's transcript goes in front of the new messages when the turn starts
+    single = not rt.threads.indexes.separate  # on a cluster the tenant's listing is in another slot
+    start = {"agent": agent.id, "provider": state.provider, "model": state.model, "mode": agent.execution_mode}
+    push = first_step(state) if first_step is not None and single else None
     outcome, running = rt.threads.submit(
         thread_id,
         state.turn_id,
@@ -182,14 +190,15 @@ def continue_thread(
         policy.value,
         new_messages,
         time.time(),
+        rt.events.announcement(state.turn_id, EventType.TURN_START, 0, {**start, "thread_id": thread_id}),
         stored.tenant,
+        push=push,
+        listing=rt.turns.listings.turn_write(state, 0) if single else None,  # only if the script stored the turn
     )
-    if outcome in ("started", "queued"):
-        rt.turns.listings.list_turn(state)  # the tenant's listing is in another slot than the thread's turn
+    if outcome in ("started", "queued") and not single:
+        rt.turns.listings.list_turn(state)
     if outcome in ("missing", "busy"):
         rt.turns.drop_thread_files(thread_id, added)
-    else:
-        rt.turns.renew_thread_files(thread_id, ttl)
     if outcome == "missing":
         raise _not_found(thread_id)
     if outcome == "busy":
@@ -198,19 +207,7 @@ def continue_thread(
             "multitask='enqueue' (run after it) or 'interrupt' (cancel it and run this one)",
             running or "",
         )
-    rt.events.publish(
-        state.turn_id,
-        EventType.TURN_START,
-        0,
-        {
-            "agent": agent.id,
-            "provider": state.provider,
-            "model": state.model,
-            "mode": agent.execution_mode,
-            "thread_id": thread_id,
-        },
-    )
-    send = (state.turn_id,) if outcome == "started" else ()
+    send = (state.turn_id,) if outcome == "started" and push is None else ()  # else the script pushed it
     interrupt = running if policy is Multitask.INTERRUPT and outcome == "queued" else None
     return Continued(state, send, interrupt)
 
