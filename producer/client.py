@@ -535,7 +535,9 @@ class Client:
         with the thread, so later turns still see them. `policy` is the caller layer of the new turn and `context` its runtime
         context (validated against the agent's `context_schema`; each turn of a thread carries its own), as
         for submit."""
-        self._settle_thread(thread_id)
+        loaded, started = threads.settled(self.runtime, thread_id)  # as _settle_thread, reading the thread once
+        if started is not None:
+            self._send_step(started, 0, self.get(started).priority)
         pushes: list[BrokerPush] = []  # the first step's message, when the thread's script pushed it
         continued = threads.continue_thread(
             self.runtime,
@@ -551,6 +553,7 @@ class Client:
             traceparent=traceparent or trace_context.current(),
             context=context,
             first_step=functools.partial(self._first_step, pushes) if self._push_with_turn else None,
+            loaded=loaded,
         )
         for turn_id in continued.send:
             self._send_step(turn_id, 0, continued.state.priority)

@@ -203,15 +203,15 @@ def _listed(client: Client, tenant: str = "") -> list[str]:
 
 
 def test_a_thread_turn_is_one_write_trip_that_announces_lists_and_pushes(prefix: str) -> None:
-    """continue_thread (the AI SDK chat endpoint's path): the thread's reads, then one MULTI: the thread's script
-    stores the turn, writes its `turn-start` and pushes its first message; the listing rides in the same MULTI."""
+    """continue_thread (the AI SDK chat endpoint's path): the thread's one read (nothing to settle when no turn of
+    it runs), then one MULTI: the thread's script stores the turn, writes its `turn-start` and pushes its first
+    message; the listing rides in the same MULTI."""
     client, _ = warm_client(make_settings(prefix), prefix)
     thread = client.create_thread("eng.simple", metadata={"prefix": prefix})
     with trips_of_this_thread() as trips:
         handle = client.continue_thread(thread.thread_id, prompt="hi")
     assert trips == [
-        ["HGET"],  # the thread's finished turn, if one waits to be folded in (settle)
-        ["MULTI", "HGETALL", "LRANGE", "LRANGE", "LRANGE", "EXEC"],  # the thread, to validate against
+        ["MULTI", "HGETALL", "LRANGE", "LRANGE", "LRANGE", "EXEC"],  # the thread: no turn runs, none to settle
         ["MULTI", "EVALSHA", "EVALSHA", "EXEC"],  # the thread's script and the listing
     ]
     assert _args(_queued(client.settings)[0]) == [handle.turn_id, 0]

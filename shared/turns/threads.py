@@ -32,6 +32,7 @@ from stepq.models import EventType, Message, Policy, TurnState, TurnStatus
 from stepq.models import closed_transcript as well_formed  # a thread keeps every tool call answered
 from stepq.store.broker_push import BrokerPush
 from stepq.store.keys import home
+from stepq.store.threads import StoredThread
 from stepq.turns.attachments import upload
 from stepq.turns.submit import new_turn_state
 
@@ -141,18 +142,20 @@ def continue_thread(
     traceparent: str | None = None,
     context: Any = None,
     first_step: Callable[[TurnState], BrokerPush | None] | None = None,
+    loaded: StoredThread | None = None,
 ) -> Continued:
     """Store the thread's next turn (its input: the thread's transcript, then these messages).
 
     `first_step`: the validated turn's step-0 message for a broker that is this Redis (or None, as in
     create_turn): the thread's script pushes it if the turn starts now, and `Continued.send` is then empty.
+    `loaded`: the thread as just read (`settled`), instead of reading it again.
     Raises ThreadNotFoundError (unknown, expired, or another tenant's), ThreadBusyError (a turn runs and
     `multitask` is `reject`), or a SubmitError for bad input; nothing is stored when it raises."""
     try:
         policy = Multitask(multitask)
     except ValueError:
         raise SubmitError(f"multitask must be one of reject, enqueue, interrupt; not {multitask!r}") from None
-    stored = rt.threads.load(thread_id) if isinstance(thread_id, str) else None
+    stored = loaded or (rt.threads.load(thread_id) if isinstance(thread_id, str) else None)
     if stored is None or (tenant is not None and stored.tenant != tenant):
         raise _not_found(thread_id)
     if metadata is not None and not isinstance(metadata, dict):
@@ -225,12 +228,23 @@ def turn_finished(rt: Runtime, state: TurnState) -> str | None:
     )
 
 
-def settle(rt: Runtime, thread_id: str) -> str | None:
+def settled(rt: Runtime, thread_id: str) -> tuple[StoredThread | None, str | None]:
+    """The thread as stored once `settle` ran, and the waiting turn that started (to send): one read when no
+    turn of the thread runs (a chat's next message after its answer), for `continue_thread(loaded=...)`."""
+    stored = rt.threads.load(thread_id) if isinstance(thread_id, str) else None
+    if stored is None or stored.running is None:
+        return stored, None
+    started = settle(rt, thread_id, stored.running)
+    return rt.threads.load(thread_id), started
+
+
+def settle(rt: Runtime, thread_id: str, running: str | None = None) -> str | None:
     """Run the finish hook of the thread's running turn if that turn has ended (or expired) and the hook has
     not run: its worker is not there yet, or died right after committing the end. Returns the waiting turn
     this started, to send. Call it before `continue_thread`, so a caller that saw a turn end never finds the
-    thread busy with it."""
-    running = rt.threads.running(thread_id) if isinstance(thread_id, str) else None
+    thread busy with it. `running`: the running turn as just read (else read here)."""
+    if running is None:
+        running = rt.threads.running(thread_id) if isinstance(thread_id, str) else None
     if running is None:
         return None
     state = rt.turns.load(running)
