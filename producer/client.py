@@ -224,9 +224,10 @@ class Client:
                 embedded.acquire(self.settings)
                 self._holds_worker = True
 
-    def _send_step(self, turn_id: str, step: int, priority: str) -> None:
+    def _send_step(self, turn_id: str, step: int, priority: str, **options: Any) -> None:
+        """Send a run_step message (`options`: more of send_task's, e.g. `retry`)."""
         self._ensure_worker()
-        options = {**send_options(self.settings), **run_step_message(turn_id, step)}
+        options.update(send_options(self.settings), **run_step_message(turn_id, step))
         self.celery.send_task(RUN_STEP, queue=queue_for(self.settings, priority), **options)
         self._sent_once = True
 
@@ -238,10 +239,9 @@ class Client:
         within the store's window)."""
         if not self._sent_once:
             return None
-        options = {**send_options(self.settings), **run_step_message(state.turn_id, 0), "retry": False}
         try:
             with broker_capture.captured() as taken:
-                self.celery.send_task(RUN_STEP, queue=queue_for(self.settings, state.priority), **options)
+                self._send_step(state.turn_id, 0, state.priority, retry=False)  # nothing goes out to retry
         except (BrokerConnectionError, broker_capture.NotCaptured):
             return None
         if len(taken) != 1:  # none: kombu sent it itself, before the turn exists; the send after the store is the one
@@ -343,12 +343,14 @@ class Client:
             defer_tools=defer_tools,
             first_step=functools.partial(self._first_step, pushes) if self._push_with_turn else None,
         )
-        if created and pushes:
-            pass  # the create script pushed its first step's message (and marked a keyed turn dispatched)
-        elif created or (
-            idempotency_key is not None
-            and not state.status.terminal
-            and self.runtime.turns.never_dispatched(state.turn_id)
+        pushed = created and bool(pushes)  # by the create script, which also marked a keyed turn dispatched
+        if not pushed and (
+            created
+            or (
+                idempotency_key is not None
+                and not state.status.terminal
+                and self.runtime.turns.never_dispatched(state.turn_id)
+            )
         ):  # a submitter that died between storing the turn and sending it: this retry sends it
             self._send_step(state.turn_id, 0, state.priority)
             if idempotency_key is not None:  # only a keyed turn can be submitted again

@@ -30,24 +30,12 @@ from stepq.producer.client import Client
 from stepq.store.keys import Keys
 from tests.conftest import AMQP_URL, REDIS_URL, make_settings
 from tests.outage_helpers import RedisServer
+from tests.test_step_costs import _commands
 
 
 def _names(packed: Any) -> list[str]:
-    """The command names in what redis-py writes to a socket (RESP arrays of bulk strings)."""
-    parts = [packed] if isinstance(packed, str | bytes | memoryview) else packed
-    data = b"".join(p.encode() if isinstance(p, str) else bytes(p) for p in parts)
-    names, i = [], 0
-    while i < len(data):
-        end = data.index(b"\r\n", i)
-        count, i = int(data[i + 1 : end]), end + 2
-        args = []
-        for _ in range(count):
-            end = data.index(b"\r\n", i)
-            size = int(data[i + 1 : end])
-            args.append(data[end + 2 : end + 2 + size])
-            i = end + 2 + size + 2
-        names.append(args[0].decode().upper())
-    return names
+    """The command names in what redis-py writes to a socket."""
+    return [args[0].decode().upper() for args in _commands(packed)]
 
 
 @contextmanager

@@ -52,6 +52,29 @@ def run_scripts(
     return list(replies)
 
 
+def run_with_rider(
+    pipe: redis.client.Pipeline | ClusterPipeline,
+    write: tuple[Script, list[str], list[Any]],
+    rider: tuple[Script, list[str], list[Any]],
+) -> Any:
+    """`write`, then `rider` (a script that applies only if `write` took: a version-checked listing), in one round
+    trip; `write`'s reply. If the server's script cache had lost `write` (a restart), `rider` ran ahead of it, found
+    nothing and did nothing: it runs again once `write` has run alone."""
+    for script, keys, args in (write, rider):
+        queue_evalsha(pipe, script, keys, args)
+    reply, ridden = pipe.execute(raise_on_error=False)
+    rerun = isinstance(reply, redis.exceptions.NoScriptError)
+    if rerun:
+        reply = write[0](keys=write[1], args=write[2])
+    elif isinstance(reply, Exception):
+        raise reply
+    if rerun or isinstance(ridden, redis.exceptions.NoScriptError):
+        rider[0](keys=rider[1], args=rider[2])
+    elif isinstance(ridden, Exception):
+        raise ridden
+    return reply
+
+
 def evalsha_batch(client: redis.Redis, calls: list[tuple[Script, list[str], list[Any]]]) -> list[Any]:
     """EVALSHA calls in one round trip on a single Redis; each call's reply, or its error as the exception.
 
