@@ -222,26 +222,3 @@ def test_a_refused_or_waiting_thread_turn_pushes_nothing(prefix: str) -> None:
     assert [e.type for e in client.runtime.events.read(waiting.turn_id)] == [EventType.TURN_START]
     assert {running.turn_id, waiting.turn_id} <= set(_listed(client))
     assert len(_listed(client)) == 3  # the warm-up turn and these two: the refused one was never listed
-
-
-def test_a_listing_that_ran_ahead_of_a_lost_script_is_written_after_it() -> None:
-    """After a restart the script cache is empty, and a worker's commit may load the listing's script before
-    the next submit: in the MULTI the store's script then fails (NOSCRIPT) while the listing, version-checked,
-    finds no turn and does nothing; the script runs again alone, and so must the listing, or the turn never
-    appears in its tenant's listing."""
-    server = RedisServer()
-    try:
-        settings = Settings(redis_url=server.url, key_prefix="capture-noscript", agent_modules=["tests.agents_engine"])
-        client = Client(settings)
-        client.submit("eng.simple", prompt="warm")
-        thread = client.create_thread("eng.simple")
-        listing_script = client.runtime.listings.turn_script.script
-        server.client().script_flush()
-        server.client().script_load(listing_script)  # as a worker's first commit after the restart does
-        submitted = client.submit("eng.simple", prompt="after the flush")
-        server.client().script_flush()
-        server.client().script_load(listing_script)
-        continued = client.continue_thread(thread.thread_id, prompt="after the flush")
-        assert {submitted.turn_id, continued.turn_id} <= set(_listed(client))
-    finally:
-        server.close()

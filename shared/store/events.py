@@ -26,7 +26,7 @@ from stepq.errors import EventCursorError, WaitTimeoutError
 from stepq.jsonsafe import finite
 from stepq.models import CONTENT_EVENTS, Event, EventType
 from stepq.store.keys import Keys
-from stepq.store.pipelines import evalsha_batch, queue_evalsha
+from stepq.store.pipelines import evalsha_batch, queue_evalsha, runs_again
 
 # KEYS: seq, events, channel, emitted. ARGV: maxlen, then per event: body, content flag, step.
 # Several events of one turn go in one call (a step's flush); returns the last seq.
@@ -164,8 +164,10 @@ class _GroupCommit:
             for p in batch:
                 p.error = exc
             return
+        missed = False
         for p, result in zip(batch, results, strict=True):
-            if isinstance(result, redis.exceptions.NoScriptError):
+            if runs_again(p.script or self._script, result, missed):
+                missed = True
                 self._call(p)  # the script cache was flushed: a plain call loads it again
             elif isinstance(result, Exception):
                 p.error = result

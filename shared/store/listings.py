@@ -30,6 +30,7 @@ from redis.commands.core import Script
 
 from stepq.models import TurnState, TurnStatus
 from stepq.store.keys import Keys
+from stepq.store.pipelines import rider
 
 TRIM = 100  # lapsed entries one call drops at most (bounded work per call; every call drops some)
 SCAN_BUDGET = 2000  # index entries one page read examines at most while filtering (then it returns a cursor)
@@ -238,7 +239,7 @@ class ListingStore:
         self.ttl_s = ttl_s
         self.thread_ttl_s = thread_ttl_s
         self.separate = separate
-        self.turn_script: Script = client.register_script(_TURN)
+        self.turn_script: Script = rider(client.register_script(_TURN))  # version-checked: after its commit
         self._turn_page = client.register_script(_TURN_PAGE)
         self.approval_script: Script = client.register_script(_APPROVAL)
         self._simple_page = client.register_script(_SIMPLE_PAGE)

@@ -34,45 +34,41 @@ def queue_evalsha(
         pipe.evalsha(script.sha, len(keys), *keys, *args)
 
 
+_RIDERS: set[str] = set()  # the SHA1s of scripts marked by `rider`
+
+
+def rider(script: Script) -> Script:
+    """Mark `script` as a rider: it applies only if a write ahead of it in its round trip took (a version-checked
+    listing) and running it twice does no harm. When a write ahead of it missed the server's script cache (a
+    restart) and runs again alone, the rider ran too early, found nothing and did nothing: it runs again after it."""
+    _RIDERS.add(script.sha)
+    return script
+
+
+def runs_again(script: Script, reply: Any, missed_ahead: bool) -> bool:
+    """Whether a call of a round trip runs again alone, in order: it missed the script cache itself, or it is a
+    rider behind one that did."""
+    return isinstance(reply, redis.exceptions.NoScriptError) or (missed_ahead and script.sha in _RIDERS)
+
+
 def run_scripts(
     pipe: redis.client.Pipeline | ClusterPipeline, writes: list[tuple[Script, list[str], list[Any]]]
 ) -> list[Any]:
     """Send script calls in one round trip (in a MULTI when `pipe` is transactional) and return their replies.
     A call the server's script cache missed (it was flushed) did not run: it runs again alone, in order, so
-    each call still runs exactly once and after the ones before it."""
+    each call still runs exactly once and after the ones before it (and so do the riders behind it)."""
     for script, keys, args in writes:
         queue_evalsha(pipe, script, keys, args)
     replies = pipe.execute(raise_on_error=False)
+    missed = False
     for index, reply in enumerate(replies):
-        if isinstance(reply, redis.exceptions.NoScriptError):
-            script, keys, args = writes[index]
+        script, keys, args = writes[index]
+        if runs_again(script, reply, missed):
+            missed = True
             replies[index] = script(keys=keys, args=args)
         elif isinstance(reply, Exception):
             raise reply
     return list(replies)
-
-
-def run_with_rider(
-    pipe: redis.client.Pipeline | ClusterPipeline,
-    write: tuple[Script, list[str], list[Any]],
-    rider: tuple[Script, list[str], list[Any]],
-) -> Any:
-    """`write`, then `rider` (a script that applies only if `write` took: a version-checked listing), in one round
-    trip; `write`'s reply. If the server's script cache had lost `write` (a restart), `rider` ran ahead of it, found
-    nothing and did nothing: it runs again once `write` has run alone."""
-    for script, keys, args in (write, rider):
-        queue_evalsha(pipe, script, keys, args)
-    reply, ridden = pipe.execute(raise_on_error=False)
-    rerun = isinstance(reply, redis.exceptions.NoScriptError)
-    if rerun:
-        reply = write[0](keys=write[1], args=write[2])
-    elif isinstance(reply, Exception):
-        raise reply
-    if rerun or isinstance(ridden, redis.exceptions.NoScriptError):
-        rider[0](keys=rider[1], args=rider[2])
-    elif isinstance(ridden, Exception):
-        raise ridden
-    return reply
 
 
 def evalsha_batch(client: redis.Redis, calls: list[tuple[Script, list[str], list[Any]]]) -> list[Any]:

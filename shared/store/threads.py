@@ -24,7 +24,7 @@ from stepq.store.events import Announcement
 from stepq.store.indexes import ACTIVE, SweepIndexes
 from stepq.store.keys import Keys
 from stepq.store.listings import THREAD_IN_SCRIPT, ListingStore
-from stepq.store.pipelines import run_with_rider
+from stepq.store.pipelines import run_scripts
 
 # KEYS: thread, transcript, turns, queue
 #       [, the tenant's `threads` listing: single Redis only (each script below likewise)]
@@ -262,7 +262,7 @@ class ThreadStore:
             outcome, running = self._submit(keys=keys, args=[*args, *messages])
         else:
             pipe = self.client.pipeline(transaction=True)
-            outcome, running = run_with_rider(pipe, (self._submit, keys, [*args, *messages]), listing)
+            outcome, running = run_scripts(pipe, [(self._submit, keys, [*args, *messages]), listing])[0]
         if outcome != "started" and added:
             self.indexes.remove_if(ACTIVE, turn_id, now)
         if outcome in ("started", "queued"):

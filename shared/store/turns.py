@@ -30,7 +30,7 @@ from stepq.store.events import Announcement
 from stepq.store.indexes import ACTIVE, AWAITING, RUNNING, SweepIndexes, on_awaiting_list
 from stepq.store.keys import Keys, home, idempotency_home
 from stepq.store.listings import ListingStore
-from stepq.store.pipelines import run_scripts, run_with_rider
+from stepq.store.pipelines import run_scripts
 
 # KEYS: idempotency key (or KEYS[6]), turn, version, messages, sent-step, the turn's `absent` (names no key),
 #       its `active` shard, the batch's counted turns, the batch record (each of the last three: or KEYS[6]), then,
@@ -316,9 +316,9 @@ class TurnStore:
             existing = self._create(keys=create_keys, args=create_args)
         else:  # single Redis: the turn and its listing in one MULTI (the listing only if this stored the turn)
             pipe = self.client.pipeline(transaction=True)
-            existing = run_with_rider(
-                pipe, (self._create, create_keys, create_args), self.listings.turn_write(state, 0)
-            )
+            existing = run_scripts(
+                pipe, [(self._create, create_keys, create_args), self.listings.turn_write(state, 0)]
+            )[0]
         if existing and separate:
             self.indexes.remove(ACTIVE, state.turn_id)  # the unused new id (the stored turn keeps its own entry)
         if not existing:
