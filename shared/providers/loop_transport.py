@@ -27,7 +27,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 from typing import Any
 
 import httptools
@@ -129,7 +129,22 @@ class LoopBody(httpx2.SyncByteStream):
 
     def pump(self, feed: Callable[[bytes], bool], end: Callable[[], bool]) -> bool:
         """Run `feed(chunk)` on the loop for every chunk, then `end()`; either returns True to stop. Blocks the
-        calling thread until then and returns that answer (or raises what the reader or the read raised)."""
+        calling thread until then and returns that answer (or raises what the reader or the read raised).
+
+        What already arrived (a stream's first events come with its headers) is read here first, by the
+        calling thread: the step's first delta goes out from its own thread at once, not after a hand-over to
+        the loop and from there to the flush timer's thread (two wake-ups on the way to a first chunk)."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except Empty:
+                break
+            if isinstance(item, _End):
+                return end()
+            if isinstance(item, BaseException):
+                raise item
+            if feed(item):
+                return True  # the caller closes the response: a body not read to its end drops the connection
         waiter: concurrent.futures.Future[bool] = concurrent.futures.Future()
         self._waiter = waiter
 
