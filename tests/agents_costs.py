@@ -96,3 +96,9 @@ def _streamed(deltas: int) -> AgentDefinition:
 
 STREAM_DELTAS = (1, 10, 50)  # the guards' K: one delta (a short answer), and two lengths for the per-delta slope
 stream_1, stream_10, stream_50 = (_streamed(k) for k in STREAM_DELTAS)
+
+first_stream = AgentDefinition(
+    id="cost.first_stream",
+    loop=LoopConfig(max_steps=10),
+    script=[ScriptStep(text="x" * (DELTA_CHARS * 10), delta_chars=DELTA_CHARS)],
+)  # step 0 the final answer, streamed as 10 text deltas: a new turn's first step

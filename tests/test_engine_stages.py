@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import pytest
+import redis
 
-from stepq.engine import begin, decide, model_call, stopping
+from stepq.engine import begin, decide, emitter, model_call, stopping
 from stepq.engine.begin import ModelCall
 from stepq.engine.context import Decision, StepContext
 from stepq.engine.decisions import decide_approval
@@ -168,14 +169,85 @@ def test_open_step_resets_a_redelivered_step_and_honours_a_cancel(rt, prefix, op
     assert stored.status == TurnStatus.CANCELLED and stored.finish_reason == FinishReason.CANCELLED
 
 
-def test_start_running_commits_a_queued_turn_as_running_and_keeps_the_lease(rt, prefix, open_step):
+def _running_ids(rt: Runtime) -> list[str]:
+    return rt.listings.turn_page("", time.time() + 1, status=TurnStatus.RUNNING).ids
+
+
+def test_start_running_shows_a_queued_turn_running_with_the_steps_first_write(rt, prefix, open_step):
+    """The commit that shows a queued turn running rides the step's first write (step-start and the first delta
+    of its stream) instead of a round trip the model call waits for; the lease is kept, and the step's next
+    commit goes on from it."""
     turn_id = start(rt, "eng.loop", prefix)
     ctx, started = open_step(turn_id, 0)
     assert begin.open_step(ctx, started) is None
     assert begin.start_running(ctx) is None
+    assert ctx.riding is not None
+    ctx.emitter.publish(EventType.TEXT_DELTA, {"text": "first"})  # the step's first write
     stored = rt.turns.load(turn_id)
-    assert stored.status == TurnStatus.RUNNING and stored.started_at
+    assert stored.status == TurnStatus.RUNNING and stored.started_at and stored.version == 1
+    assert turn_id in _running_ids(rt)  # its listing moved with it
     assert not ctx.lease.released
+    ctx.state.text = "done"
+    assert ctx.commit(release=False)
+    assert rt.turns.load(turn_id).version == 2 == ctx.state.version
+
+
+@pytest.fixture
+def no_flush_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deferred writes go out only with the step's own writes (the flush timer would send them when their
+    window ends, at a time a loaded machine picks)."""
+    monkeypatch.setattr(emitter._TIMER, "schedule", lambda when, step_emitter: None)
+
+
+def test_a_riding_commit_still_queued_is_carried_by_the_next_commit(rt, prefix, open_step, no_flush_timer):
+    turn_id = start(rt, "eng.loop", prefix)
+    ctx, started = open_step(turn_id, 0)
+    assert begin.open_step(ctx, started) is None
+    assert begin.start_running(ctx) is None
+    ctx.state.status = TurnStatus.COMPLETED
+    assert ctx.commit()
+    stored = rt.turns.load(turn_id)
+    assert stored.status == TurnStatus.COMPLETED and stored.started_at
+    assert stored.version == 1  # one commit: the riding one never went out
+    assert turn_id not in _running_ids(rt)
+
+
+def test_a_riding_commit_that_did_not_take_fails_the_next_commit(rt, prefix, open_step):
+    """Someone else committed the turn before the riding commit went out: it does not take, and the step's next
+    commit must not take either (its version would otherwise match the other writer's)."""
+    turn_id = start(rt, "eng.loop", prefix)
+    ctx, started = open_step(turn_id, 0)
+    assert begin.open_step(ctx, started) is None
+    assert begin.start_running(ctx) is None
+    other = rt.turns.load(turn_id)
+    other.text = "the other writer's"
+    assert rt.turns.commit(other)  # version 0 -> 1
+    ctx.emitter.publish(EventType.TEXT_DELTA, {"text": "first"})  # the riding commit goes out, fenced off
+    ctx.state.text = "the step's"
+    assert not ctx.commit(release=False)
+    stored = rt.turns.load(turn_id)
+    assert stored.text == "the other writer's" and stored.version == 1
+
+
+def test_a_riding_commit_lost_with_its_flush_raises_at_the_next_commit(rt, prefix, open_step, no_flush_timer):
+    """A write error on the flush that carried the riding commit: the step's next commit raises it (the store
+    failed) instead of going on as if the turn were stored as running."""
+    turn_id = start(rt, "eng.loop", prefix)
+    ctx, started = open_step(turn_id, 0)
+    assert begin.open_step(ctx, started) is None
+    assert begin.start_running(ctx) is None
+    version_key = rt.keys.version(turn_id)
+    stored_version = rt.redis.get(version_key)
+    rt.redis.delete(version_key)
+    rt.redis.hset(version_key, "wrong", "type")  # the commit script's GET of it fails: WRONGTYPE
+    try:
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            ctx.emitter.flush()
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            ctx.commit(release=False)
+    finally:
+        rt.redis.delete(version_key)
+        rt.redis.set(version_key, stored_version)
 
 
 def test_start_running_stops_a_turn_over_its_wall_clock(rt, prefix, open_step):

@@ -427,6 +427,23 @@ def test_streamed_answer_step(costs_rt, counter, prefix, deltas):
     assert counter.redis_cost() == Cost(trips=3, commands=5), counter.describe()
 
 
+def test_a_new_turns_first_streamed_step_shows_it_running_in_a_trip_it_has_anyway(costs_rt, counter, prefix):
+    """A queued turn's first step: the commit showing it running rides with step-start and the first delta, so
+    the model call waits only for the step-start script (time to first chunk) and the step costs no extra trip."""
+    deliver(costs_rt, start(costs_rt, "cost.first_stream", prefix), 0)  # warm: scripts loaded, caches filled
+    turn_id = start(costs_rt, "cost.first_stream", prefix)
+    assert counted(costs_rt, turn_id, 0).action == "none"
+    state = costs_rt.turns.load(turn_id)
+    assert state is not None and state.status == TurnStatus.COMPLETED and state.started_at
+    # trip 0: the step-start script
+    # trip 1: the commit showing the turn running and its listing, then step-start and the first delta
+    # trip 2: the other deltas and step-finish, the fenced commit that finishes and writes turn-finish, and the
+    #         turn's listing moving with its status
+    riding = ["EVALSHA(commit)", "EVALSHA(listing.turn_script)", "EVALSHA(publish: step-start, text-delta)"]
+    assert counter.trips[1] == riding, counter.describe()
+    assert counter.redis_cost() == Cost(trips=3, commands=7), counter.describe()
+
+
 @pytest.mark.parametrize("deltas", STREAM_DELTAS)
 def test_streamed_answer_step_publishing_every_delta(unbatched_rt, counter, prefix, deltas):
     """Window 0 (or a stream slower than the window): each delta is one round trip of one script call."""

@@ -92,6 +92,10 @@ def start_running(ctx: StepContext) -> Decision | None:
     if state.status == TurnStatus.QUEUED or prepared:  # visible as running while the first step streams
         state.status = TurnStatus.RUNNING
         state.started_at = state.started_at or time.time()
+        # shown as running with the step's first write (step-start, the first delta): the model call does not
+        # wait for it. What prepare_call changed is stored before the call, so a redelivery never calls it again.
+        if not prepared and ctx.ride():
+            return None
         if not ctx.commit(release=False):
             return none(StepLoss.COMMIT_LOST)
     return None

@@ -7,7 +7,9 @@ agent as the policies leave it, the resolved policies, a checkpointed answer). O
 delivery replaces the long argument lists the stages would otherwise pass each other.
 
 The commit here is the one the engine always made: compare-and-set on the turn's version, fenced on the
-lease token, sent in the same round trip as the step's pending events.
+lease token, sent in the same round trip as the step's pending events. A commit nothing has to wait for (a
+queued turn shown as running) can *ride*: it goes out with the step's next write, and the step's next
+commit takes it over (`Delivery.ride`).
 """
 
 from __future__ import annotations
@@ -83,6 +85,25 @@ class StepObserver(Protocol):
         ...
 
 
+@dataclass(slots=True)
+class RidingCommit:
+    """A commit queued on the step's emitter (`Delivery.ride`): sent with its next write, or not at all."""
+
+    prepared: PreparedWrite
+    sent: bool = False
+    replied: bool = False
+    reply: Any = None
+    error: BaseException | None = None
+
+    def args(self) -> list[Any]:
+        """The commit's arguments, asked for by the emitter only as the commit goes out."""
+        self.sent = True
+        return self.prepared.args
+
+    def answered(self, reply: Any, error: BaseException | None) -> None:
+        self.replied, self.reply, self.error = True, reply, error
+
+
 @dataclass(slots=True, kw_only=True)
 class Delivery:
     """One delivery's lease, turn state and event buffer: what a fenced commit needs."""
@@ -96,10 +117,62 @@ class Delivery:
     attempt_started_at: float | None = None  # wall clock of the model call now running (its trace's start)
     tool_timings: dict[str, tuple[float, float]] = field(default_factory=dict)  # call id -> (start, seconds)
     quota_windows: list[Window] = field(default_factory=list)  # the tenant's quotas this step counts toward
+    riding: RidingCommit | None = None  # a commit queued on the emitter, until the next commit takes it over
+
+    def ride(self) -> bool:
+        """Queue a commit of the state as it is (the lease kept) to go out with the step's next write (its
+        step-start and first delta), or when the flush window ends, instead of a round trip of its own that
+        the model call would wait for. The next `commit` takes it over. False, and nothing queued, when it
+        has to go out on its own: on a cluster (its lists are written apart), or with transcript or trace
+        rows to store or a quota to count (a commit that took them must be known before anything else does)."""
+        state = self.state
+        if (
+            self.riding is not None
+            or self.rt.turns.indexes.separate
+            or len(state.messages) != state._stored_messages
+            or len(state.trace.steps) != state._stored_trace
+            or self._quota_count()
+        ):
+            return False
+        prepared = self.rt.turns.prepare_commit(state, lease_token=self.lease.token, release=False)
+        self.riding = riding = RidingCommit(prepared)
+        self.emitter.defer_write(prepared.script, prepared.keys, riding.args, riding.answered)
+        for script, keys, args in prepared.riders:  # the listing: applied only if the commit took
+            self.emitter.defer_write(script, keys, args)
+        return True
+
+    def drop_riding(self) -> RidingCommit | None:
+        """Settle a riding commit without taking it over, and return it: dropped if still queued; if it went out,
+        its reply is in (and the store holds its outcome) when this returns. A crashed step calls it before it
+        reloads the turn, so no riding commit goes out behind the reload and moves the version under it."""
+        riding, self.riding = self.riding, None
+        if riding is not None:
+            prepared = riding.prepared
+            self.emitter.discard_write(prepared.script, prepared.keys)  # waits out a flush carrying it
+            for script, keys, _ in prepared.riders:
+                self.emitter.discard_write(script, keys)
+        return riding
+
+    def _take_over_riding(self) -> bool:
+        """Before the next commit: a riding commit still queued is dropped (this commit carries its change);
+        one that went out counts as it came back. False: it did not take (the lease or version moved on)."""
+        riding = self.drop_riding()
+        if riding is None:
+            return True
+        prepared = riding.prepared
+        if not riding.sent:
+            self.state.version = prepared.expected_version
+            return True
+        if riding.error is not None:
+            raise riding.error
+        assert riding.replied, "a riding commit that went out has its reply once its flush let go of the lock"
+        return self.rt.turns.finish_riding_commit(prepared, riding.reply)
 
     def commit(self, release: bool = True, announce: tuple[EventType, dict[str, Any]] | None = None) -> bool:
         """A fenced commit: only while this delivery's lease is held; the step's last commit releases it.
         `announce`: an event the commit itself writes after the step's events, only if it takes."""
+        if not self._take_over_riding():
+            return False
         lease = self.lease
         counting = self._quota_count()
         event = None

@@ -38,6 +38,7 @@ from stepq.store.events import EventLog, PendingPublish
 _log = logging.getLogger("stepq.emitter")
 
 WriteArgs = list[Any] | Callable[[], list[Any]]
+OnReply = Callable[[Any, BaseException | None], None]  # a deferred write's reply, or the error that lost it
 
 _KIND_EVENT = {"text": EventType.TEXT_DELTA, "reasoning": EventType.REASONING_DELTA, "object": EventType.OBJECT_DELTA}
 
@@ -141,7 +142,8 @@ class StepEmitter:
         self._buffer_started = 0.0
         self._last_flush = -math.inf  # a step's first delta goes out at once, whatever the monotonic clock reads
         self._deferred: list[tuple[EventType, dict[str, Any]]] = []
-        self._writes: list[tuple[Script, list[str], WriteArgs]] = []
+        self._writes: list[tuple[Script, list[str], WriteArgs, OnReply | None]] = []
+        self._replies: dict[PendingPublish, OnReply] = {}  # writes gone out whose reply someone waits for
         self._deferred_since = 0.0
         self._lost_write: Exception | None = None
         self._staged: deque[Delta] = deque()  # deltas from the provider loop, not in the buffer yet
@@ -265,15 +267,17 @@ class StepEmitter:
             self._schedule_deferred_locked(now)
             self._deferred.append((type_, data))
 
-    def defer_write(self, script: Script, keys: list[str], args: WriteArgs) -> None:
+    def defer_write(self, script: Script, keys: list[str], args: WriteArgs, on_reply: OnReply | None = None) -> None:
         """Queue a write to go out in the step's next round trip (or when the flush window ends); `settle`
-        sends it now. `args` may be a function, called only if the write goes out (not if discarded)."""
+        sends it now. `args` may be a function, called only if the write goes out (not if discarded);
+        `on_reply` gets the write's reply (or the error that lost it) under the step's lock, as it comes back."""
         with self._lock:
             self._schedule_deferred_locked(time.monotonic())
-            self._writes.append((script, keys, args))
+            self._writes.append((script, keys, args, on_reply))
 
     def discard_write(self, script: Script, keys: list[str]) -> None:
-        """Drop queued writes of `script` to `keys` that a later write makes moot."""
+        """Drop queued writes of `script` to `keys` that a later write makes moot. Takes the step's lock: a
+        flush that carries such a write has its reply in when this returns."""
         with self._lock:
             self._writes = [w for w in self._writes if not (w[0] is script and w[1] == keys)]
 
@@ -317,10 +321,12 @@ class StepEmitter:
         """Queue everything waiting, in order (not written yet: `_end_flush_locked` waits for it). Deferred
         writes go first: an event a subscriber sees (a tool's result) is already stored."""
         self._drain_staged_locked(time.monotonic())
-        queued = [
-            self.log.submit_script(script, keys, args() if callable(args) else args)
-            for script, keys, args in self._writes
-        ]
+        queued = []
+        for script, keys, args, on_reply in self._writes:
+            pending = self.log.submit_script(script, keys, args() if callable(args) else args)
+            if on_reply is not None:
+                self._replies[pending] = on_reply
+            queued.append(pending)
         self._writes.clear()
         events = [(type_, self.step, data) for type_, data in self._deferred]
         self._deferred.clear()
@@ -334,7 +340,18 @@ class StepEmitter:
         return queued
 
     def _end_flush_locked(self, pending: list[PendingPublish]) -> None:
-        """Wait for a started flush (the timer calls it without the lock for an events-only flush)."""
+        """Wait for a started flush (the timer calls it without the lock for an events-only flush); raises
+        the first write's error, once every write of it has its answer."""
+        failed: BaseException | None = None
         for item in pending:
-            self.log.wait_script(item)
+            reply, error = None, None
+            try:
+                reply = self.log.wait_script(item)
+            except BaseException as exc:
+                error, failed = exc, failed or exc
+            on_reply = self._replies.pop(item, None) if self._replies else None
+            if on_reply is not None:
+                on_reply(reply, error)
+        if failed is not None:
+            raise failed
         self._last_flush = time.monotonic()

@@ -89,6 +89,7 @@ class StepRunner:
     def _run(self, state: TurnState, lease: StepLease, start: StepStart) -> Decision:
         rt = self.rt
         emitter = StepEmitter(rt.events, state.turn_id, state.step, rt.settings.coalesce_window_ms / 1000)
+        ctx: StepContext | None = None
         try:
             with mcp_tools.step_scope():  # the step's MCP sessions (if it uses any) close with it
                 bind_log_context(attempt=state.attempt)
@@ -104,6 +105,8 @@ class StepRunner:
         except STORE_OUTAGES:
             raise  # nothing can be stored now, or this process is going: the sweeper sends the step again
         except Exception as exc:  # a bug (ours, a tool's, an adapter's) must not leave the turn leased and running
+            if ctx is not None:
+                ctx.drop_riding()  # settled before `_crashed` reloads the turn
             return self._crashed(Delivery(rt=rt, state=state, lease=lease, emitter=emitter), exc)
         finally:
             emitter.flush()  # anything still deferred (e.g. on a path that did not commit) goes out now

@@ -178,6 +178,8 @@ class PreparedWrite:
     expected_version: int = 0
     previous_status: TurnStatus | None = None  # as stored before the commit, with its list entry's score
     previous_score: float = 0.0
+    written_status: TurnStatus | None = None  # what the commit stores, with its list entry's score
+    written_score: float = 0.0
     # writes that ride in the same round trip right after this one (the listing update when the status changes)
     riders: list[tuple[Script, list[str], list[Any]]] = field(default_factory=list)
 
@@ -539,7 +541,9 @@ class TurnStore:
         if announce is not None:
             keys.append(announce.channel)
             args += [announce.maxlen, announce.body]
-        prepared = PreparedWrite(self._commit, keys, args, state, expected, state._stored_status, state._stored_score)
+        prepared = PreparedWrite(
+            self._commit, keys, args, state, expected, state._stored_status, state._stored_score, state.status, score
+        )
         if state.status != state._stored_status and not self.indexes.separate:
             # the listing moves with the status, in the commit's round trip, applied only if the commit took
             prepared.riders.append(self.listings.turn_write(state, state.version))
@@ -558,6 +562,17 @@ class TurnStore:
             )
             if state.status != prepared.previous_status:  # a cluster: the listing is in the tenant's slot
                 self.listings.list_turn(state)
+        return True
+
+    def finish_riding_commit(self, prepared: PreparedWrite, reply: Any) -> bool:
+        """`finish_commit` for a commit the step went on past (engine/context.py's riding commit; single Redis):
+        it stored no transcript or trace rows, so what took is its status as written, not the state as it is now."""
+        state = prepared.state
+        assert state is not None and prepared.written_status is not None and not self.indexes.separate
+        if not reply:
+            state.version = prepared.expected_version
+            return False
+        state._stored_status, state._stored_score = prepared.written_status, prepared.written_score
         return True
 
     def checkpoint_write(self, turn_id: str, step: int, output_json: str) -> PreparedWrite:
