@@ -146,6 +146,26 @@ def running_plain_worker(redis_url: str, prefix: str, concurrency: int = 1) -> I
             stop_process(proc)
 
 
+@contextlib.contextmanager
+def running_bare_worker(redis_url: str, prefix: str, prompt: str) -> Iterator[None]:
+    """`python -m bench.plain_celery bare`: the plain task's body behind a bare BRPOP loop, no Celery (a
+    subprocess with this environment, so the SDK's variables reach it); SIGTERM ends it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
+    env.update(PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "bench.plain_celery", "bare", redis_url, prefix, prompt]
+    with tempfile.NamedTemporaryFile(prefix=f"{prefix}-bare-worker-", suffix=".log", delete=False) as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            yield
+        except BaseException:
+            print(f"bare worker stderr is in {log.name}", file=sys.stderr)
+            raise
+        else:
+            os.unlink(log.name)  # kept only when the run went wrong
+        finally:
+            stop_process(proc)
+
+
 def process_cpu_seconds(pid: int) -> float:
     """User + system CPU of a process (all its threads), from /proc: less sensitive to a busy machine."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -12,12 +12,18 @@ turn and the SDK called directly.
 
 `celery -A bench.plain_celery worker` builds the app from `STEPQ_BENCH_PLAIN_{REDIS_URL,PREFIX}`; the
 benchmark process builds the same app with `build_plain_app` to send the first task.
+
+`python -m bench.plain_celery bare REDIS_URL PREFIX PROMPT` is the same `stream` body without Celery: one thread
+BRPOPs run ids from a Redis list and streams each answer (`bare_worker`). It is the floor of *any* design that
+hands a call to a worker process through Redis and fans its chunks out through pub/sub (one push, one pop, one
+publish per chunk): what `bench.provider_ttfc` shows Celery's own consumer adds over.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 import anthropic
@@ -53,6 +59,34 @@ def open_answer_stream(sdk: anthropic.Anthropic, prompt: str) -> anthropic.Strea
     )
 
 
+def bare_queue(prefix: str) -> str:
+    """The Redis list `bare_worker` pops run ids from (a plain list: no broker, no message envelope)."""
+    return f"{prefix}:bench:bare"
+
+
+def stream_answer(sdk: anthropic.Anthropic, publisher: redis.Redis, prefix: str, run_id: str, prompt: str) -> None:
+    """Stream one answer: PUBLISH each text delta as it arrives, then a `turn-finish` (the plain task's body)."""
+    channel = plain_channel(prefix, run_id)
+    with open_answer_stream(sdk, prompt) as events:
+        for event in events:
+            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                delta = {"type": "text-delta", "turn_id": run_id, "data": {"text": event.delta.text}}
+                publisher.publish(channel, json.dumps(delta))
+    publisher.publish(channel, json.dumps({"type": "turn-finish", "turn_id": run_id}))
+
+
+def bare_worker(redis_url: str, prefix: str, prompt: str) -> None:
+    """Pop run ids from `bare_queue` and stream each answer, until the process is stopped (no Celery, no
+    message envelope: the run id is the whole message)."""
+    client = redis.Redis.from_url(redis_url)
+    sdk = anthropic.Anthropic(max_retries=0)  # from ANTHROPIC_BASE_URL / _API_KEY, as the plain task's
+    while True:
+        popped = client.brpop([bare_queue(prefix)])
+        if popped:
+            run_id = popped[1]
+            stream_answer(sdk, client, prefix, run_id.decode() if isinstance(run_id, bytes) else run_id, prompt)
+
+
 def build_plain_app(redis_url: str, prefix: str) -> Celery:
     app = Celery("bench-plain", broker=redis_url, set_as_current=False)
     app.conf.update(
@@ -78,13 +112,7 @@ def build_plain_app(redis_url: str, prefix: str) -> Celery:
         """Stream one answer: PUBLISH each text delta as it arrives, then a `turn-finish`."""
         if not sdk:
             sdk.append(anthropic.Anthropic(max_retries=0))
-        channel = plain_channel(prefix, run_id)
-        with open_answer_stream(sdk[0], prompt) as events:
-            for event in events:
-                if event.type == "content_block_delta" and event.delta.type == "text_delta":
-                    delta = {"type": "text-delta", "turn_id": run_id, "data": {"text": event.delta.text}}
-                    done.publish(channel, json.dumps(delta))
-        done.publish(channel, json.dumps({"type": "turn-finish", "turn_id": run_id}))
+        stream_answer(sdk[0], done, prefix, run_id, prompt)
 
     return app
 
@@ -96,3 +124,9 @@ def __getattr__(name: str) -> Any:
         globals()["app"] = value
         return value
     raise AttributeError(name)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 5 or sys.argv[1] != "bare":
+        sys.exit("usage: python -m bench.plain_celery bare REDIS_URL PREFIX PROMPT")
+    bare_worker(sys.argv[2], sys.argv[3], sys.argv[4])

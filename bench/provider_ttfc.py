@@ -14,8 +14,12 @@ same script: `--first-ms` before the first event, then `--deltas` text deltas `-
   concurrency) that calls the SDK and PUBLISHes each text delta as it arrives, received by the same
   subscriber. Timed from the `send_task` call. The least a Celery-based streaming design does (no store,
   no lease, no durability): what is left of stepq's added time over it is stepq's own.
+- **bare Redis hop**: the plain task's body with no Celery: a worker subprocess BRPOPs the run id from a
+  Redis list (`python -m bench.plain_celery bare`), calls the SDK and PUBLISHes each text delta; timed from
+  the LPUSH. The floor of any design that hands the call to another process through Redis and fans its
+  chunks out through pub/sub: the plain task's time over it is Celery's own consumer.
 
-Turns run one at a time (each drained to its end before the next), the three sides in turn, after a warm-up.
+Turns run one at a time (each drained to its end before the next), the four sides in turn, after a warm-up.
 Prints p50/p95 per side, the ratios to the direct call and the verdict: stepq's p50 within 1.03x and 1.5 ms
 of the direct call's (exit 0 when met, 1 when not).
 
@@ -40,12 +44,13 @@ from bench._common import (
     bench_settings,
     cleanup,
     percentile,
+    running_bare_worker,
     running_plain_worker,
     table,
     unique_prefix,
 )
 from bench.fake_upstream import Script, running_upstream, sdk_env, stamps, stepq_worker
-from bench.plain_celery import PLAIN_STREAM, build_plain_app, open_answer_stream, plain_queue
+from bench.plain_celery import PLAIN_STREAM, bare_queue, build_plain_app, open_answer_stream, plain_queue
 from stepq.models import TurnStatus
 from stepq.producer.client import Client
 
@@ -142,6 +147,17 @@ def plain_turn(app: Celery, queue: str, sub: FirstChunks, n: int, timeout: float
     return first - started, from_write
 
 
+def bare_turn(client: redis.Redis, queue: str, sub: FirstChunks, n: int, timeout: float) -> tuple[float, float]:
+    """One bare hop: seconds from the LPUSH of its run id to its first published text delta, and from the
+    fake's write of that delta to its arrival."""
+    run_id = f"bare-{n}"
+    started = time.perf_counter()
+    client.lpush(queue, run_id)
+    first, from_write = sub.wait_first_delta(run_id, timeout)
+    sub.wait_finished(run_id, timeout)  # drain: the next call starts on an idle worker
+    return first - started, from_write
+
+
 def verdict(direct_p50_s: float, stepq_p50_s: float) -> tuple[bool, str]:
     """Whether stepq's p50 time to first chunk is within the target of the direct call's, and the line saying so."""
     ratio, added_ms = stepq_p50_s / direct_p50_s, (stepq_p50_s - direct_p50_s) * 1000
@@ -219,30 +235,38 @@ def main(argv: list[str] | None = None) -> int:
             client = Client(settings)
             sub = FirstChunks(args.redis_url, prefix)
             plain_app, queue = build_plain_app(args.redis_url, prefix), plain_queue(prefix)
+            pusher = redis.Redis.from_url(args.redis_url)
             with (
                 stepq_worker(settings, args.concurrency, upstream.base_url),
                 running_plain_worker(args.redis_url, prefix, args.concurrency),
+                running_bare_worker(args.redis_url, prefix, PROMPT),
             ):
                 for n in range(args.warmup):
                     stepq_turn(client, sub, timeout=120)  # the first also waits for the workers to start
                     plain_turn(plain_app, queue, sub, -1 - n, timeout=120)
+                    bare_turn(pusher, bare_queue(prefix), sub, -1 - n, timeout=120)
                     direct_call(sdk)
                 upstream.stats()  # reset: count only the measured streams
                 stepq: list[dict[str, float]] = []
                 plain_runs: list[tuple[float, float]] = []
+                bare_runs: list[tuple[float, float]] = []
                 direct_runs: list[tuple[float, float]] = []
                 for n in range(args.turns):
                     stepq.append(stepq_turn(client, sub, args.timeout))
                     plain_runs.append(plain_turn(plain_app, queue, sub, n, args.timeout))
+                    bare_runs.append(bare_turn(pusher, bare_queue(prefix), sub, n, args.timeout))
                     direct_runs.append(direct_call(sdk))
                 up = upstream.stats()
+            pusher.close()
 
         first = [a["first"] for a in stepq]
-        plain, direct = [p[0] for p in plain_runs], [d[0] for d in direct_runs]
+        plain, bare, direct = [p[0] for p in plain_runs], [b[0] for b in bare_runs], [d[0] for d in direct_runs]
         rows = [
             [name, str(len(v)), ms(v, 50), ms(v, 95), ms(v, 0), ms(v, 100), f"{percentile(v, 50) / percentile(direct, 50):.2f}x",
              f"{(percentile(v, 50) - percentile(direct, 50)) * 1000:+.1f}"]
-            for name, v in (("direct SDK", direct), ("plain Celery task", plain), ("stepq turn", first))
+            for name, v in (
+                ("direct SDK", direct), ("bare Redis hop", bare), ("plain Celery task", plain), ("stepq turn", first)
+            )
         ]  # fmt: skip
         print()
         headers = ["time to first chunk", "n", "p50 ms", "p95 ms", "min ms", "max ms", "p50 / direct", "added ms p50"]
@@ -252,9 +276,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{line} (p95: {r95:.2f}x; the upstream's own first-event latency: {script.first_ms:g} ms)")
         over_plain = (percentile(first, 50) - percentile(plain, 50)) * 1000
         plain_added = (percentile(plain, 50) - percentile(direct, 50)) * 1000
+        bare_added = (percentile(bare, 50) - percentile(direct, 50)) * 1000
         print(
-            f"a plain Celery task calling the SDK and publishing each delta adds {plain_added:+.1f} ms at p50 (the floor of a "
-            f"Celery hop and a publish on this machine); stepq adds {over_plain:+.1f} ms over it"
+            f"a bare Redis hop (LPUSH -> BRPOP worker -> the SDK -> PUBLISH, no Celery) adds {bare_added:+.1f} ms at p50: the "
+            "floor of any design\nthat hands the call to a worker through Redis and fans its chunks out through pub/sub "
+            f"on this machine;\na plain Celery task doing the same adds {plain_added:+.1f} ms (Celery's send and consumer: "
+            f"{plain_added - bare_added:+.1f} ms over the bare hop); stepq adds {over_plain:+.1f} ms over the plain task"
         )
         parts = [
             ["submit() returns", ms([a["submit"] for a in stepq], 50), ms([a["submit"] for a in stepq], 95)],
@@ -267,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         lead_s = script.first_ms / 1000
         sides = (
             ("direct SDK", direct, [d[1] for d in direct_runs]),
+            ("bare Redis hop", bare, [b[1] for b in bare_runs]),
             ("plain Celery task", plain, [p[1] for p in plain_runs]),
             ("stepq turn", first, [a["from_write"] for a in stepq]),
         )
