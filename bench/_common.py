@@ -68,6 +68,26 @@ def cleanup(redis_url: str, prefix: str) -> int:
 
 
 @contextlib.contextmanager
+def logged_subprocess(
+    cmd: list[str], env: dict[str, str], name: str, log_prefix: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run `cmd` from the repository root with its stderr in a temp file (`log_prefix`...`.log`), stopped when
+    the block ends (SIGTERM: a worker's warm shutdown). The file is deleted when the block ends cleanly and
+    kept, with a line saying where (`name` stderr is in ...), when it raises."""
+    with tempfile.NamedTemporaryFile(prefix=log_prefix, suffix=".log", delete=False) as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            yield proc
+        except BaseException:
+            print(f"{name} stderr is in {log.name}", file=sys.stderr)
+            raise
+        else:
+            os.unlink(log.name)
+        finally:
+            stop_process(proc)
+
+
+@contextlib.contextmanager
 def running_worker(
     settings: Settings, kind: str, profile_path: str | None = None, loglevel: str = "ERROR"
 ) -> Iterator[Callable[[], float] | None]:
@@ -111,15 +131,9 @@ def running_worker(
         "--without-gossip", "--without-mingle", "--without-heartbeat",
         f"--hostname={settings.key_prefix}@%h",
     ]  # fmt: skip
-    with tempfile.NamedTemporaryFile(prefix=f"{settings.key_prefix}-worker-", suffix=".log", delete=False) as log:
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
-        try:
-            yield lambda: process_cpu_seconds(proc.pid)
-        except BaseException:
-            print(f"worker stderr is in {log.name}", file=sys.stderr)
-            raise
-        finally:
-            stop_process(proc)  # warm shutdown: worker_shutdown fires, so a profile gets written
+    # stopped with a warm shutdown: worker_shutdown fires, so a profile gets written
+    with logged_subprocess(cmd, env, "worker", f"{settings.key_prefix}-worker-") as proc:
+        yield lambda: process_cpu_seconds(proc.pid)
 
 
 @contextlib.contextmanager
@@ -135,15 +149,8 @@ def running_plain_worker(redis_url: str, prefix: str, concurrency: int = 1) -> I
         "--pool=threads", f"--concurrency={concurrency}", "--loglevel=ERROR", "-Q", plain_queue(prefix),
         "--without-gossip", "--without-mingle", "--without-heartbeat", f"--hostname={prefix}-plain@%h",
     ]  # fmt: skip
-    with tempfile.NamedTemporaryFile(prefix=f"{prefix}-plain-worker-", suffix=".log", delete=False) as log:
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
-        try:
-            yield lambda: process_cpu_seconds(proc.pid)
-        except BaseException:
-            print(f"plain worker stderr is in {log.name}", file=sys.stderr)
-            raise
-        finally:
-            stop_process(proc)
+    with logged_subprocess(cmd, env, "plain worker", f"{prefix}-plain-worker-") as proc:
+        yield lambda: process_cpu_seconds(proc.pid)
 
 
 @contextlib.contextmanager
@@ -153,17 +160,8 @@ def running_bare_worker(redis_url: str, prefix: str, prompt: str) -> Iterator[No
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
     env.update(PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "bench.plain_celery", "bare", redis_url, prefix, prompt]
-    with tempfile.NamedTemporaryFile(prefix=f"{prefix}-bare-worker-", suffix=".log", delete=False) as log:
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
-        try:
-            yield
-        except BaseException:
-            print(f"bare worker stderr is in {log.name}", file=sys.stderr)
-            raise
-        else:
-            os.unlink(log.name)  # kept only when the run went wrong
-        finally:
-            stop_process(proc)
+    with logged_subprocess(cmd, env, "bare worker", f"{prefix}-bare-worker-"):
+        yield
 
 
 def process_cpu_seconds(pid: int) -> float:

@@ -27,7 +27,6 @@ import random
 import resource
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -410,7 +409,7 @@ def stepq_worker(
     """`celery -A stepq.workers.celery_app worker --pool=POOL --concurrency=C` (what `stepq worker --pool POOL`
     runs, without beat), with the SDK pointed at the fake upstream. `app="bench.celery_app"`: the same app
     plus the benchmark's stage clocks (bench/stages.py)."""
-    from bench._common import ROOT, settings_env, stop_process
+    from bench._common import logged_subprocess, settings_env
 
     env = {k: v for k, v in settings_env(settings).items() if not k.startswith("ANTHROPIC_")}
     env.update(sdk_env(base_url))
@@ -421,17 +420,8 @@ def stepq_worker(
         "-Q", ",".join(worker_queues(settings)), "--without-gossip", "--without-mingle", "--without-heartbeat",
         f"--hostname={settings.key_prefix}-{pool}-c{concurrency}@%h",
     ]  # fmt: skip
-    with tempfile.NamedTemporaryFile(prefix=f"{settings.key_prefix}-worker-", suffix=".log", delete=False) as log:
-        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
-        try:
-            yield proc
-        except BaseException:
-            print(f"worker stderr is in {log.name}", file=sys.stderr)
-            raise
-        else:
-            os.unlink(log.name)  # kept only when the run went wrong
-        finally:
-            stop_process(proc)
+    with logged_subprocess(cmd, env, "worker", f"{settings.key_prefix}-worker-") as proc:
+        yield proc
 
 
 def stamps(text: str) -> list[float]:
