@@ -17,7 +17,7 @@ same script: `--first-ms` before the first event, then `--deltas` text deltas `-
 - **bare Redis hop**: the plain task's body with no Celery: a worker subprocess BRPOPs the run id from a
   Redis list (`python -m bench.plain_celery bare`), calls the SDK and PUBLISHes each text delta; timed from
   the LPUSH. The floor of any design that hands the call to another process through Redis and fans its
-  chunks out through pub/sub: the plain task's time over it is Celery's own consumer.
+  chunks out through pub/sub: the plain task's time over it is Celery's own send and consumer.
 
 Turns run one at a time (each drained to its end before the next), the four sides in turn, after a warm-up.
 Prints p50/p95 per side, the ratios to the direct call and the verdict: stepq's p50 within 1.03x and 1.5 ms
@@ -235,11 +235,11 @@ def main(argv: list[str] | None = None) -> int:
             client = Client(settings)
             sub = FirstChunks(args.redis_url, prefix)
             plain_app, queue = build_plain_app(args.redis_url, prefix), plain_queue(prefix)
-            pusher = redis.Redis.from_url(args.redis_url)
             with (
                 stepq_worker(settings, args.concurrency, upstream.base_url),
                 running_plain_worker(args.redis_url, prefix, args.concurrency),
                 running_bare_worker(args.redis_url, prefix, PROMPT),
+                redis.Redis.from_url(args.redis_url) as pusher,
             ):
                 for n in range(args.warmup):
                     stepq_turn(client, sub, timeout=120)  # the first also waits for the workers to start
@@ -257,7 +257,6 @@ def main(argv: list[str] | None = None) -> int:
                     bare_runs.append(bare_turn(pusher, bare_queue(prefix), sub, n, args.timeout))
                     direct_runs.append(direct_call(sdk))
                 up = upstream.stats()
-            pusher.close()
 
         first = [a["first"] for a in stepq]
         plain, bare, direct = [p[0] for p in plain_runs], [b[0] for b in bare_runs], [d[0] for d in direct_runs]
