@@ -4,7 +4,8 @@ One `stream_step` is one `messages.create(stream=True)` call read event by event
 (`anthropic_stream`), built from the canonical transcript (`anthropic_wire`). The
 SDK's own retries are off (`max_retries=0`): the engine's retry is the only one.
 The SDK reads its standard environment (`ANTHROPIC_API_KEY` / `ANTHROPIC_AUTH_TOKEN`,
-`ANTHROPIC_BASE_URL`); nothing here overrides it.
+`ANTHROPIC_BASE_URL`); nothing here overrides it. The SDK's own OpenTelemetry spans are off
+(`SDK_SPANS_OFF`): stepq emits each model call's span itself, once its step commits.
 
 Per-agent knobs (`provider_options`): `thinking_budget` (extended thinking),
 `thinking` (a raw thinking config), `cache` (default true) and `cache_ttl`,
@@ -15,6 +16,7 @@ Per-agent knobs (`provider_options`): `thinking_budget` (extended thinking),
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import threading
 from collections import OrderedDict
@@ -69,9 +71,26 @@ def _env_fingerprint() -> tuple[str, ...]:
     return tuple(hashlib.sha256(os.environ.get(n, "").encode()).hexdigest() for n in names)
 
 
+def _sdk_spans_off() -> dict[str, Any]:
+    """The client option that turns off the SDK's tracing of its own API calls (anthropic 2.x traces each call
+    through OpenTelemetry's global tracer provider and sends its trace context with the request). stepq emits the
+    model call's span itself once the step commits (engine/otel_spans.py): the SDK's would be a second span of
+    the same call, emitted again by a retried step, and its `traceparent` a trace no caller started. Off also
+    spares each call the span's attributes when no tracer records them. Empty for an SDK without the option."""
+    if "open_telemetry" not in inspect.signature(anthropic.Anthropic.__init__).parameters:
+        return {}
+    return {"open_telemetry": {"traces": {"enabled": False}, "propagation": False}}
+
+
+SDK_SPANS_OFF: dict[str, Any] = _sdk_spans_off()
+
+
 def new_client(**options: Any) -> anthropic.Anthropic:
-    """An SDK client with its retries off (the engine's retry is the only one), sending through the provider loop."""
-    return anthropic.Anthropic(max_retries=0, http_client=loop_client(anthropic.DefaultHttpxClient), **options)
+    """An SDK client with its retries and its own spans off (the engine's retry and spans are the only ones),
+    sending through the provider loop."""
+    return anthropic.Anthropic(
+        max_retries=0, http_client=loop_client(anthropic.DefaultHttpxClient), **SDK_SPANS_OFF, **options
+    )
 
 
 def shared_client() -> anthropic.Anthropic:
