@@ -16,7 +16,7 @@ benchmark process builds the same app with `build_plain_app` to send the first t
 `python -m bench.plain_celery bare REDIS_URL PREFIX PROMPT` is the same `stream` body without Celery: one thread
 BRPOPs run ids from a Redis list and streams each answer (`bare_worker`). It is the floor of *any* design that
 hands a call to a worker process through Redis and fans its chunks out through pub/sub (one push, one pop, one
-publish per chunk): what `bench.provider_ttfc` shows Celery's own consumer adds over.
+publish per chunk), over which `bench.provider_ttfc` shows what Celery's own send and consumer add.
 """
 
 from __future__ import annotations

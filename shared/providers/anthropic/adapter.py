@@ -5,7 +5,7 @@ One `stream_step` is one `messages.create(stream=True)` call read event by event
 SDK's own retries are off (`max_retries=0`): the engine's retry is the only one.
 The SDK reads its standard environment (`ANTHROPIC_API_KEY` / `ANTHROPIC_AUTH_TOKEN`,
 `ANTHROPIC_BASE_URL`); nothing here overrides it. The SDK's own OpenTelemetry spans are off
-(`SDK_SPANS_OFF`): stepq emits each model call's span itself, once its step commits.
+(`sdk_spans_off`): stepq emits each model call's span itself, once its step commits.
 
 Per-agent knobs (`provider_options`): `thinking_budget` (extended thinking),
 `thinking` (a raw thinking config), `cache` (default true) and `cache_ttl`,
@@ -71,25 +71,26 @@ def _env_fingerprint() -> tuple[str, ...]:
     return tuple(hashlib.sha256(os.environ.get(n, "").encode()).hexdigest() for n in names)
 
 
-def _sdk_spans_off() -> dict[str, Any]:
+_SDK_TRACES_ITS_CALLS = "open_telemetry" in inspect.signature(anthropic.Anthropic.__init__).parameters
+
+
+def sdk_spans_off() -> dict[str, Any]:
     """The client option that turns off the SDK's tracing of its own API calls (anthropic 2.x traces each call
     through OpenTelemetry's global tracer provider and sends its trace context with the request). stepq emits the
     model call's span itself once the step commits (engine/otel_spans.py): the SDK's would be a second span of
     the same call, emitted again by a retried step, and its `traceparent` a trace no caller started. Off also
-    spares each call the span's attributes when no tracer records them. Empty for an SDK without the option."""
-    if "open_telemetry" not in inspect.signature(anthropic.Anthropic.__init__).parameters:
+    spares each call the span's attributes when no tracer records them. Empty for an SDK without the option;
+    a new dict per client, which the SDK may keep."""
+    if not _SDK_TRACES_ITS_CALLS:
         return {}
     return {"open_telemetry": {"traces": {"enabled": False}, "propagation": False}}
-
-
-SDK_SPANS_OFF: dict[str, Any] = _sdk_spans_off()
 
 
 def new_client(**options: Any) -> anthropic.Anthropic:
     """An SDK client with its retries and its own spans off (the engine's retry and spans are the only ones),
     sending through the provider loop."""
     return anthropic.Anthropic(
-        max_retries=0, http_client=loop_client(anthropic.DefaultHttpxClient), **SDK_SPANS_OFF, **options
+        max_retries=0, http_client=loop_client(anthropic.DefaultHttpxClient), **sdk_spans_off(), **options
     )
 
 

@@ -17,7 +17,7 @@ from anthropic import AnthropicVertex
 
 from stepq.errors import SubmitError
 from stepq.models import ToolSpec
-from stepq.providers.anthropic.adapter import SDK_SPANS_OFF, AnthropicAdapter
+from stepq.providers.anthropic.adapter import AnthropicAdapter, sdk_spans_off
 from stepq.providers.anthropic.stream import scrub
 from stepq.providers.anthropic.wire import check_tools as wire_check_tools
 from stepq.providers.base import AdapterAgent, ProviderAdapter, ProviderError
@@ -56,7 +56,7 @@ def vertex_client() -> AnthropicVertex:
         if client is None:
             if len(_clients) >= 8:
                 _clients.clear()  # streams in flight keep their own reference
-            client = _clients[key] = AnthropicVertex(max_retries=0, **SDK_SPANS_OFF)
+            client = _clients[key] = AnthropicVertex(max_retries=0, **sdk_spans_off())
         return client
 
 
