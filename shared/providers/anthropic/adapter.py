@@ -78,9 +78,9 @@ def sdk_spans_off() -> dict[str, Any]:
     """The client option that turns off the SDK's tracing of its own API calls (anthropic 2.x traces each call
     through OpenTelemetry's global tracer provider and sends its trace context with the request). stepq emits the
     model call's span itself once the step commits (engine/otel_spans.py): the SDK's would be a second span of
-    the same call, emitted again by a retried step, and its `traceparent` a trace no caller started. Off also
-    spares each call the span's attributes when no tracer records them. Empty for an SDK without the option;
-    a new dict per client, which the SDK may keep."""
+    the same call, emitted by every run of a step (a crashed one's too), and its `traceparent` a trace no caller
+    started. Off also spares each call the span's attributes when no tracer records them. Empty for an SDK
+    without the option; a new dict per client, which the SDK may keep."""
     if not _SDK_TRACES_ITS_CALLS:
         return {}
     return {"open_telemetry": {"traces": {"enabled": False}, "propagation": False}}
