@@ -45,12 +45,17 @@ def bench_settings(redis_url: str, prefix: str, **overrides: Any) -> Settings:
     return Settings(**values)
 
 
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment that gives a `celery worker` subprocess exactly these settings."""
+def base_env() -> dict[str, str]:
+    """This process's environment without stepq's settings, with the repository on PYTHONPATH: what a benchmark
+    subprocess starts from."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    env.update(settings.to_env())
     env["PYTHONPATH"] = str(ROOT)
     return env
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that gives a `celery worker` subprocess exactly these settings."""
+    return {**base_env(), **settings.to_env()}
 
 
 def cleanup(redis_url: str, prefix: str) -> int:
@@ -142,8 +147,7 @@ def running_plain_worker(redis_url: str, prefix: str, concurrency: int = 1) -> I
     prefetch 1, nothing of stepq), threads pool, on its own queue. Yields its CPU clock."""
     from bench.plain_celery import plain_queue
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    env.update(STEPQ_BENCH_PLAIN_REDIS_URL=redis_url, STEPQ_BENCH_PLAIN_PREFIX=prefix, PYTHONPATH=str(ROOT))
+    env = {**base_env(), "STEPQ_BENCH_PLAIN_REDIS_URL": redis_url, "STEPQ_BENCH_PLAIN_PREFIX": prefix}
     cmd = [
         sys.executable, "-m", "celery", "-A", "bench.plain_celery", "worker",
         "--pool=threads", f"--concurrency={concurrency}", "--loglevel=ERROR", "-Q", plain_queue(prefix),
@@ -157,10 +161,8 @@ def running_plain_worker(redis_url: str, prefix: str, concurrency: int = 1) -> I
 def running_bare_worker(redis_url: str, prefix: str, prompt: str) -> Iterator[None]:
     """`python -m bench.plain_celery bare`: the plain task's body behind a bare BRPOP loop, no Celery (a
     subprocess with this environment, so the SDK's variables reach it); SIGTERM ends it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPQ_")}
-    env.update(PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "bench.plain_celery", "bare", redis_url, prefix, prompt]
-    with logged_subprocess(cmd, env, "bare worker", f"{prefix}-bare-worker-"):
+    with logged_subprocess(cmd, base_env(), "bare worker", f"{prefix}-bare-worker-"):
         yield
 
 

@@ -34,6 +34,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import anthropic
 import redis
@@ -136,26 +137,26 @@ def stepq_turn(client: Client, sub: FirstChunks, timeout: float) -> dict[str, fl
     }
 
 
-def plain_turn(app: Celery, queue: str, sub: FirstChunks, n: int, timeout: float) -> tuple[float, float]:
-    """One plain Celery streaming task: seconds from send_task to its first published text delta, and from
-    the fake's write of that delta to its arrival."""
-    run_id = f"plain-{n}"
+def sent_turn(send: Callable[[str], object], run_id: str, sub: FirstChunks, timeout: float) -> tuple[float, float]:
+    """One run of a baseline side: seconds from `send(run_id)` to its first published text delta, and from the
+    fake's write of that delta to its arrival; drained, so the next call starts on an idle worker."""
     started = time.perf_counter()
-    app.send_task(PLAIN_STREAM, args=[run_id, PROMPT], queue=queue)
+    send(run_id)
     first, from_write = sub.wait_first_delta(run_id, timeout)
-    sub.wait_finished(run_id, timeout)  # drain: the next call starts on an idle worker
+    sub.wait_finished(run_id, timeout)
     return first - started, from_write
+
+
+def plain_turn(app: Celery, queue: str, sub: FirstChunks, n: int, timeout: float) -> tuple[float, float]:
+    """One plain Celery streaming task, timed from `send_task`."""
+    return sent_turn(
+        lambda run_id: app.send_task(PLAIN_STREAM, args=[run_id, PROMPT], queue=queue), f"plain-{n}", sub, timeout
+    )
 
 
 def bare_turn(client: redis.Redis, queue: str, sub: FirstChunks, n: int, timeout: float) -> tuple[float, float]:
-    """One bare hop: seconds from the LPUSH of its run id to its first published text delta, and from the
-    fake's write of that delta to its arrival."""
-    run_id = f"bare-{n}"
-    started = time.perf_counter()
-    client.lpush(queue, run_id)
-    first, from_write = sub.wait_first_delta(run_id, timeout)
-    sub.wait_finished(run_id, timeout)  # drain: the next call starts on an idle worker
-    return first - started, from_write
+    """One bare hop, timed from the LPUSH of its run id."""
+    return sent_turn(lambda run_id: client.lpush(queue, run_id), f"bare-{n}", sub, timeout)
 
 
 def verdict(direct_p50_s: float, stepq_p50_s: float) -> tuple[bool, str]:
