@@ -232,7 +232,7 @@ LAYERS: list[Layer] = [
     ),
     Layer(
         "stepq.providers.*",
-        (*LEAVES, "stepq.config.*", "stepq.io_loop"),
+        (*LEAVES, "stepq.jsonsafe", "stepq.config.*", "stepq.io_loop"),
         "providers sit below the definitions: they type agents through protocols, never import them",
         ("stepq.providers.registry", "stepq.agents.definition"),
         ("stepq.providers.registry", "stepq.config.module_models"),

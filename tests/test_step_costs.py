@@ -8,7 +8,8 @@ Where it is counted:
   `send_packed_command`: one request written, i.e. one round trip (a command, or a whole pipeline), and the
   commands packed in it, parsed from the RESP bytes that go out.
 - JSON at the encoder/decoder: the stdlib's `JSONEncoder.encode` / `JSONDecoder.decode` (every `json.dumps` /
-  `json.loads`: the event log's event bodies, the dispatcher's and the tracer's passes) and pydantic's
+  `json.loads`: the dispatcher's and the tracer's passes), pydantic-core's `to_json` / `from_json` (`stepq.jsonsafe`:
+  the event log's event bodies, the raw streams' SSE events), all four counted as JSON, and pydantic's
   `model_dump_json` / `model_validate_json` / `TypeAdapter.dump_json` / `validate_json` (state, transcript,
   results), counted apart.
 
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
+import pydantic_core
 import pytest
 import redis
 
@@ -192,6 +194,8 @@ def counter() -> Iterator[Counter]:
     validate_json = pydantic.BaseModel.model_validate_json.__func__  # type: ignore[attr-defined]
     patches.setattr(json.JSONEncoder, "encode", wrap(json.JSONEncoder.encode, "json_encodes"))
     patches.setattr(json.JSONDecoder, "decode", wrap(json.JSONDecoder.decode, "json_decodes"))
+    patches.setattr(pydantic_core, "to_json", wrap(pydantic_core.to_json, "json_encodes"))
+    patches.setattr(pydantic_core, "from_json", wrap(pydantic_core.from_json, "json_decodes"))
     patches.setattr(pydantic.BaseModel, "model_dump_json", wrap(pydantic.BaseModel.model_dump_json, "pydantic_encodes"))
     patches.setattr(pydantic.BaseModel, "model_validate_json", classmethod(wrap(validate_json, "pydantic_decodes")))
     patches.setattr(pydantic.TypeAdapter, "dump_json", wrap(pydantic.TypeAdapter.dump_json, "pydantic_encodes"))

@@ -1,6 +1,6 @@
 """One adapter per wire protocol. The engine sees only `ProviderAdapter` (base.py) and the registry.
 
-May import: `stepq.errors`, `stepq.models`, `stepq.config`, `stepq.io_loop`.
+May import: `stepq.errors`, `stepq.models`, `stepq.jsonsafe`, `stepq.config`, `stepq.io_loop`.
 `loop_transport` sends the SDKs' requests from the process's provider loop (`stepq.io_loop`).
 Providers sit below the definitions: an adapter factory reads an agent through `base.AdapterAgent` and the
 registry through `registry.ProviderAgent`, protocols `AgentDefinition` satisfies structurally, so nothing in

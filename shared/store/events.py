@@ -11,7 +11,6 @@ blocks until it is in Redis and returns its own seq or raises its own error.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,8 +21,8 @@ import redis
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
+from stepq import jsonsafe
 from stepq.errors import EventCursorError, WaitTimeoutError
-from stepq.jsonsafe import finite
 from stepq.models import CONTENT_EVENTS, Event, EventType
 from stepq.store.keys import Keys
 from stepq.store.pipelines import evalsha_batch, queue_evalsha, runs_again
@@ -43,18 +42,12 @@ return seq
 """
 
 TERMINAL = EventType.TURN_FINISH
-# One encoder for every event body: `json.dumps` with options builds a new JSONEncoder per call, a third of a
-# small envelope's encode time (one per streamed delta)
-_ENVELOPE = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
-def _body(turn_id: str, type_: EventType, step: int, data: dict[str, Any], now: float) -> str:
-    """An event's envelope as the publish scripts take it: JSON without the opening brace (they prepend seq)."""
-    envelope = {"turn_id": turn_id, "type": type_.value, "step": step, "data": data, "ts": now}
-    try:
-        return _ENVELOPE.encode(envelope)[1:]
-    except ValueError:  # NaN/Infinity from a model or a tool: every event stays valid JSON
-        return json.dumps(finite(envelope), separators=(",", ":"))[1:]
+def _body(turn_id: str, type_: EventType, step: int, data: dict[str, Any], now: float) -> bytes:
+    """An event's envelope as the publish scripts take it: JSON without the opening brace (they prepend seq).
+    One per streamed delta, so through `jsonsafe.dumps`; NaN/Infinity from a model or a tool come out as strings."""
+    return jsonsafe.dumps({"turn_id": turn_id, "type": type_.value, "step": step, "data": data, "ts": now})[1:]
 
 
 _NAMED_TURNS = 4096  # turns whose publish keys are kept named (a worker streams at most a few hundred at once)
@@ -67,7 +60,7 @@ class Announcement:
 
     channel: str
     maxlen: int
-    body: str  # the envelope's JSON without its opening brace: the script puts `{"seq":N,` in front
+    body: bytes  # the envelope's JSON without its opening brace: the script puts `{"seq":N,` in front
 
 
 class PendingPublish:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
+from stepq import jsonsafe
 from stepq.providers.anthropic.stream import RawEvent, StreamAccumulator, in_stream_error, scrub
 from stepq.providers.base import ShouldStop
 from stepq.providers.raw_body import pull
@@ -56,7 +57,7 @@ class MessagesReader:
                 raise error_event(data, self._label, self._auth_hint)
             if not data:
                 continue
-            body = json.loads(data)
+            body = jsonsafe.loads(data)
             if event == "content_block_delta" and type(body) is dict:
                 acc.block_delta(body["index"], body["delta"])
             else:

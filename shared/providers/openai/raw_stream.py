@@ -8,10 +8,10 @@ field the server left out, as the SDK's typed models give).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
+from stepq import jsonsafe
 from stepq.providers.base import ProviderError, ShouldStop
 from stepq.providers.openai.stream import ChatAccumulator, ResponsesAccumulator, in_stream_error
 from stepq.providers.raw_body import pull
@@ -71,7 +71,7 @@ class EventsReader:
             if data.startswith(b"[DONE]"):
                 self._done = True
                 return False
-            body = json.loads(data)
+            body = jsonsafe.loads(data)
             if type(body) is dict:
                 if body.get("error"):
                     raise chunk_error(body["error"], self._label)
