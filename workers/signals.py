@@ -19,7 +19,7 @@ from celery import signals
 from stepq.config.settings import Settings
 from stepq.fleet.heartbeat import HEARTBEAT_INTERVAL_S, Heartbeat
 from stepq.fleet.metrics import PROCESS_POOLS
-from stepq.fleet.protocol import worker_queues
+from stepq.fleet.protocol import broker_sized_for, worker_queues
 from stepq.fleet.runtime import get_runtime
 from stepq.fleet.versions import served_agents, served_queues
 from stepq.logging import install_on_logger
@@ -48,11 +48,18 @@ def _settings_of(conf: Any) -> Settings | None:
     return value if isinstance(value, Settings) else None
 
 
-def _on_celeryd_init(sender: Any = None, instance: Any = None, conf: Any = None, **_: Any) -> None:
+def _on_celeryd_init(
+    sender: Any = None, instance: Any = None, conf: Any = None, options: dict[str, Any] | None = None, **_: Any
+) -> None:
     global _program
     settings = _settings_of(conf)
     if settings is not None:
         _program = _Program(settings)
+        # before the consumer connects: its channel's pool must hold every task's ack at once (gevent)
+        concurrency = (options or {}).get("concurrency") or conf.worker_concurrency or os.cpu_count() or 1
+        conf.broker_transport_options = broker_sized_for(
+            dict(conf.broker_transport_options or {}), str(conf.broker_url or ""), int(concurrency)
+        )
 
 
 def _on_worker_init(sender: Any = None, **_: Any) -> None:

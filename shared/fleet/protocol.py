@@ -72,6 +72,22 @@ def publish_retry_policy(settings: Settings) -> dict[str, Any]:
     }
 
 
+KOMBU_REDIS_CONNECTIONS = 10  # kombu's Redis transport: its channel's connection pool (`max_connections`)
+
+
+def broker_sized_for(conf_transport: dict[str, Any], broker_url: str, concurrency: int) -> dict[str, Any]:
+    """A worker's Redis broker options for `concurrency` tasks at once. Under gevent (and eventlet) each task acks
+    from its own greenlet through the consumer channel's connection pool, and redis-py's pool raises rather than
+    waits: with kombu's 10 connections, the 11th ack of steps ending together failed ("Couldn't ack ...
+    MaxConnectionsError"), the message stayed unacked until the visibility timeout, and a streaming worker
+    took no more work. One connection per task plus kombu's own; a `max_connections` set in
+    `STEPQ_BROKER_TRANSPORT_OPTIONS` stands. Connections open only when used (a threads worker's acks are
+    the consumer's, one at a time)."""
+    if not broker_url.startswith(REDIS_BROKER_SCHEMES) or "max_connections" in conf_transport:
+        return conf_transport
+    return {**conf_transport, "max_connections": KOMBU_REDIS_CONNECTIONS + max(concurrency, 0)}
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """Celery settings for at-least-once steps: late acks, requeue on worker loss, prefetch 1, JSON only."""
     url = settings.effective_broker_url
