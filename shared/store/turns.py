@@ -297,7 +297,7 @@ class TurnStore:
             k.batch_created(batch_id) if in_script_batch and batch_id else absent,
             k.batch(batch_id) if in_script_batch and batch_id else absent,
         ]
-        create_args = [
+        create_args: list[float | int | str | bytes] = [
             state.model_dump_json(exclude=_HISTORY_FIELDS),
             state.turn_id,
             self.ttl_s,
