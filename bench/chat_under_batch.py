@@ -39,6 +39,10 @@ WARMUP_CHATS = 3
 MIN_BACKLOG = 1000  # fewer items left queued at the end of the "with" phase makes the run inconclusive
 
 
+class Inconclusive(Exception):
+    """The worker drained the batch backlog during the chats: there was nothing to measure against."""
+
+
 @dataclass
 class Chat:
     ttfc_s: float
@@ -124,7 +128,7 @@ def run_config(settings: Settings, concurrency: int, n_chats: int, n_batch: int)
             flush=True,
         )
         if depth_end < MIN_BACKLOG:
-            raise RuntimeError(f"only {depth_end} batch items left queued: raise --batch-items for a real backlog")
+            raise Inconclusive(f"only {depth_end} batch items left queued: raise --batch-items for a real backlog")
         purged = int(client.runtime.redis.delete(batch_queue_key(settings)))
         wait_idle(client, batch_id)
         depth_without = batch_depth(client)
@@ -147,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     args = parser.parse_args(argv)
-    if args.chats < 1 or args.batch_items < 1 or min(args.concurrency) < 1:
-        parser.error("--chats, --batch-items and --concurrency must be at least 1")
+    if args.chats < 1 or min(args.concurrency) < 1:
+        parser.error("--chats and --concurrency must be at least 1")
+    if args.batch_items <= MIN_BACKLOG:
+        parser.error(f"--batch-items must be more than {MIN_BACKLOG}: the chats must still find a backlog at their end")
 
     prefix = unique_prefix("chatb")
     settings = batch_bench_settings(args.redis_url, prefix)
@@ -160,7 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         for concurrency in args.concurrency:
-            got = run_config(settings, concurrency, args.chats, args.batch_items)
+            try:
+                got = run_config(settings, concurrency, args.chats, args.batch_items)
+            except Inconclusive as exc:
+                print(f"inconclusive at C={concurrency}: {exc}", file=sys.stderr)
+                return 1
             base = got["without batch"]
             for condition in ("without batch", "with batch"):
                 ttfc = [c.ttfc_s for c in got[condition]]

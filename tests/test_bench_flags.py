@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import step_overhead, streaming_capacity
+from bench import chat_under_batch, step_overhead, streaming_capacity
 
 
 @pytest.mark.parametrize("flag", ["--timeline", "--profile", "--profile-end"])
@@ -30,3 +30,18 @@ def test_step_overhead_refuses_a_profile_path_in_a_missing_folder(
         step_overhead.main(["--profile", str(missing), "--redis-url", "redis://127.0.0.1:1/0"])
     assert exit_.value.code == 2
     assert capsys.readouterr().err.strip().endswith(f"--profile {missing}: no folder {missing.parent} to write to")
+
+
+def test_chat_under_batch_refuses_a_backlog_too_small_to_measure(capsys: pytest.CaptureFixture[str]) -> None:
+    """With fewer queued items than the run must still find at its end, it would only fail after minutes."""
+    with pytest.raises(SystemExit) as exit_:
+        chat_under_batch.main(["--batch-items", "500", "--redis-url", "redis://127.0.0.1:1/0"])
+    assert exit_.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            f"error: --batch-items must be more than {chat_under_batch.MIN_BACKLOG}: the chats must still find a "
+            "backlog at their end"
+        )
+    )
