@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -180,6 +180,11 @@ class ToolResultMessage(BaseModel):
 
 
 Message = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolResultMessage, Field(discriminator="role")]
+
+
+def carry_files(messages: Iterable[Message]) -> bool:
+    """Whether any of `messages` is a user message with files (only user messages carry them)."""
+    return any(isinstance(m, UserMessage) and m.files for m in messages)
 
 
 def closed_transcript(messages: list[Message]) -> list[Message]:
@@ -880,6 +885,8 @@ class TurnState(BaseModel):
     # a new turn's files (base64) by attachment id, from submit until they are stored (never in the state JSON)
     _files: dict[str, str] = PrivateAttr(default_factory=dict)
     _objects: dict[str, bytes] = PrivateAttr(default_factory=dict)  # files above the Redis threshold, by s3:// URI
+    # whether a stored message carries files, as the store last saw the transcript (None: not known here)
+    _stored_files: bool | None = PrivateAttr(default=None)
 
     turn_id: str
     agent: str
@@ -947,6 +954,13 @@ class TurnState(BaseModel):
     def running_version(self) -> str | None:
         """...and its human version string (a step trace's `agent_version`)."""
         return self.agent_version.version if self.agent_version else None
+
+    def carries_files(self) -> bool:
+        """Whether a message of the transcript carries files. A state the store read or wrote knows it without
+        a scan (a step runs this check once, and a long turn's transcript would make it O(turn length)); the
+        messages a step adds never carry files. Any other state is scanned."""
+        known = self._stored_files
+        return carry_files(self.messages) if known is None else known
 
     def result(self) -> TurnResult:
         return TurnResult(

@@ -45,3 +45,15 @@ reader = AgentDefinition(
         ScriptStep(text="read it"),
     ],
 )  # fmt: skip
+rereader = AgentDefinition(
+    id="attach_t.rereader",
+    default_provider="scripted",
+    accepted_media_types=["image/png"],
+    allowed_tools=["att_note"],
+    loop=LoopConfig(max_steps=3),
+    script=[
+        *(ScriptStep(tool_calls=[ScriptToolCall(name="att_note", args={"page": n})], fresh_call_ids=True)
+          for n in (1, 2)),
+        ScriptStep(echo_messages=True),  # the third step's request: "saw: user:<text> [image/png, N bytes] | ..."
+    ],
+)  # fmt: skip

@@ -346,6 +346,17 @@ def test_a_20_mb_pdf_is_stored_once_for_a_five_step_turn(worker, client, rt: Run
     assert len(pdf) <= used < 2 * len(pdf), (used, len(pdf))
 
 
+def test_a_later_step_still_sends_the_files_of_the_first_message(worker, client):
+    """The worker's process has stored and read the transcript by the third step (it knows whether it carries files
+    without asking every message again): the file still reaches the model with its bytes."""
+    handle = client.submit("attach_t.rereader", prompt="Look", attachments=[Attachment.from_bytes(PNG, "image/png")])
+    result = completed(handle)
+    assert len(result.trace.steps) == 3
+    assert result.text.startswith(f"saw: user:Look [image/png, {len(PNG)} bytes] | assistant: call:att_note"), (
+        result.text
+    )
+
+
 # --------------------------------------------------------------------------- threads
 
 

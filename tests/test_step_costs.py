@@ -53,7 +53,7 @@ from stepq.engine import emitter
 from stepq.engine.decisions import decide_approval
 from stepq.engine.runner import Decision, StepRunner
 from stepq.fleet.runtime import Runtime
-from stepq.models import EventType, ToolResultMessage, ToolResultStatus, TurnStatus
+from stepq.models import EventType, ToolResultMessage, ToolResultStatus, TurnStatus, UserMessage, carry_files
 from stepq.store import connection
 from stepq.store.leases import StepLease
 from stepq.turns.submit import create_turn
@@ -542,6 +542,41 @@ def test_storing_a_turn_with_its_turn_start_is_one_round_trip(costs_rt, counter,
     assert not created and again.turn_id == state.turn_id
     assert costs_rt.events.last_seq(state.turn_id) == 1
     assert costs_rt.events.read(warm.turn_id)[0].type == EventType.TURN_START
+
+
+# --------------------------------------------------------------------------- the transcript's files
+
+
+def test_a_step_reads_the_files_of_no_message_it_has_seen_before(costs_rt, counter, prefix, monkeypatch):
+    """A step must know whether its transcript carries files (their bytes go to the model). Only user messages
+    carry them; asking each one, every step, made a long turn's steps O(its length) (~0.1 µs a message: 20 % of
+    a plain step by its 1000th). The store notes it as messages are appended, so a step of a turn whose
+    transcript holds 40 user messages asks none of them. Counted: every read of a user message's `files`."""
+    reads: list[int] = []
+    plain_getattribute = UserMessage.__getattribute__
+
+    def counting_getattribute(self: UserMessage, name: str) -> Any:
+        if name == "files" and counter.active:
+            reads.append(1)
+        return plain_getattribute(self, name)
+
+    monkeypatch.setattr(UserMessage, "__getattribute__", counting_getattribute)
+    history = [
+        {"role": "user", "content": f"question {i}"}
+        if i % 2 == 0
+        else {"role": "assistant", "parts": [{"type": "text", "text": "ok"}]}
+        for i in range(79)
+    ]
+    turn_id = start(costs_rt, "cost.plain", prefix, prompt=None, messages=history)
+    assert deliver(costs_rt, turn_id, 0).action == "next"  # this process has stored and seen its transcript
+    assert counted(costs_rt, turn_id, 1).action == "next"
+    assert sum(reads) == 0
+    state = costs_rt.turns.load(turn_id)
+    assert state is not None and len(state.messages) == 83 and not state.carries_files()
+    counter.active = True  # the counter counts: a scan of this transcript asks its 40 user messages
+    assert not carry_files(state.messages)
+    counter.active = False
+    assert sum(reads) == 40
 
 
 # --------------------------------------------------------------------------- the lease heartbeat

@@ -30,7 +30,6 @@ from stepq.models import (
     StepPlan,
     ToolSpec,
     TurnStatus,
-    UserMessage,
 )
 from stepq.policy.resolution import Effective, layers_for, resolve, tenant_of
 from stepq.providers.base import OUTPUT_TOOL, ProviderAdapter, StepRequest
@@ -238,7 +237,7 @@ def _request(
 
 def with_files(ctx: StepContext, messages: list[Message]) -> list[Message]:
     """The transcript with each file's bytes filled in (stored ones from the turn, URLs fetched)."""
-    if not any(isinstance(m, UserMessage) and m.files for m in messages):
+    if not ctx.state.carries_files():  # the view only drops messages, or adds ones without files
         return messages
     state, turns = ctx.state, ctx.rt.turns
     return attachments.resolve(

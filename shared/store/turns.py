@@ -24,7 +24,7 @@ import redis
 from pydantic import TypeAdapter
 from redis.commands.core import Script
 
-from stepq.models import Message, StepOutput, StepTrace, TurnState, TurnStatus
+from stepq.models import Message, StepOutput, StepTrace, TurnState, TurnStatus, carry_files
 from stepq.store.broker_push import BrokerPush
 from stepq.store.events import Announcement
 from stepq.store.indexes import ACTIVE, AWAITING, RUNNING, SweepIndexes, on_awaiting_list
@@ -206,31 +206,49 @@ class LeaseHeld:
 _HISTORY_FIELDS = {"messages": True, "trace": True}
 
 
+@dataclass(frozen=True, slots=True)
+class _History:
+    messages: list[Message]
+    trace: list[StepTrace]
+    files: bool  # whether one of `messages` carries files
+
+
+_NO_HISTORY = _History([], [], False)
+
+
 class _HistoryCache:
-    """Parsed transcript and trace prefixes by turn, for the turns this process touched recently.
+    """Parsed transcript and trace prefixes by turn, for the turns this process touched recently, and whether
+    the transcript carries files (scanned once per message, as it is appended).
 
     Safe because both lists are append-only in Redis: a cached prefix never goes stale.
     """
 
     def __init__(self, size: int = 1024) -> None:
-        self._entries: OrderedDict[str, tuple[list[Message], list[StepTrace]]] = OrderedDict()
+        self._entries: OrderedDict[str, _History] = OrderedDict()
         self._size = size
         self._lock = threading.Lock()
 
-    def get(self, turn_id: str) -> tuple[list[Message], list[StepTrace]]:
+    def get(self, turn_id: str) -> _History:
         with self._lock:
             entry = self._entries.get(turn_id)
             if entry is None:
-                return [], []
+                return _NO_HISTORY
             self._entries.move_to_end(turn_id)
             return entry
 
-    def put(self, turn_id: str, messages: list[Message], trace: list[StepTrace]) -> None:
+    def put(self, turn_id: str, messages: list[Message], trace: list[StepTrace]) -> bool:
+        """Cache the turn's stored lists; returns whether its transcript carries files."""
         with self._lock:
-            self._entries[turn_id] = (list(messages), list(trace))
+            known = self._entries.get(turn_id, _NO_HISTORY)
+            if len(known.messages) <= len(messages):  # appended to: only the new messages are looked at
+                files = known.files or carry_files(messages[len(known.messages) :])
+            else:  # started over (a re-used id)
+                files = carry_files(messages)
+            self._entries[turn_id] = _History(list(messages), list(trace), files)
             self._entries.move_to_end(turn_id)
             while len(self._entries) > self._size:
                 self._entries.popitem(last=False)
+            return files
 
 
 class TurnStore:
@@ -385,7 +403,8 @@ class TurnStore:
     def load(self, turn_id: str) -> TurnState | None:
         """The turn with its transcript and trace: one round trip, parsing only what this process has not seen."""
         k = self.keys
-        messages, trace = self._history.get(turn_id)
+        cached = self._history.get(turn_id)
+        messages, trace = cached.messages, cached.trace
         pipe = self.client.pipeline(transaction=True)  # one consistent snapshot: commits are atomic scripts
         pipe.get(k.turn(turn_id))
         pipe.lrange(k.messages(turn_id), len(messages), -1)
@@ -406,7 +425,8 @@ class TurnStore:
         `quota_keys`: usage counters to read with it (not on a cluster, see _BEGIN)."""
         quota_keys = [] if self.indexes.separate else list(quota_keys or [])
         k = self.keys
-        messages, trace = self._history.get(turn_id)
+        cached = self._history.get(turn_id)
+        messages, trace = cached.messages, cached.trace
         reply = self._begin(
             keys=[
                 k.lease(turn_id),
@@ -479,7 +499,7 @@ class TurnStore:
         state._stored_trace = len(state.trace.steps)
         state._stored_status = state.status
         state._stored_score = index_score(state)
-        self._history.put(state.turn_id, state.messages, state.trace.steps)
+        state._stored_files = self._history.put(state.turn_id, state.messages, state.trace.steps)
 
     def commit(self, state: TurnState, lease_token: str | None = None, release: bool = False) -> bool:
         """Write `state` if nobody committed since it was loaded (and, given a lease token, only while that
