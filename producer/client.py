@@ -65,6 +65,7 @@ class ApprovalReceipt:
     client: Client
     approval_id: str
     request_id: str
+    refused: ApprovalError | None = None  # known before sending (an unknown id): nothing went to a worker
 
     def wait(self, timeout: float = 30.0) -> bool:
         """True when the worker accepted the decision; ApprovalError (its `code` an ApprovalRefusal) when it
@@ -73,6 +74,8 @@ class ApprovalReceipt:
         timeout: seconds to wait for the worker's answer; WaitTimeoutError when none came (no worker running,
             or the `approve` task still queued).
         """
+        if self.refused is not None:
+            raise self.refused
         rt = self.client.runtime
         deadline = time.monotonic() + timeout
         # blocking slices shorter than the socket timeout, so a long wait is never taken for a dead connection
@@ -681,11 +684,14 @@ class Client:
         token: the signed token stays server-side (approval-request events do not carry it) and is
             read from the pending approval's record; pass one only to present a token you hold yourself.
 
-        Returns an ApprovalReceipt: `receipt.wait()` tells whether the worker accepted the decision.
+        Returns an ApprovalReceipt: `receipt.wait()` tells whether the worker accepted the decision. An id with
+        no approval record (and no `token` given) is refused at once (`unknown`): nothing is sent.
         """
         if token is None:
             record = self.runtime.approvals.get(approval_id) if isinstance(approval_id, str) and approval_id else None
-            token = record.token if record is not None else ""  # unknown: the task answers `unknown`
+            if record is None:  # the worker could only answer `unknown`: refused now, not after a worker's hop
+                return ApprovalReceipt(self, approval_id, "", ApprovalError.unknown(approval_id))
+            token = record.token
         request_id = uuid.uuid4().hex
         self._ensure_worker()
         self.celery.send_task(

@@ -226,6 +226,11 @@ class ApprovalError(StepqError):
         super().__init__(message)
         self.code = ApprovalRefusal(code)
 
+    @classmethod
+    def unknown(cls, approval_id: object) -> ApprovalError:
+        """No approval has this id (never created, or expired after retention)."""
+        return cls(ApprovalRefusal.UNKNOWN, f"unknown approval id {approval_id!r}")
+
 
 class ToolResultsRefusal(StrEnum):
     """Why client-side tool results were refused (the `code` of ToolResultsError and the API's reply)."""

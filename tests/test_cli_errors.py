@@ -145,6 +145,15 @@ def test_broker_unreachable_in_approve_is_one_line(settings):
     assert proc.returncode == 1  # a service down, not bad input
 
 
+def test_approving_an_unknown_id_is_refused_at_once_without_a_worker(settings):
+    """No worker runs here: the id has no approval record, so the refusal cannot be the worker's. (Before, the
+    command sent the decision and waited its whole --timeout for a worker's `unknown`.)"""
+    proc = run(settings_env(settings), "approve", "apr_0123456789abcdef", "--yes", "--timeout", "20")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == "refused (unknown): unknown approval id 'apr_0123456789abcdef'", proc.stdout
+    assert "Traceback" not in proc.stderr and "worker" not in proc.stderr, proc.stderr
+
+
 def test_broker_unreachable_in_run_is_one_line_and_exit_1(settings):
     """Redis answers, the broker does not: the submit's BrokerUnavailableError is a service down (1), not bad input."""
     env = settings_env(settings)

@@ -60,7 +60,7 @@ def _decide(
 ) -> ApprovalOutcome:
     record = rt.approvals.get(approval_id) if isinstance(approval_id, str) and approval_id else None
     if record is None:
-        raise ApprovalError(ApprovalRefusal.UNKNOWN, f"unknown approval id {approval_id!r}")
+        raise ApprovalError.unknown(approval_id)
     claim = ApprovalClaim(
         record.approval_id,
         record.turn_id,
