@@ -448,9 +448,10 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             "`--pool gevent` cannot embed beat: add --no-beat (or STEPQ_BEAT=false) and run the sweeper's schedule "
             "elsewhere, in a threads worker or `celery -A stepq.workers.celery_app beat`"
         )
+    if args.concurrency < 1:  # celery would take 0 for "one per CPU" and fail on a negative with its own usage
+        raise UsageError(f"--concurrency must be at least 1 (concurrent steps), not {args.concurrency}")
     if args.metrics_port is not None:
-        if not 0 <= args.metrics_port <= 65535:
-            raise UsageError(f"--metrics-port must be 0 (off) or a port number, not {args.metrics_port}")
+        check_port("--metrics-port", args.metrics_port, "0 (off)")
         os.environ["STEPQ_METRICS_PORT"] = str(args.metrics_port)  # read by the exec'd worker's Settings
     argv = worker_argv(args, settings)
     if not settings.agent_modules and not args.print_command:
@@ -489,13 +490,22 @@ def default_node_name() -> str:
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from stepq.producer.gateway.serve import serve  # lazy: the gateway extra (FastAPI, uvicorn, pyjwt)
 
+    if args.port is not None:
+        check_port("--port", args.port, "0 (any free port)")
     return serve(settings, host=args.host, port=args.port, insecure_dev=args.insecure_dev)
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     if args.serve:
+        check_port("--port", args.port, "0 (any free port)")
         return serve_demo(settings, host=args.host, port=args.port)
     return run_demo(settings)
+
+
+def check_port(flag: str, port: int, zero: str) -> None:
+    """A port the socket layer would refuse with an OverflowError: a usage error naming the flag."""
+    if not 0 <= port <= 65535:
+        raise UsageError(f"{flag} must be {zero} or a port number up to 65535, not {port}")
 
 
 # --------------------------------------------------------------------------- argument parsing

@@ -237,6 +237,13 @@ def test_worker_command_line(env, settings):
     refused = stepq(env, "worker", "--pool", "gevent", "--print-command", check=2).stderr  # celery refuses -B there
     assert "--no-beat" in refused and len(refused.strip().splitlines()) == 1 and "Traceback" not in refused
     assert "invalid choice: 'eventlet'" in stepq(env, "worker", "--pool", "eventlet", check=2).stderr
+    for flags, said in [
+        (["--concurrency", "0"], "--concurrency must be at least 1 (concurrent steps), not 0"),  # celery: one per CPU
+        (["--concurrency", "-2"], "--concurrency must be at least 1 (concurrent steps), not -2"),
+        (["--metrics-port", "70000"], "--metrics-port must be 0 (off) or a port number up to 65535, not 70000"),
+    ]:
+        refused = stepq(env, "worker", *flags, "--print-command", check=2).stderr
+        assert refused.strip() == f"stepq: error: {said}", refused
 
 
 def test_worker_refuses_embedded_mode():

@@ -47,6 +47,22 @@ def test_a_taken_port_is_one_line_saying_how_to_choose_another(prefix, taken_por
     assert "--port" in line and "Errno" not in line
 
 
+@pytest.mark.parametrize("argv", [["serve", "--insecure-dev"], ["demo", "--serve"]], ids=["serve", "demo-serve"])
+def test_a_port_out_of_range_or_an_address_not_of_this_machine_is_one_line(prefix, argv):
+    """Before, a port past 65535 was the socket layer's OverflowError, reported as a bug in stepq; and an address
+    the machine does not have was told to choose another port."""
+    env = settings_env(make_settings(prefix, api_keys=api_keys_setting()))
+    if argv[0] == "demo":
+        env.pop("STEPQ_REDIS_URL")
+    line = _one_line(_run([*argv, "--port", "99999"], env))
+    assert line == "stepq: error: --port must be 0 (any free port) or a port number up to 65535, not 99999", line
+    line = _one_line(_run([*argv, "--host", "192.0.2.1", "--port", "0"], env))  # TEST-NET-1: nobody's address
+    assert line.startswith("stepq: error: cannot listen on 192.0.2.1:0: cannot assign requested address; "), line
+    assert line.endswith(
+        "give an address of this machine with --host" + (" or STEPQ_GATEWAY_HOST" if argv[0] == "serve" else "")
+    ), line
+
+
 def test_serve_refuses_a_generated_approval_secret(prefix):
     env = settings_env(make_settings(prefix, api_keys=api_keys_setting()))
     env.pop("STEPQ_APPROVAL_SECRET")

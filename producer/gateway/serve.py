@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import sys
@@ -40,7 +41,12 @@ def serve(settings: Settings, host: str | None = None, port: int | None = None, 
     app = create_app(settings, auth)  # refuses to build without credentials unless insecure_dev
     first_contact(app.state.gateway.settings)  # the gateway's own (named) URL: its clients then count as reached
     host = host or settings.gateway_host
-    listener = listen(host, port if port is not None else settings.gateway_port, "--port or STEPQ_GATEWAY_PORT")
+    listener = listen(
+        host,
+        port if port is not None else settings.gateway_port,
+        "--port or STEPQ_GATEWAY_PORT",
+        "--host or STEPQ_GATEWAY_HOST",
+    )
     bound = listener.getsockname()[1]
     _say(f"listening on http://{host}:{bound} (Ctrl-C stops)")  # connections wait in the backlog until it serves
     config = uvicorn.Config(app, host=host, port=bound, log_level="info", timeout_graceful_shutdown=5)
@@ -63,9 +69,9 @@ def check_approval_secret(settings: Settings, insecure_dev: bool) -> None:
         )
 
 
-def listen(host: str, port: int, how_to_move: str) -> socket.socket:
-    """The listening socket, bound here so a taken port is one line (ConfigurationError), not uvicorn's log
-    and errno; uvicorn then serves on it."""
+def listen(host: str, port: int, port_flag: str, host_flag: str) -> socket.socket:
+    """The listening socket, bound here so a taken port or a bad address is one line (ConfigurationError) that
+    names the setting to change, not uvicorn's log and errno; uvicorn then serves on it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -74,9 +80,9 @@ def listen(host: str, port: int, how_to_move: str) -> socket.socket:
     except OSError as exc:
         sock.close()
         reason = (exc.strerror or str(exc)).lower()
-        raise ConfigurationError(
-            f"cannot listen on {host}:{port}: {reason}; choose another port with {how_to_move}"
-        ) from None
+        taken = exc.errno in (errno.EADDRINUSE, errno.EACCES)  # else the address: unknown, or not this machine's
+        fix = f"choose another port with {port_flag}" if taken else f"give an address of this machine with {host_flag}"
+        raise ConfigurationError(f"cannot listen on {host}:{port}: {reason}; {fix}") from None
     sock.listen(BACKLOG)
     sock.set_inheritable(True)
     return sock
