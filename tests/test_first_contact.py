@@ -17,9 +17,10 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+import redis
 
 from stepq.errors import StoreUnavailableError, TurnNotFoundError
-from tests.conftest import ROOT, make_settings, settings_env
+from tests.conftest import REDIS_URL, ROOT, make_settings, settings_env
 from tests.gateway_support import api_keys_setting
 from tests.outage_helpers import RedisServer
 from tests.test_cli import TIMEOUT
@@ -104,6 +105,21 @@ def test_stepq_serve_with_a_redis_never_reached_exits_with_one_line(prefix: str)
     proc = run(settings_env(settings), "serve", "--port", "0")
     assert_one_line_failure(proc, "cannot reach Redis at redis://:***@", str(port), "STEPQ_REDIS_URL")
     assert PASSWORD not in proc.stderr + proc.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["status"], ["worker", "--pool", "threads", "--concurrency", "1"], ["serve", "--port", "0"]],
+    ids=lambda a: a[0],
+)
+def test_a_database_the_redis_server_does_not_have_is_one_line_naming_the_url(prefix: str, argv: list[str]) -> None:
+    """Redis answers, but refuses the connection's SELECT: a setting to fix (exit 2), not "a bug in stepq"."""
+    databases = int(redis.Redis.from_url(REDIS_URL).config_get("databases")["databases"])
+    url = REDIS_URL.rsplit("/", 1)[0] + f"/{databases}"  # the first index past the server's last database
+    settings = make_settings(prefix, redis_url=url, api_keys=api_keys_setting())
+    line = assert_one_line_failure(run(settings_env(settings), *argv), "STEPQ_REDIS_URL: Redis refused stepq's first")
+    assert line.endswith("DB index is out of range (the database number in the URL is past the server's `databases`)")
+    assert line.startswith("error: " if argv[0] == "worker" else "stepq: error: "), line
 
 
 @pytest.fixture

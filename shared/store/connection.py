@@ -34,7 +34,7 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException
+from redis.exceptions import RedisClusterException, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
@@ -167,6 +167,9 @@ def first_contact(settings: Settings) -> None:
             client.close()
     except RedisClusterException as exc:  # the cluster client connects (and fails) in its constructor
         raise RedisConnectionError(str(exc)) from None
+    except ResponseError as exc:  # it answered, with an error: the connection's setup (SELECT, HELLO) or PING
+        hint = " (the database number in the URL is past the server's `databases`)" if "DB index" in str(exc) else ""
+        raise ConfigurationError(f"STEPQ_REDIS_URL: Redis refused stepq's first command: {exc}{hint}") from None
     _reached.add(_url_key(settings))
 
 
