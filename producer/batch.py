@@ -105,6 +105,15 @@ def numbered_items(path: Path) -> Iterator[tuple[int, ItemLine]]:
 ON_DUPLICATE = ("refuse", "first", "last")
 
 
+def input_problem(path: Path) -> str | None:
+    """Why `path` cannot be read as the items' JSONL file (checked before anything is stored), or None."""
+    if not path.exists():
+        return f"no input file {path}"
+    if path.is_dir():
+        return f"--input {path} is a folder, not a JSONL file"
+    return None
+
+
 def read_input(path: Path, on_duplicate: str = "refuse") -> list[ItemLine]:
     """The file's items with each key once. Duplicate keys raise ValueError naming the lines (`refuse`),
     or keep the first or the last line of each key."""
@@ -330,8 +339,8 @@ def run_batch_command(
     on_duplicate: str = "refuse",
 ) -> int:
     """The body of `stepq batch`; returns the exit code."""
-    if not input_path.exists():
-        print(f"stepq batch: no input file {input_path}", file=sys.stderr)
+    if (problem := input_problem(input_path)) is not None:
+        print(f"stepq batch: {problem}", file=sys.stderr)
         return 2
     if not output_path.parent.is_dir():
         print(
@@ -386,8 +395,8 @@ def submit_command(client: Client, ns: Any) -> int:
             file=sys.stderr,
         )
         return 2
-    if not ns.input.exists():
-        print(f"stepq batch submit: no input file {ns.input}", file=sys.stderr)
+    if (problem := input_problem(ns.input)) is not None:
+        print(f"stepq batch submit: {problem}", file=sys.stderr)
         return 2
     if client.runtime.agents.get(ns.agent) is None:
         print(f"stepq batch submit: unknown agent {ns.agent!r}", file=sys.stderr)
@@ -579,6 +588,9 @@ def _follow_main(command: str, args_list: list[str]) -> int:
     if output is not None and not output.parent.is_dir():
         print(f"stepq batch {command}: no folder {output.parent} for --output {output}: create it first",
               file=sys.stderr)  # fmt: skip
+        return 2
+    if output is not None and output.is_dir():
+        print(f"stepq batch {command}: --output {output} is a folder; give the file to write", file=sys.stderr)
         return 2
     try:
         settings = load_settings()

@@ -144,6 +144,8 @@ def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     path = Path(args.output)
     if not path.parent.is_dir():
         raise UsageError(f"-o {args.output}: the folder {path.parent} does not exist")
+    if path.is_dir():
+        raise UsageError(f"-o {args.output} is a folder; give the file to write")
     partial = path.with_name(path.name + ".partial")
     partial.write_text(text, encoding="utf-8")  # whole or not at all: a reader never sees half a case
     partial.replace(path)

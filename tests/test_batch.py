@@ -104,6 +104,15 @@ def test_unknown_agent_and_missing_input_are_clear_errors(settings, tmp_path):
     proc = _batch(settings, "--agent", "bt.nope", "--input", str(tmp_path / "x.jsonl"), "--output", str(tmp_path / "o"))
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "no input file" in err
+    for command in (["--agent", "bt.extract", "--output", str(tmp_path / "o")], ["submit", "--agent", "bt.extract"]):
+        proc = _batch(settings, *command, "--input", str(tmp_path))  # a folder given as the input
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2 and err.strip().endswith(f"--input {tmp_path} is a folder, not a JSONL file"), err
+    proc = _batch(settings, "results", "b-1", "--output", str(tmp_path))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and err.strip().endswith(f"--output {tmp_path} is a folder; give the file to write"), (
+        err
+    )
     (tmp_path / "x.jsonl").write_text("{}\n")
     proc = _batch(settings, "--agent", "bt.nope", "--input", str(tmp_path / "x.jsonl"), "--output", str(tmp_path / "o"))
     _, err = proc.communicate(timeout=60)

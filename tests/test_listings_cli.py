@@ -117,6 +117,9 @@ def test_an_exported_case_replays_offline_without_running_a_tool(worker, client,
     assert [s.assistant.tool_calls[0].name for s in case.steps[:1]] == ["ls_lookup"]
     assert case.steps[0].tool_results[0].output["forecast"] == "sunny"
     assert json.loads(stepq(env, "export", handle.turn_id, check=0).stdout)["turn_id"] == handle.turn_id  # stdout
+    refused = stepq(env, "export", handle.turn_id, "-o", str(tmp_path), check=2).stderr  # a folder: nothing written
+    assert refused.strip() == f"stepq: error: -o {tmp_path} is a folder; give the file to write", refused
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["case.json"]  # no `<folder>.partial` beside it
 
     replay = replay_case(path)  # the recorded answers played back: the same text, twice (deterministic)
     assert replay.matches_recording and replay.steps == 2 and replay.unrecorded_calls == []
