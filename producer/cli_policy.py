@@ -111,6 +111,14 @@ def _unset(names: list[str]) -> list[str]:
     return fields
 
 
+def _option(loc: tuple[int | str, ...]) -> str:
+    """The flag that set the field a validation error is about: a quota's own fields have flags of their own."""
+    path = [str(part) for part in loc if isinstance(part, str)]  # an index into a list names no flag
+    if path == ["quota"]:  # the quota as a whole: it needs one of its limits
+        return "--quota-tokens/--quota-cost"
+    return "--" + "-".join(path).replace("_", "-") if path else "policy"
+
+
 def cmd_policy_set(args: argparse.Namespace, settings: Settings) -> int:
     _needs_redis(settings)
     tenant, scope = _tenant(args.tenant), _scope(args.scope)
@@ -122,7 +130,7 @@ def cmd_policy_set(args: argparse.Namespace, settings: Settings) -> int:
         policy = get_runtime(settings).policies.update(tenant, scope, changes, unset)
     except ValidationError as exc:
         first = exc.errors()[0]
-        option = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "policy"
+        option = _option(first["loc"])
         message = first["msg"].removeprefix("Value error, ")
         raise UsageError(f"{option}: {message[:1].lower() + message[1:]}") from None
     shown = describe(policy) if policy is not None else "(nothing left: removed)"

@@ -209,6 +209,24 @@ def _policy_cli(settings: Any, *args: str) -> str:
     return done.stdout
 
 
+def test_a_bad_quota_value_names_the_flag_that_set_it(settings):
+    """A quota's fields are nested in the policy: the refusal names --quota-window-s, not a `--quota` there is none of."""
+    for flags, said in [
+        (["--quota-tokens", "0"], "--quota-tokens: input should be greater than or equal to 1"),
+        (
+            ["--quota-tokens", "100", "--quota-window-s", "0"],
+            "--quota-window-s: input should be greater than or equal to 1",
+        ),
+        (["--quota-cost", "-1"], "--quota-cost: input should be greater than 0"),
+        (["--quota-window-s", "60"], "--quota-tokens/--quota-cost: a quota sets tokens, cost or both"),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "stepq.producer.cli", "policy", "set", "--tenant", TENANT, *flags],
+            env=settings_env(settings), cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert (done.returncode, done.stderr.strip()) == (2, f"stepq: error: {said}"), done.stderr
+
+
 def _waiting(client: Client, turn_id: str) -> None:
     """Return once the turn's model called pol_wait: the step is provably running and holds in the tool."""
     for event in client.events(turn_id):
