@@ -56,6 +56,22 @@ def test_prompt_that_is_not_utf8_is_refused_as_such(rt, prefix):
     assert _nothing_stored(rt)
 
 
+def test_a_bad_loop_override_names_its_field_by_its_path(rt, prefix):
+    """One line a person reads: the field's dotted path, then what is wrong (not pydantic's `at ('max_steps',)`)."""
+    for loop, said in [
+        ({"max_steps": 0}, "invalid loop overrides: max_steps: input should be greater than or equal to 1"),
+        (
+            {"budget": {"max_tool_calls": -1}},
+            "invalid loop overrides: budget.max_tool_calls: input should be greater than or equal to 0",
+        ),
+        ({"max_stepz": 1}, "invalid loop overrides: max_stepz: extra inputs are not permitted"),
+    ]:
+        with pytest.raises(OverrideError) as info:
+            create_turn(rt, "rt.basic", prompt="go", loop=loop, metadata={"prefix": prefix})
+        assert str(info.value).startswith(said), str(info.value)
+    assert _nothing_stored(rt)
+
+
 def test_loop_overrides_given_as_a_string_are_refused(rt, prefix):
     with pytest.raises(OverrideError, match=r"loop must be a mapping.*not str.*json\.loads"):
         create_turn(rt, "rt.basic", prompt="go", loop='{"max_steps": 1}', metadata={"prefix": prefix})  # type: ignore[arg-type]
