@@ -23,13 +23,14 @@ from celery import Celery
 from kombu.exceptions import OperationalError as BrokerConnectionError
 
 from stepq import embedded
-from stepq.batches.items import BatchItem, check_batch_id, derive_batch_id, item_idempotency_key
+from stepq.batches.items import batch_item, check_batch_id, derive_batch_id, item_idempotency_key
 from stepq.config.settings import Settings, get_settings
 from stepq.errors import (
     ApprovalError,
     BrokerUnavailableError,
     NoWorkerError,
     StoreUnavailableError,
+    SubmitError,
     TurnNotFoundError,
     WaitTimeoutError,
 )
@@ -372,10 +373,14 @@ class Client:
         key: the batch id; default: derived from the agent and the item keys.
 
         Items are `{"key": ..., "prompt"|"messages"|"input": ...}`. Submitting the same batch again
-        returns the existing turns instead of creating (and paying for) new ones.
+        returns the existing turns instead of creating (and paying for) new ones. A malformed item or batch
+        id raises SubmitError naming it (`items[2]: key: Field required`) before anything is stored.
         """
-        parsed = [BatchItem.model_validate(item) for item in items]
-        batch_id = check_batch_id(key) if key else derive_batch_id(agent, json.dumps([i.key for i in parsed]))
+        try:
+            parsed = [batch_item(item, f"items[{i}]") for i, item in enumerate(items)]
+            batch_id = check_batch_id(key) if key else derive_batch_id(agent, json.dumps([i.key for i in parsed]))
+        except ValueError as exc:  # nothing is stored yet
+            raise SubmitError(str(exc)) from None
         record = self.runtime.keys.batch(batch_id)
         self.runtime.redis.hset(record, mapping={"agent": agent, "total": len(parsed)})
         handles = []

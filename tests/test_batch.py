@@ -8,8 +8,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from stepq.batches import driver as batch_driver
 from stepq.batches.items import BatchItem, item_idempotency_key
+from stepq.errors import SubmitError
 from stepq.fleet.runtime import get_runtime
 from stepq.models import EventType, TurnStatus
 from stepq.turns.submit import create_turn
@@ -98,6 +101,22 @@ def test_submit_batch_is_idempotent(worker, client):
     _, again = client.submit_batch("bt.extract", items, key="api-batch")
     assert [h.turn_id for h in again] == [h.turn_id for h in handles]
     assert not any(h.created for h in again)
+
+
+def test_submit_batch_refuses_a_malformed_item_or_batch_id_naming_it_and_stores_nothing(client, prefix):
+    """Before, a missing key was pydantic's ValidationError and a bad batch id a bare ValueError."""
+    good = {"key": "a", "prompt": "hi"}
+    before = set(client.runtime.redis.scan_iter(f"{prefix}*", count=1000))
+    for items, key, said in [
+        ([good, {"prompt": "no key"}], None, "items[1]: key: Field required"),
+        ([good, "text"], None, "items[1]: an item must be a JSON object"),
+        ([{"key": "a"}], None, "items[0]: item: an item needs exactly one of prompt, messages or input"),
+        ([good], "bad id!", "a batch id is 1-100 characters of letters, digits and _ . : -"),
+    ]:
+        with pytest.raises(SubmitError) as info:
+            client.submit_batch("bt.extract", items, key=key)
+        assert str(info.value) == said
+    assert set(client.runtime.redis.scan_iter(f"{prefix}*", count=1000)) == before
 
 
 def test_unknown_agent_and_missing_input_are_clear_errors(settings, tmp_path):

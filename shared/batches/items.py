@@ -60,15 +60,22 @@ def parse_item(line: str, line_no: int) -> BatchItem:
         raw = json.loads(line)
     except json.JSONDecodeError as exc:
         raise ValueError(f"line {line_no}: not JSON ({exc.msg})") from None
+    if isinstance(raw, dict):
+        raw.setdefault("key", f"line-{line_no}")
+    return batch_item(raw, f"line {line_no}")
+
+
+def batch_item(raw: Any, where: str) -> BatchItem:
+    """One item (a JSONL line's object, or a dict given to `Client.submit_batch`); raises ValueError naming
+    `where` (its line, its index) and the field at fault."""
     if not isinstance(raw, dict):
-        raise ValueError(f"line {line_no}: an item must be a JSON object")
-    raw.setdefault("key", f"line-{line_no}")
+        raise ValueError(f"{where}: an item must be a JSON object")
     try:
         return BatchItem.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(map(str, first["loc"])) or "item"
-        raise ValueError(f"line {line_no}: {where}: {first['msg']}") from None
+        field = ".".join(map(str, first["loc"])) or "item"
+        raise ValueError(f"{where}: {field}: {first['msg'].removeprefix('Value error, ')}") from None
 
 
 def derive_batch_id(agent: str, source: str) -> str:
