@@ -351,7 +351,8 @@ def run_batch_command(
         print(f"stepq batch: unknown agent {agent!r}", file=sys.stderr)
         return 2
     client.runtime.redis.ping()  # Redis unreachable: one error line now, before the output file is touched
-    batch_id = batch_id or derive_batch_id(agent, str(input_path.resolve()))
+    # refused (ValueError, one line) before the output file is opened: a bad id must not truncate earlier results
+    batch_id = check_batch_id(batch_id or derive_batch_id(agent, str(input_path.resolve())))
     items = read_input(input_path, on_duplicate)
     current = {key: item.content_hash() for key, item, _ in items if item is not None}
     try:

@@ -119,6 +119,21 @@ def test_submit_batch_refuses_a_malformed_item_or_batch_id_naming_it_and_stores_
     assert set(client.runtime.redis.scan_iter(f"{prefix}*", count=1000)) == before
 
 
+def test_a_bad_batch_id_is_refused_before_the_output_file_is_touched(settings, tmp_path):
+    """Before, the output was opened (truncated) first: a typo in --batch-id lost the earlier run's results."""
+    (tmp_path / "in.jsonl").write_text('{"key": "a", "prompt": "hi"}\n')
+    earlier = '{"key": "a", "status": "completed"}\n'
+    (tmp_path / "out.jsonl").write_text(earlier)
+    args = ["--agent", "bt.extract", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.jsonl")]
+    proc = _batch(settings, *args, "--batch-id", "bad id")
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err.strip()) == (
+        2,
+        "stepq batch: a batch id is 1-100 characters of letters, digits and _ . : -",
+    )
+    assert (tmp_path / "out.jsonl").read_text() == earlier
+
+
 def test_unknown_agent_and_missing_input_are_clear_errors(settings, tmp_path):
     proc = _batch(settings, "--agent", "bt.nope", "--input", str(tmp_path / "x.jsonl"), "--output", str(tmp_path / "o"))
     _, err = proc.communicate(timeout=60)
