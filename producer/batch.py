@@ -91,8 +91,17 @@ def read_items(path: Path) -> Iterator[ItemLine]:
 
 
 def numbered_items(path: Path) -> Iterator[tuple[int, ItemLine]]:
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    """Each non-blank line's item, or its key and why it is not one (that line fails; the others run)."""
+    with path.open("rb") as handle:  # decoded per line: a line that is not UTF-8 fails alone, named
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a leading BOM (some editors write one)
+            except UnicodeDecodeError as exc:
+                yield (
+                    number,
+                    (f"line-{number}", None, f"line {number}: not UTF-8 text ({exc.reason} at byte {exc.start})"),
+                )
+                continue
             if not line.strip():
                 continue
             try:

@@ -15,6 +15,7 @@ from stepq.batches.items import BatchItem, item_idempotency_key
 from stepq.errors import SubmitError
 from stepq.fleet.runtime import get_runtime
 from stepq.models import EventType, TurnStatus
+from stepq.producer.batch import read_input
 from stepq.turns.submit import create_turn
 from tests.conftest import ROOT, WorkerProcess, eventually, make_settings, settings_env
 
@@ -117,6 +118,22 @@ def test_submit_batch_refuses_a_malformed_item_or_batch_id_naming_it_and_stores_
             client.submit_batch("bt.extract", items, key=key)
         assert str(info.value) == said
     assert set(client.runtime.redis.scan_iter(f"{prefix}*", count=1000)) == before
+
+
+def test_an_input_file_saved_with_a_bom_reads_and_a_line_that_is_not_utf8_fails_alone(tmp_path):
+    """Some editors start UTF-8 files with a byte-order mark; a line of another encoding is that item's failure
+    (named by its line), not the whole run's: before, the first made line 1 'not JSON' and the second ended
+    the command with the codec's message and no line number."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(
+        b'\xef\xbb\xbf{"key": "a", "prompt": "hi"}\n\xff\xfe{"key": "b"}\n{"key": "c", "prompt": "caf\xc3\xa9"}\n'
+    )
+    read = [(key, item.prompt if item else None, error) for key, item, error in read_input(path)]
+    assert read == [
+        ("a", "hi", None),
+        ("line-2", None, "line 2: not UTF-8 text (invalid start byte at byte 0)"),
+        ("c", "café", None),
+    ]
 
 
 def test_a_bad_batch_id_is_refused_before_the_output_file_is_touched(settings, tmp_path):
