@@ -31,9 +31,8 @@ def serve_demo(settings: Settings | None = None, host: str = "127.0.0.1", port: 
     settings = with_demo_agents(settings or load_settings())
     if not settings.gateway_chat_agent:
         settings = settings.model_copy(update={"gateway_chat_agent": DEMO_AGENT})
-    listener = listen(
-        host, port, "--port", "--host"
-    )  # before the worker starts: a taken port is one line, nothing to stop
+    # before the worker starts: a taken port or a bad address is one line, with nothing to stop
+    listener = listen(host, port, "--port", "--host")
     with local_worker(settings):
         app = create_app(settings, AuthConfig(insecure_dev=True), embedded=True)
         where = "state in this process (embedded)" if settings.embedded else f"state in Redis at {settings.redis_url}"
