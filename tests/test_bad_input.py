@@ -57,14 +57,15 @@ def test_prompt_that_is_not_utf8_is_refused_as_such(rt, prefix):
 
 
 def test_a_bad_loop_override_names_its_field_by_its_path(rt, prefix):
-    """One line a person reads: the field's dotted path, then what is wrong (not pydantic's `at ('max_steps',)`)."""
+    """One line a person reads, as every other validation refusal: what is wrong at the field's dotted path (not
+    pydantic's tuple, `at ('max_steps',)`, and not a union member's class name)."""
     for loop, said in [
-        ({"max_steps": 0}, "invalid loop overrides: max_steps: input should be greater than or equal to 1"),
+        ({"max_steps": 0}, "invalid loop overrides: Input should be greater than or equal to 1 at max_steps"),
         (
             {"budget": {"max_tool_calls": -1}},
-            "invalid loop overrides: budget.max_tool_calls: input should be greater than or equal to 0",
+            "invalid loop overrides: Input should be greater than or equal to 0 at budget.max_tool_calls",
         ),
-        ({"max_stepz": 1}, "invalid loop overrides: max_stepz: extra inputs are not permitted"),
+        ({"max_stepz": 1}, "invalid loop overrides: Extra inputs are not permitted at max_stepz"),
     ]:
         with pytest.raises(OverrideError) as info:
             create_turn(rt, "rt.basic", prompt="go", loop=loop, metadata={"prefix": prefix})

@@ -96,7 +96,7 @@ def parse_overrides(
         first = exc.errors()[0]
         # the path to the field; a union's member (`budget` is a preset name or a Budget) is not part of it
         where = ".".join(str(p) for p in first["loc"] if not (isinstance(p, str) and p[:1].isupper())) or "loop"
-        raise OverrideError(f"invalid loop overrides: {where}: {first['msg'][:1].lower()}{first['msg'][1:]}") from None
+        raise OverrideError(f"invalid loop overrides: {first['msg']} at {where}") from None
     return parse_overrides(parsed, presets)
 
 
