@@ -86,6 +86,12 @@ BAD_VALUES = [
         "18 bytes is too short to sign approval tokens; use at least 32 bytes, e.g. export STEPQ_APPROVAL_SECRET=",
         id="approval-secret-too-short",
     ),
+    pytest.param(  # anyone could brute-force it and sign a JWT for any tenant (it was accepted at any length)
+        "STEPQ_JWT_SECRET",
+        "gateway-jwt-secret",
+        "18 bytes is too short to verify HS256 JWTs; use at least 32 bytes, e.g. export STEPQ_JWT_SECRET=",
+        id="jwt-secret-too-short",
+    ),
 ]
 
 
@@ -152,6 +158,8 @@ def test_passwords_and_secrets_are_never_echoed(monkeypatch: pytest.MonkeyPatch)
     assert "hunter2" not in message and "http://***@cache:6379" in message
     message = one_line_error(monkeypatch, STEPQ_APPROVAL_SECRET="hunter2-approvals")
     assert "hunter2" not in message and message.startswith("STEPQ_APPROVAL_SECRET: 17 bytes is too short")
+    message = one_line_error(monkeypatch, STEPQ_JWT_SECRET="hunter2-jwt")
+    assert "hunter2" not in message and message.startswith("STEPQ_JWT_SECRET: 11 bytes is too short")
     message = one_line_error(monkeypatch, STEPQ_API_KEYS='[{"sha256": "s3cr3t-hash"')
     assert "s3cr3t" not in message and message.startswith("STEPQ_API_KEYS: not valid JSON")
 

@@ -917,7 +917,7 @@ def test_gateway_credentials_stay_in_secrets() -> None:
     docs = render(VARIANTS["all-features"])
     data = secret_data(one(docs, "Secret", f"{FULLNAME}-gateway"))
     assert json.loads(data["api-keys"]) == all_features()["gateway"]["auth"]["apiKeys"]
-    assert data["jwt-secret"] == "gateway-jwt-test-secret"
+    assert data["jwt-secret"] == "gateway-jwt-test-secret-of-32-bytes!!"
     env = env_of(container(one(docs, "Deployment", f"{FULLNAME}-gateway"), "gateway"))
     for name, key in (("STEPQ_API_KEYS", "api-keys"), ("STEPQ_JWT_SECRET", "jwt-secret")):
         assert env[name]["valueFrom"]["secretKeyRef"] == {"name": f"{FULLNAME}-gateway", "key": key, "optional": True}
@@ -925,7 +925,7 @@ def test_gateway_credentials_stay_in_secrets() -> None:
     # ... but it is given the approval secret: `stepq serve` refuses to run on a generated one
     assert env["STEPQ_APPROVAL_SECRET"]["valueFrom"]["secretKeyRef"] == {"name": FULLNAME, "key": "approval-secret"}
     plain = "\n".join(yaml.safe_dump(d) for d in docs if d["kind"] != "Secret")
-    assert "gateway-jwt-test-secret" not in plain
+    assert "gateway-jwt-test-secret-of-32-bytes!!" not in plain
 
     docs = render(VARIANTS["gateway-existing-secret"])
     assert not [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-gateway")]

@@ -42,7 +42,7 @@ SECRET_SETTINGS = frozenset(
     {"approval_secret", "approval_old_secrets", "jwt_secret", "api_keys", "credentials_key", "credentials_old_keys"}
 )
 # HMAC-SHA256 keys shorter than its 32-byte output are guessable sooner than the MAC itself
-MIN_APPROVAL_SECRET_BYTES = 32
+MIN_HMAC_SECRET_BYTES = 32
 NEW_SECRET_COMMAND = "export STEPQ_APPROVAL_SECRET=$(openssl rand -hex 32)"
 GENERATED_SECRET_NOTICE = (
     "STEPQ_APPROVAL_SECRET is not set: approval tokens are signed with a generated secret kept in Redis, which "
@@ -302,7 +302,7 @@ class Settings(BaseSettings):
     api_keys_file: str | None = None  # the same JSON list in a file (a mounted secret)
     """The same list in a file (a mounted secret)."""
     jwt_secret: SecretStr | None = None  # HS256
-    """Gateway: HS256 secret for bearer JWTs."""
+    """Gateway: HS256 secret for bearer JWTs, at least 32 bytes (`openssl rand -hex 32`)."""
     jwt_jwks_file: str | None = None  # RS256: a JWKS document on disk
     """Gateway: a JWKS document whose keys verify RS256 JWTs (picked by `kid`)."""
     jwt_audience: str | None = None
@@ -353,19 +353,22 @@ class Settings(BaseSettings):
             raise ValueError(f"{shown!r}: Celery cannot use a Redis Cluster as its broker; use amqp://host (RabbitMQ)")
         return value
 
-    @field_validator("approval_secret")
+    @field_validator("approval_secret", "jwt_secret")
     @classmethod
-    def _check_approval_secret(cls, value: SecretStr | None) -> SecretStr | None:
-        """A short key makes every approval token forgeable by guessing it: refuse it at start, not in production.
+    def _check_hmac_secret(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        """A short HMAC key makes every token it signs (an approval's, a gateway JWT) forgeable by guessing the key:
+        refuse it at start, not in production (RFC 7518 §3.2: at least the hash's 32 bytes for HS256).
 
         Former secrets (STEPQ_APPROVAL_OLD_SECRETS) are not checked: rotating away from a short one must work."""
         if value is None or not value.get_secret_value():  # set but empty (`X=${X}` in compose): unset
             return None
         size = len(value.get_secret_value().encode())
-        if size < MIN_APPROVAL_SECRET_BYTES:
+        if size < MIN_HMAC_SECRET_BYTES:
+            approvals = info.field_name == "approval_secret"
+            what = "sign approval tokens" if approvals else "verify HS256 JWTs"
+            command = NEW_SECRET_COMMAND if approvals else NEW_SECRET_COMMAND.replace("APPROVAL", "JWT")
             raise ValueError(
-                f"{size} bytes is too short to sign approval tokens; use at least {MIN_APPROVAL_SECRET_BYTES} "
-                f"bytes, e.g. {NEW_SECRET_COMMAND}"
+                f"{size} bytes is too short to {what}; use at least {MIN_HMAC_SECRET_BYTES} bytes, e.g. {command}"
             )
         return value
 
