@@ -33,27 +33,24 @@ images_only = AgentDefinition(
     script=[ScriptStep(echo_messages=True)],  # "saw: user:<text> [image/png, N bytes]": what the worker sent
 )
 text_only = AgentDefinition(id="attach_t.text_only", default_provider="scripted", script=[ScriptStep(text="no files")])
-reader = AgentDefinition(
-    id="attach_t.reader",
-    default_provider="scripted",
-    accepted_media_types=["application/pdf"],
-    allowed_tools=["att_note"],
-    loop=LoopConfig(max_steps=5),
-    script=[
-        *(ScriptStep(tool_calls=[ScriptToolCall(name="att_note", args={"page": n})], fresh_call_ids=True)
-          for n in range(1, 5)),
-        ScriptStep(text="read it"),
-    ],
-)  # fmt: skip
-rereader = AgentDefinition(
-    id="attach_t.rereader",
-    default_provider="scripted",
-    accepted_media_types=["image/png"],
-    allowed_tools=["att_note"],
-    loop=LoopConfig(max_steps=3),
-    script=[
-        *(ScriptStep(tool_calls=[ScriptToolCall(name="att_note", args={"page": n})], fresh_call_ids=True)
-          for n in (1, 2)),
-        ScriptStep(echo_messages=True),  # the third step's request: "saw: user:<text> [image/png, N bytes] | ..."
-    ],
-)  # fmt: skip
+
+
+def _reader(agent_id: str, media_type: str, pages: int, last: ScriptStep) -> AgentDefinition:
+    """A scripted agent that notes `pages` pages (one `att_note` call a step), then answers with `last`."""
+    return AgentDefinition(
+        id=agent_id,
+        default_provider="scripted",
+        accepted_media_types=[media_type],
+        allowed_tools=["att_note"],
+        loop=LoopConfig(max_steps=pages + 1),
+        script=[
+            *(ScriptStep(tool_calls=[ScriptToolCall(name="att_note", args={"page": n})], fresh_call_ids=True)
+              for n in range(1, pages + 1)),
+            last,
+        ],
+    )  # fmt: skip
+
+
+reader = _reader("attach_t.reader", "application/pdf", 4, ScriptStep(text="read it"))
+# the third step's request, echoed: "saw: user:<text> [image/png, N bytes] | ...": what the worker sent
+rereader = _reader("attach_t.rereader", "image/png", 2, ScriptStep(echo_messages=True))

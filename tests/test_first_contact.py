@@ -114,7 +114,8 @@ def test_stepq_serve_with_a_redis_never_reached_exits_with_one_line(prefix: str)
 )
 def test_a_database_the_redis_server_does_not_have_is_one_line_naming_the_url(prefix: str, argv: list[str]) -> None:
     """Redis answers, but refuses the connection's SELECT: a setting to fix (exit 2), not "a bug in stepq"."""
-    databases = int(redis.Redis.from_url(REDIS_URL).config_get("databases")["databases"])
+    with redis.Redis.from_url(REDIS_URL) as server:
+        databases = int(server.config_get("databases")["databases"])
     url = REDIS_URL.rsplit("/", 1)[0] + f"/{databases}"  # the first index past the server's last database
     settings = make_settings(prefix, redis_url=url, api_keys=api_keys_setting())
     line = assert_one_line_failure(run(settings_env(settings), *argv), "STEPQ_REDIS_URL: Redis refused stepq's first")
