@@ -43,7 +43,19 @@ SECRET_SETTINGS = frozenset(
 )
 # HMAC-SHA256 keys shorter than its 32-byte output are guessable sooner than the MAC itself
 MIN_HMAC_SECRET_BYTES = 32
-NEW_SECRET_COMMAND = "export STEPQ_APPROVAL_SECRET=$(openssl rand -hex 32)"
+# what each HMAC secret signs or verifies, and the variable that sets it (checked by `_check_hmac_secret`)
+HMAC_SECRETS = {
+    "approval_secret": ("sign approval tokens", "STEPQ_APPROVAL_SECRET"),
+    "jwt_secret": ("verify HS256 JWTs", "STEPQ_JWT_SECRET"),
+}
+
+
+def new_secret_command(variable: str) -> str:
+    """The shell line that sets `variable` to a fresh secret long enough for HMAC-SHA256."""
+    return f"export {variable}=$(openssl rand -hex {MIN_HMAC_SECRET_BYTES})"
+
+
+NEW_SECRET_COMMAND = new_secret_command("STEPQ_APPROVAL_SECRET")
 GENERATED_SECRET_NOTICE = (
     "STEPQ_APPROVAL_SECRET is not set: approval tokens are signed with a generated secret kept in Redis, which "
     f"anyone who can read Redis can use to forge approvals; set a real one, the same on every process: {NEW_SECRET_COMMAND}"
@@ -353,7 +365,7 @@ class Settings(BaseSettings):
             raise ValueError(f"{shown!r}: Celery cannot use a Redis Cluster as its broker; use amqp://host (RabbitMQ)")
         return value
 
-    @field_validator("approval_secret", "jwt_secret")
+    @field_validator(*HMAC_SECRETS)
     @classmethod
     def _check_hmac_secret(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
         """A short HMAC key makes every token it signs (an approval's, a gateway JWT) forgeable by guessing the key:
@@ -364,11 +376,10 @@ class Settings(BaseSettings):
             return None
         size = len(value.get_secret_value().encode())
         if size < MIN_HMAC_SECRET_BYTES:
-            approvals = info.field_name == "approval_secret"
-            what = "sign approval tokens" if approvals else "verify HS256 JWTs"
-            command = NEW_SECRET_COMMAND if approvals else NEW_SECRET_COMMAND.replace("APPROVAL", "JWT")
+            what, variable = HMAC_SECRETS[str(info.field_name)]
             raise ValueError(
-                f"{size} bytes is too short to {what}; use at least {MIN_HMAC_SECRET_BYTES} bytes, e.g. {command}"
+                f"{size} bytes is too short to {what}; use at least {MIN_HMAC_SECRET_BYTES} bytes, "
+                f"e.g. {new_secret_command(variable)}"
             )
         return value
 
