@@ -7,6 +7,7 @@ import atexit
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -30,6 +31,34 @@ TEST_AGENT_MODULES = [
     *sorted(f"tests.{p.stem}" for p in Path(__file__).parent.glob("agents*.py")),
     "stepq.agents.demo",
 ]
+
+
+_RESERVED_PORTS: list[socket.socket] = []
+
+
+@atexit.register
+def _release_reserved_ports() -> None:
+    for sock in _RESERVED_PORTS:
+        sock.close()
+
+
+def free_port() -> int:
+    """A loopback port free now, released for a server the test starts to bind."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def closed_port() -> int:
+    """A loopback port that refuses connections for the whole session.
+
+    The socket stays bound but never listens: connecting gets a refusal, and no other server (a test's uvicorn
+    or fake provider binding port 0) can be handed the same number meanwhile, which a bind-then-close port
+    allowed (a CI run once met an HTTP server there: "Protocol error, got '<'")."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _RESERVED_PORTS.append(sock)
+    return int(sock.getsockname()[1])
 
 
 def make_settings(prefix: str, **overrides: object) -> Settings:

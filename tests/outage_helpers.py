@@ -14,12 +14,7 @@ import time
 
 import redis
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from tests.conftest import free_port
 
 
 def _wait_for(condition: object, timeout: float, what: str) -> None:

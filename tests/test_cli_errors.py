@@ -10,24 +10,16 @@ import importlib.metadata
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import settings_env
+from tests.conftest import closed_port, settings_env
 from tests.test_cli import ROOT, TIMEOUT, stepq_cmd, turn_id_of
 
 PASSWORD = "s3cret-pw"  # in the unreachable Redis URL: it must never reach an error line
-
-
-def closed_port() -> int:
-    """A local port nothing listens on: bound for a free number, then closed (connecting is refused)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def embedded_env(**extra: str) -> dict[str, str]:

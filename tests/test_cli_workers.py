@@ -20,16 +20,10 @@ from stepq.engine.runner import StepRunner
 from stepq.fleet.heartbeat import live_workers
 from stepq.models import TurnStatus
 from stepq.turns.submit import create_turn
-from tests.conftest import eventually, settings_env
+from tests.conftest import eventually, free_port, settings_env
 from tests.test_cli import ROOT, stepq_cmd
 
 WAIT_S = 120.0  # generous: the machine is shared and busy
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Worker:

@@ -27,6 +27,7 @@ import redis
 import yaml
 
 from stepq.config.settings import Settings
+from tests.conftest import closed_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "stepq"
@@ -698,24 +699,8 @@ def test_healthcheck_passes_on_live_metrics_and_fails_without(metrics_server: in
     run = [sys.executable, *command[1:]]
     assert subprocess.run(run, env={"STEPQ_METRICS_PORT": str(metrics_server)}, timeout=30).returncode == 0
 
-    with socket_closed_port() as dead_port:
-        failed = subprocess.run(run, env={"STEPQ_METRICS_PORT": str(dead_port)}, capture_output=True, timeout=30)
+    failed = subprocess.run(run, env={"STEPQ_METRICS_PORT": str(closed_port())}, capture_output=True, timeout=30)
     assert failed.returncode != 0
-
-
-class socket_closed_port:
-    """A loopback port with nothing listening on it (bound, never listened, so nobody else takes it meanwhile)."""
-
-    def __enter__(self) -> int:
-        import socket
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        port: int = self.sock.getsockname()[1]
-        return port
-
-    def __exit__(self, *exc: object) -> None:
-        self.sock.close()
 
 
 # --------------------------------------------------------------------------- the build context
@@ -963,7 +948,7 @@ def test_rendered_gateway_starts_and_answers_its_probes(prefix: str) -> None:
     answer 200, and the API key the chart configured (as a hash) is accepted."""
     import httpx
 
-    from tests.conftest import REDIS_URL, eventually
+    from tests.conftest import REDIS_URL, eventually, free_port
 
     docs = render(gateway_values())
     c = container(one(docs, "Deployment", f"{FULLNAME}-gateway"), "gateway")
@@ -971,8 +956,7 @@ def test_rendered_gateway_starts_and_answers_its_probes(prefix: str) -> None:
     env.update({"STEPQ_REDIS_URL": REDIS_URL, "STEPQ_KEY_PREFIX": prefix, "PATH": "/usr/bin:/bin"})
     env.update({"PYTHONPATH": str(ROOT), "STEPQ_QUEUE": f"{prefix}.steps"})
     env.pop("REDIS_PASSWORD", None)
-    with socket_closed_port() as port:
-        pass  # a free port, released for the gateway to bind
+    port = free_port()
     args = list(c["args"])
     args[args.index("--port") + 1] = str(port)
     assert args[args.index("--host") + 1] == "0.0.0.0"

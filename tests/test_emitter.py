@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable
 
 import pytest
@@ -16,18 +15,12 @@ from stepq.engine.emitter import StepEmitter
 from stepq.models import Delta, EventType, tool_input
 from stepq.store.events import EventLog
 from stepq.store.keys import Keys
-from tests.conftest import eventually
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.conftest import closed_port, eventually
 
 
 def _dead_redis() -> redis.Redis:
     """A client of a port nothing listens on, failing at once (no retries)."""
-    return redis.Redis(host="127.0.0.1", port=_closed_port(), socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
+    return redis.Redis(host="127.0.0.1", port=closed_port(), socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
 
 
 def test_settle_raises_when_a_timed_flush_lost_a_write(prefix):

@@ -16,16 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from stepq.config.settings import Settings
 from stepq.fleet.runtime import Runtime
 from stepq.models import EventType, TurnStatus
-from tests.conftest import ROOT, eventually, settings_env
+from tests.conftest import ROOT, eventually, free_port, settings_env
 from tests.test_cli import stepq_cmd
 
 TIMEOUT = 60.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class LineWatcher:
