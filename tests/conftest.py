@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,6 +34,9 @@ TEST_AGENT_MODULES = [
 ]
 
 
+WORKER_LOGS = Path(tempfile.gettempdir()) / "stepq-test-worker-logs"
+WORKER_LOGS.mkdir(exist_ok=True)
+WORKER_LOG_TAIL = 20_000
 _RESERVED_PORTS: list[socket.socket] = []
 
 
@@ -148,6 +152,7 @@ class WorkerProcess:
     scheduler as a child that would otherwise outlive a SIGKILLed worker."""
 
     running: ClassVar[set[WorkerProcess]] = set()
+    logs: ClassVar[dict[str, Path]] = {}  # name -> log file, of the workers the current test started
 
     def __init__(
         self,
@@ -167,14 +172,18 @@ class WorkerProcess:
         ]  # fmt: skip
         if beat:
             cmd += ["-B", "--schedule", f"/tmp/{settings.key_prefix}-{name}-beat"]
-        self.proc = subprocess.Popen(
-            cmd,
-            env={**settings_env(settings), **(env or {})},
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=open(log_path, "ab") if log_path else subprocess.DEVNULL,  # noqa: SIM115 (the child owns it)
-            start_new_session=True,
-        )
+        if log_path is None:  # kept so a failed test's report can show it (see pytest_runtest_makereport)
+            log_path = str(WORKER_LOGS / f"{settings.key_prefix}-{name}.log")
+            WorkerProcess.logs[name] = Path(log_path)
+        with open(log_path, "ab") as log:  # the child has its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                cmd,
+                env={**settings_env(settings), **(env or {})},
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+            )
         WorkerProcess.running.add(self)
 
     def _signal_group(self, sig: signal.Signals) -> None:
@@ -216,16 +225,29 @@ def _kill_leftover_workers() -> None:
         worker._signal_group(signal.SIGKILL)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A new test: the last one's worker logs are no longer needed."""
+    for path in WorkerProcess.logs.values():
+        path.unlink(missing_ok=True)
+    WorkerProcess.logs.clear()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """A turn that did not finish in time: add every thread's stack to the report (an in-process worker's
-    threads live here), so a hang seen once on a loaded CI machine can be read, not guessed."""
+    """A failed test: add the logs of the worker processes it started. A turn that did not finish in time:
+    also every thread's stack (an in-process worker's threads live here). So a hang seen once on a loaded CI
+    machine can be read, not guessed."""
     outcome = yield
     from stepq.errors import WaitTimeoutError
 
+    report = outcome.get_result()
+    if report.failed and call.when == "call":
+        for name, path in WorkerProcess.logs.items():
+            tail = path.read_text(errors="replace")[-WORKER_LOG_TAIL:] if path.exists() else "(no log file)"
+            report.sections.append((f"worker {name}'s log (its last {WORKER_LOG_TAIL:,} characters)", tail))
     if call.excinfo is None or not call.excinfo.errisinstance(WaitTimeoutError):
         return
-    report = outcome.get_result()
     import threading
     import traceback
 

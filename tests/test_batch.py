@@ -311,8 +311,10 @@ def test_submitted_batch_survives_its_cli_and_wait_returns_each_result_once(sett
         eventually(some_done, timeout=180, what="15 results")
         worker.kill()  # kill -9 a worker that drives the batch: the driver's state is in Redis
         worker = WorkerProcess(settings, "driver2", concurrency=4)
-        done = _cli(settings, "batch", "wait", "detached", "--output", str(out))
-        assert done.returncode == 1, done.stderr  # the bad line is a failed item
+        # under the test's own timeout, so a hang fails here with the batch's status and the workers' logs
+        done = _cli(settings, "batch", "wait", "detached", "--output", str(out), "--timeout", "150")
+        status = _cli(settings, "batch", "status", "detached", "--json").stdout
+        assert done.returncode == 1, f"{done.stderr}\nstatus: {status}"  # the bad line is a failed item
         rows = _lines(out)
         keys = [r["key"] for r in rows]
         assert len(keys) == 120 and len(set(keys)) == 120
