@@ -48,6 +48,7 @@ from stepq.producer.failures import (
 )
 from stepq.producer.render import LiveView, Style, compact, event_summary, result_lines, state_lines, trace_table
 from stepq.producer.status import collect_status, status_lines
+from stepq.turns.listings import MAX_LIMIT
 
 NO_WORKER_AFTER_S = 15.0
 BEAT_SCHEDULER = "celery.beat:Scheduler"  # in-memory; the default PersistentScheduler writes a shelve file
@@ -379,9 +380,10 @@ def _pending_approvals(client: Client, turn_id: str) -> list[dict[str, Any]]:
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    limit = cli_listings.check_limit(args.limit)
     if settings.embedded:
         raise UsageError(f"`stepq status` needs a shared Redis: {EMBEDDED_STATE_HINT}")
-    status = collect_status(Client(settings).runtime, limit=args.limit)
+    status = collect_status(Client(settings).runtime, limit=limit)
     if args.json:
         print(json.dumps(status, indent=2, ensure_ascii=False))
     else:
@@ -577,7 +579,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="queues, live workers, active turns and pending approvals")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--limit", type=int, default=20, help="turns listed per section (default: 20)")
+    p.add_argument("--limit", type=int, default=20, help=f"turns listed per section (1-{MAX_LIMIT}, default: 20)")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("approve", help="decide an approval request (or a batch's: --batch ID --all|--filter)")

@@ -38,7 +38,8 @@ def parse_since(raw: str | None, now: float | None = None) -> float | None:
         raise UsageError(f"--since {raw!r}: give a unix time in seconds or a duration ago like 15m, 2h, 7d") from None
 
 
-def _limit(raw: int) -> int:
+def check_limit(raw: int) -> int:
+    """A --limit from 1 to the listings' maximum (a larger one would ask Redis for a range it refuses)."""
     if not 1 <= raw <= listings.MAX_LIMIT:
         raise UsageError(f"--limit must be from 1 to {listings.MAX_LIMIT} (got {raw})")
     return raw
@@ -76,7 +77,7 @@ def cmd_turns(args: argparse.Namespace, settings: Settings) -> int:
         batch=args.batch,
         since=parse_since(args.since),
         cursor=args.cursor,
-        limit=_limit(args.limit),
+        limit=check_limit(args.limit),
     )
     rows = []
     for t in page.items:
@@ -95,7 +96,7 @@ def _origin(origin: dict[str, Any] | None) -> str:
 def cmd_approvals(args: argparse.Namespace, settings: Settings) -> int:
     client = Client(settings)
     kind = client.decided_approvals if args.decided else client.pending_approvals
-    page = kind(tenant=args.tenant, turn=args.turn, cursor=args.cursor, limit=_limit(args.limit))
+    page = kind(tenant=args.tenant, turn=args.turn, cursor=args.cursor, limit=check_limit(args.limit))
     now = time.time()
     rows = []
     for a in page.items:
@@ -125,7 +126,7 @@ def cmd_approvals(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_threads(args: argparse.Namespace, settings: Settings) -> int:
-    page = Client(settings).list_threads(tenant=args.tenant, cursor=args.cursor, limit=_limit(args.limit))
+    page = Client(settings).list_threads(tenant=args.tenant, cursor=args.cursor, limit=check_limit(args.limit))
     rows = []
     for t in page.items:
         assert isinstance(t, listings.ThreadItem)

@@ -64,6 +64,8 @@ def test_turns_approvals_and_threads_at_the_command_line(worker, client, prefix,
         (["turns", "--status", "stuck"], "--status 'stuck' is not a turn status"),
         (["turns", "--since", "yesterday"], "--since 'yesterday'"),
         (["turns", "--limit", "0"], "--limit must be from 1 to 200"),
+        (["status", "--limit", "0"], "--limit must be from 1 to 200"),  # 0 listed every turn (ZRANGE 0 -1)
+        (["status", "--limit", "9" * 30], "--limit must be from 1 to 200"),  # was Redis's "out of range" error
         (["turns", "--cursor", "nonsense"], "invalid cursor"),
         (["threads", "--cursor", "x:"], "invalid cursor"),
         (["export", "turn_" + "0" * 32], "no turn"),
