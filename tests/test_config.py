@@ -74,6 +74,10 @@ def test_the_demo_agents_old_module_name_still_loads_them(monkeypatch: pytest.Mo
 BAD_VALUES = [
     pytest.param("STEPQ_RATE_LIMITS", '{"anthropic": {"rpm": 5', "not valid JSON", id="rate-limits-bad-json"),
     pytest.param("STEPQ_LEASE_TTL_S", "-5", "greater than 0 (got '-5')", id="negative-ttl"),
+    # was "unexpected OverflowError … (a bug in stepq)" at the first Redis call
+    pytest.param(
+        "STEPQ_REDIS_SOCKET_TIMEOUT_S", "inf", "input should be a finite number (got 'inf')", id="inf-timeout"
+    ),
     pytest.param(
         "STEPQ_REDIS_URL",
         "localhost:6379",
@@ -144,6 +148,19 @@ def test_a_bad_value_is_one_line_naming_the_variable(
 )
 def test_each_kind_of_bad_value(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str) -> None:
     assert expected in one_line_error(monkeypatch, **env)
+
+
+DURATIONS = sorted(name for name in Settings.model_fields if name.endswith(("_s", "_ms")))
+
+
+@pytest.mark.parametrize("name", DURATIONS)
+def test_every_duration_is_finite_and_at_most_31_years(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """An infinite or huge timeout or TTL overflowed a timestamp or a Redis expiry at its first use."""
+    variable = f"STEPQ_{name.upper()}"
+    for value in ("inf", "1e309", "nan"):  # refused as not finite, or (a whole-seconds one) as not an integer
+        assert f"(got '{value}')" in one_line_error(monkeypatch, **{variable: value})
+    huge = "1" + "0" * 30
+    assert f"less than or equal to 1000000000 (got '{huge}')" in one_line_error(monkeypatch, **{variable: huge})
 
 
 def test_every_bad_variable_is_named_on_the_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -62,6 +62,13 @@ GENERATED_SECRET_NOTICE = (
 )
 
 
+MAX_SECONDS = 1_000_000_000  # ~31.7 years: a longer timeout or TTL overflows a platform timestamp or a Redis expiry
+Duration = Annotated[float, Field(allow_inf_nan=False, le=MAX_SECONDS)]
+"""A duration setting (seconds; milliseconds for a `_ms` one): finite and at most MAX_SECONDS. An `inf` or a `1e30`
+ended every command in an OverflowError."""
+WholeSeconds = Annotated[int, Field(le=MAX_SECONDS)]
+
+
 class Prices(BaseModel):
     """One model's prices in `STEPQ_PRICES`, in currency units per million tokens."""
 
@@ -108,7 +115,7 @@ class Settings(BaseSettings):
     """
     approval_old_secrets: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     """Comma-separated former secrets that still verify tokens (rotation)."""
-    approval_ttl_s: float = Field(default=3600.0, gt=0)
+    approval_ttl_s: Duration = Field(default=3600.0, gt=0)
     """How long an approval stays open; an expired one resolves as a denial. An agent's `approval_ttl_s` overrides it."""
     # the key-encryption key of tenants' provider API keys in Redis (a Fernet key; see docs/operate/tenants.md), and the
     # older ones still opened while keys sealed with them are re-sealed (comma-separated)
@@ -149,23 +156,23 @@ class Settings(BaseSettings):
     """
 
     # Celery / durability
-    redis_outage_s: float = Field(default=60.0, ge=0)  # how long Redis calls retry through an outage before failing
+    redis_outage_s: Duration = Field(default=60.0, ge=0)  # how long Redis calls retry through an outage before failing
     """How long a Redis call retries connection errors and timeouts (backoff up to 1 s) before it fails: a restart or
     failover shorter than this costs a pause, not a turn. A Redis this process never reached (any process: a
     `Client`, a worker, the gateway, a CLI command) is given up on after 3 s instead.
     """
-    redis_socket_timeout_s: float = Field(default=10.0, gt=0)  # per Redis read/write; a stalled call then retries
+    redis_socket_timeout_s: Duration = Field(default=10.0, gt=0)  # per Redis read/write; a stalled call then retries
     """Socket timeout of every Redis call (a stalled call is retried within the outage window)."""
-    visibility_timeout_s: int = Field(default=3600, ge=1)
+    visibility_timeout_s: WholeSeconds = Field(default=3600, ge=1)
     """Redis broker: seconds before an unacked message is handed out again."""
     # a dead worker's step is taken over within about lease_ttl_s + sweep_interval_s (renewed every third of it)
-    lease_ttl_s: float = Field(default=6.0, gt=0)
+    lease_ttl_s: Duration = Field(default=6.0, gt=0)
     """A running step's lease; renewed every third of it, and once it lapses another worker may take the step over (the
     sweeper re-enqueues it).
     """
-    sweep_interval_s: float = Field(default=1.5, gt=0)
+    sweep_interval_s: Duration = Field(default=1.5, gt=0)
     """How often beat runs the sweeper. A dead worker's step resumes within about lease TTL + this."""
-    reschedule_countdown_s: float | None = Field(default=None, ge=0)  # default: lease_ttl_s / 2
+    reschedule_countdown_s: Duration | None = Field(default=None, ge=0)  # default: lease_ttl_s / 2
     """A delivery that finds the step leased by another worker looks again after this. Unset: half of
     `STEPQ_LEASE_TTL_S`.
     """
@@ -192,11 +199,11 @@ class Settings(BaseSettings):
     """
     metrics_tenant_key: str | None = None  # metadata key whose value labels token/cost metrics as `tenant`
     """A turn metadata key whose value labels `stepq_tokens_total` and `stepq_cost_total` as `tenant`."""
-    queued_grace_s: float = Field(default=300.0, gt=0)  # a queued turn untouched this long lost its message
+    queued_grace_s: Duration = Field(default=300.0, gt=0)  # a queued turn untouched this long lost its message
     """A queued or running turn untouched this long is presumed to have lost its message and is re-enqueued."""
     beat: bool = True  # `stepq worker` runs the sweeper's schedule unless --no-beat
     """Whether `stepq worker` embeds beat (the sweeper's schedule); `--beat` / `--no-beat` override it."""
-    memory_polling_interval_s: float = Field(default=0.01, gt=0)
+    memory_polling_interval_s: Duration = Field(default=0.01, gt=0)
     """Embedded mode: how often the `memory://` broker is polled."""
 
     # Observability
@@ -213,9 +220,9 @@ class Settings(BaseSettings):
     """
 
     # Retry before the first chunk
-    retry_base_s: float = Field(default=1.0, ge=0)
+    retry_base_s: Duration = Field(default=1.0, ge=0)
     """Retry before the first chunk: backoff base (full jitter) when the provider gives no retry-after."""
-    retry_cap_s: float = Field(default=30.0, ge=0)
+    retry_cap_s: Duration = Field(default=30.0, ge=0)
     """Longest backoff."""
     retry_max_attempts: int = Field(default=5, ge=0)
     """Attempts per step before the turn fails (or fails over)."""
@@ -228,13 +235,13 @@ class Settings(BaseSettings):
     """
 
     # Provider batch APIs (turns submitted with provider_batch=True; see docs/operate/batches.md)
-    provider_batch_window_s: float = Field(default=60.0, ge=0)  # a group is sent once its oldest request waited this
+    provider_batch_window_s: Duration = Field(default=60.0, ge=0)  # a group is sent once its oldest request waited this
     """Provider batch APIs: a group (provider/model) of parked requests is sent once its oldest waited this long..."""
     provider_batch_max_size: int = Field(default=1000, ge=1)  # ...or once it holds this many requests
     """...or once it holds this many (one provider batch each)."""
-    provider_batch_poll_s: float = Field(default=30.0, gt=0)  # the flush-and-poll tick's period
+    provider_batch_poll_s: Duration = Field(default=30.0, gt=0)  # the flush-and-poll tick's period
     """How often beat runs the provider-batch tick (flush parked requests, poll open batches)."""
-    provider_batch_deadline_s: float = Field(default=24 * 3600.0, gt=0)  # then a pending request runs online
+    provider_batch_deadline_s: Duration = Field(default=24 * 3600.0, gt=0)  # then a pending request runs online
     """A request still unanswered this long after its step parked is cancelled and the step runs online."""
     provider_batch_online_fallback: bool = True  # a request whose batch attempts all failed runs online
     """A request that failed in its batch on every attempt (`STEPQ_RETRY_MAX_ATTEMPTS`) runs online; `false` fails the
@@ -249,17 +256,17 @@ class Settings(BaseSettings):
     """The IAM role Bedrock assumes for those jobs (it needs read and write on the bucket prefix)."""
 
     # Streams
-    coalesce_window_ms: float = Field(default=10.0, ge=0)
+    coalesce_window_ms: Duration = Field(default=10.0, ge=0)
     """Text deltas are merged per window before they are published; `0` publishes each one."""
-    event_ttl_s: int = Field(default=24 * 3600, ge=1)  # a finished turn's state and events are kept this long
+    event_ttl_s: WholeSeconds = Field(default=24 * 3600, ge=1)  # a finished turn's state and events are kept this long
     """How long a finished turn's state and events are kept."""
-    thread_ttl_s: int = Field(default=30 * 24 * 3600, ge=1)  # a thread outlives its turns; renewed on each use
+    thread_ttl_s: WholeSeconds = Field(default=30 * 24 * 3600, ge=1)  # a thread outlives its turns; renewed on each use
     """How long a thread (a conversation continued with `Client.continue_thread` or `POST /v1/threads/{id}/turns`) is
     kept after its last use, apart from its turns.
     """
-    event_maxlen: int = Field(default=100_000, ge=1)
+    event_maxlen: int = Field(default=100_000, ge=1, le=2**63 - 1)  # Redis's XADD MAXLEN is a signed 64-bit
     """Cap on one turn's event log."""
-    cancel_poll_s: float = Field(default=0.05, gt=0)
+    cancel_poll_s: Duration = Field(default=0.05, gt=0)
     """How often a running step checks for cancellation."""
 
     # Input limits
@@ -333,7 +340,7 @@ class Settings(BaseSettings):
     """Larger request bodies answer 413."""
     gateway_rate_limit_rpm: int = Field(default=600, ge=0)  # per credential; 0 turns it off
     """Requests a minute per credential, shared by every gateway replica through Redis; `0` turns it off."""
-    gateway_keepalive_s: float = Field(default=15.0, gt=0, le=15.0)
+    gateway_keepalive_s: Duration = Field(default=15.0, gt=0, le=15.0)
     """Keep-alive comment interval on a quiet SSE stream (at most 15)."""
     gateway_redis_pool: int = Field(default=16, ge=2)  # async connections besides the one pub/sub connection
     """Async Redis connections per gateway process for commands, besides its one pub/sub connection."""
