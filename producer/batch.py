@@ -39,7 +39,7 @@ from stepq.fleet.protocol import BATCH_DRIVE, queue_for
 from stepq.models import TurnState, TurnStatus
 from stepq.producer.cli_start import load_settings, reach_redis
 from stepq.producer.client import Client
-from stepq.producer.failures import UsageError
+from stepq.producer.failures import UsageError, seconds
 from stepq.producer.render import money
 from stepq.store.connection import get_many
 
@@ -581,7 +581,7 @@ def follow_parser(command: str) -> argparse.ArgumentParser:
         parser.add_argument("--json", action="store_true")
     if command == "wait":
         parser.add_argument("--output", type=Path, default=None, help="write the results here once finished")
-        parser.add_argument("--timeout", type=float, default=None, help="seconds; default: wait as long as it takes")
+        parser.add_argument("--timeout", type=seconds, default=None, help="seconds; default: wait as long as it takes")
     if command == "results":
         parser.add_argument("--output", required=True, type=Path)
         parser.add_argument("--partial", action="store_true", help="write the results so far of a running batch")

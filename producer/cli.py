@@ -43,6 +43,7 @@ from stepq.producer.failures import (
     err,
     interrupt_twice_to_quit,
     quiet_broken_pipe,
+    seconds,
     show_tracebacks,
     unexpected,
 )
@@ -591,7 +592,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", default="")
     p.add_argument("--args", metavar="JSON", help="approve with these arguments instead (tools declared editable=True)")
     p.add_argument("--reviewer", default=os.environ.get("USER", ""))
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the worker's answer")
+    p.add_argument("--timeout", type=seconds, default=30.0, help="seconds to wait for the worker's answer")
     p.add_argument("--batch", metavar="ID", help="decide the approvals of this batch's parked turns")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--all", action="store_true", help="with --batch: every pending approval of the batch")
@@ -613,7 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cancel", help="cancel a turn")
     p.add_argument("turn")
-    p.add_argument("--wait", type=float, default=10.0, help="seconds to wait for the turn to stop")
+    p.add_argument("--wait", type=seconds, default=10.0, help="seconds to wait for the turn to stop")
     p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("serve", help="the HTTP/SSE gateway for chat UIs and services (needs STEPQ_REDIS_URL)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import threading
 import time
 import uuid
@@ -68,17 +69,18 @@ class ApprovalReceipt:
     request_id: str
     refused: ApprovalError | None = None  # known before sending (an unknown id): nothing went to a worker
 
-    def wait(self, timeout: float = 30.0) -> bool:
+    def wait(self, timeout: float | None = 30.0) -> bool:
         """True when the worker accepted the decision; ApprovalError (its `code` an ApprovalRefusal) when it
         refused it.
 
-        timeout: seconds to wait for the worker's answer; WaitTimeoutError when none came (no worker running,
-            or the `approve` task still queued).
+        timeout: seconds to wait for the worker's answer (None: no limit); WaitTimeoutError when none came (no
+            worker running, or the `approve` task still queued).
         """
+        limit = check_timeout("timeout", timeout)
         if self.refused is not None:
             raise self.refused
         rt = self.client.runtime
-        deadline = time.monotonic() + timeout
+        deadline = math.inf if limit is None else time.monotonic() + limit
         # blocking slices shorter than the socket timeout, so a long wait is never taken for a dead connection
         slice_s = max(0.1, rt.settings.redis_socket_timeout_s / 2)
         popped = None
@@ -119,6 +121,16 @@ class TurnHandle:
     def cancel(self) -> None:
         """Stop the turn (see `Client.cancel`)."""
         self.client.cancel(self.turn_id)
+
+
+def check_timeout(name: str, value: float | None) -> float | None:
+    """A wait's limit as the standard library's queues take one: None (no limit) or a number >= 0. A NaN
+    (never reached, so the wait hung and then blamed Redis) or a negative one raises ValueError at the call."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ValueError(f"{name} must be None or a number of seconds >= 0, not {value!r}")
+    return value
 
 
 _FINISH_MARK = f'"type":"{EventType.TURN_FINISH.value}"'
@@ -415,6 +427,7 @@ class Client:
         Raises TurnNotFoundError for an unknown turn, EventCursorError for a bad `after`, and in embedded
         mode NoWorkerError when no worker in this process can run the turn. Event fields: docs/reference/events.md.
         """
+        check_timeout("idle_timeout", idle_timeout)
         self.get(turn_id)
 
         unserved_since: list[float] = []
@@ -440,7 +453,7 @@ class Client:
         Raises TurnNotFoundError for an unknown turn, and in embedded mode NoWorkerError when no worker
         in this process can run the turn.
         """
-        return self._wait(turn_id, timeout)
+        return self._wait(turn_id, check_timeout("timeout", timeout))
 
     def _wait(self, turn_id: str, timeout: float | None) -> TurnResult:
         deadline = None if timeout is None else time.monotonic() + timeout

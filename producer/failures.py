@@ -7,6 +7,7 @@ unexpected broke, 2 bad input, 130 interrupted, 141 the reader of stdout went aw
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -42,6 +43,18 @@ TRACEBACK_ENV = "STEPQ_TRACEBACK"  # set to 1: unexpected errors show their trac
 
 class UsageError(Exception):
     """Bad command-line input: printed without a traceback, exit code 2."""
+
+
+def seconds(raw: str) -> float:
+    """argparse type of a wait's --timeout / --wait: a number of seconds >= 0 (`inf`: no limit). A NaN or a
+    negative one is refused at parse time rather than hanging or reporting a wait 'after -1s'."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{raw!r}: seconds must be 0 or more")
+    return value
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ import math
 import pytest
 
 from stepq.engine.runner import StepRunner
-from stepq.errors import EventCursorError, OverrideError, SubmitError
+from stepq.errors import EventCursorError, OverrideError, SubmitError, WaitTimeoutError
 from stepq.models import EventType, ToolResultMessage, TurnStatus
 from stepq.turns.submit import create_turn
 from tests.agents_recovery import execution_key
-from tests.conftest import REDIS_URL, eventually
+from tests.conftest import REDIS_URL, eventually, make_settings
 from tests.test_cli import stepq
 
 
@@ -45,6 +45,25 @@ def test_negative_events_cursor_is_a_clear_error(rt, prefix, settings, client):
     done = stepq(settings_env(settings), "events", state.turn_id, "--after", "-5")
     assert done.returncode != 0
     assert "must not be negative" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("bad", [math.nan, -1, "5"])
+def test_a_wait_limit_that_is_not_a_number_of_seconds_is_refused_at_the_call(prefix, bad):
+    """A NaN limit was never reached: `wait` hung for the Redis outage window and then blamed Redis. A negative
+    one reported a timeout 'after -1s'. Both are now a ValueError at the call, as the standard library's
+    queues raise for such a timeout."""
+    from stepq.producer.client import ApprovalReceipt, Client
+
+    client = Client(make_settings(prefix, redis_outage_s=1))
+    state, _ = create_turn(client.runtime, "rt.basic", prompt="go", metadata={"prefix": prefix})
+    with pytest.raises(ValueError, match="timeout must be None or a number of seconds >= 0"):
+        client.wait(state.turn_id, timeout=bad)
+    with pytest.raises(ValueError, match="idle_timeout must be None or a number of seconds >= 0"):
+        client.events(state.turn_id, idle_timeout=bad)
+    with pytest.raises(ValueError, match="timeout must be None or a number of seconds >= 0"):
+        ApprovalReceipt(client, "apr_0123456789abcdef", "req-1").wait(timeout=bad)
+    with pytest.raises(WaitTimeoutError):  # zero is a valid limit: look once
+        client.wait(state.turn_id, timeout=0)
 
 
 def test_prompt_that_is_not_utf8_is_refused_as_such(rt, prefix):

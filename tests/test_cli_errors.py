@@ -117,6 +117,23 @@ def test_a_redis_never_reached_fails_a_one_shot_command_without_waiting_the_outa
     assert PASSWORD not in proc.stderr + proc.stdout
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["cancel", "turn_0123456789abcdef", "--wait", "nan"],
+        ["approve", "apr_0123456789abcdef", "--yes", "--timeout", "-1"],
+        ["batch", "wait", "b-1", "--timeout", "nan"],
+    ],
+    ids=["cancel-wait-nan", "approve-timeout-negative", "batch-wait-timeout-nan"],
+)
+def test_a_wait_that_is_not_a_number_of_seconds_is_refused_before_anything_runs(settings, command):
+    """A NaN wait was never reached (the command hung, then blamed Redis); a negative one reported giving up
+    'after -1s'. Both are refused at parse time, naming the flag."""
+    proc = run(settings_env(settings), *command)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"error: argument {command[-2]}: '{command[-1]}': seconds must be 0 or more" in proc.stderr
+
+
 def test_store_unavailable_error_never_carries_the_redis_password():
     from stepq import Client, StoreUnavailableError
     from stepq.config.settings import Settings
