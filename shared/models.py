@@ -490,7 +490,7 @@ class StopWhen(BaseModel):
 class Budget(BaseModel):
     """Spending caps for one turn; crossing one ends the turn with finish reason `budget`."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     max_tool_calls: int | None = Field(default=None, ge=0)
     """Most tool calls over the whole turn; a step that would exceed it ends the turn instead."""
@@ -531,7 +531,7 @@ class Quota(BaseModel):
     """Usage allowed over a window: tokens (input plus output) and/or cost, as `stepq show --trace` counts them.
     Windows are fixed, aligned to the epoch (a day-long window resets at 00:00 UTC)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     tokens: int | None = Field(default=None, ge=1)
     """Most input plus output tokens per window."""
@@ -555,7 +555,7 @@ class Policy(BaseModel):
     """What a caller, a tenant or the environment imposes on an agent. Every field only tightens what the
     layers below it allow (see `stepq.policy.resolution`); unset fields leave them as they are."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
     max_steps: int | None = Field(default=None, ge=1)
     """Most model calls in one turn."""

@@ -219,12 +219,33 @@ def test_a_bad_quota_value_names_the_flag_that_set_it(settings):
         ),
         (["--quota-cost", "-1"], "--quota-cost: input should be greater than 0"),
         (["--quota-window-s", "60"], "--quota-tokens/--quota-cost: a quota sets tokens, cost or both"),
+        # an infinite one was stored as null, and every later read of the tenant's policy failed
+        (["--quota-cost", "inf"], "--quota-cost: input should be a finite number"),
+        (["--quota-tokens", "5", "--quota-window-s", "1e309"], "--quota-window-s: input should be a finite number"),
+        (["--max-wall-clock-s", "inf"], "--max-wall-clock-s: input should be a finite number"),
     ]:
         done = subprocess.run(
             [sys.executable, "-m", "stepq.producer.cli", "policy", "set", "--tenant", TENANT, *flags],
             env=settings_env(settings), cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert (done.returncode, done.stderr.strip()) == (2, f"stepq: error: {said}"), done.stderr
+
+
+def test_a_stored_policy_that_no_longer_parses_names_the_command_that_clears_it(settings, rt):
+    """An older stepq stored an infinite quota as `null`. Reading it fails with one line, and the command that
+    line names works (a scoped clear no longer parses what it removes)."""
+    rt.redis.hset(rt.keys.policy(TENANT), "*", '{"quota": {"cost": null, "window_s": null}}')
+    rt.redis.sadd(rt.keys.policy_tenants, TENANT)
+    done = subprocess.run(
+        [sys.executable, "-m", "stepq.producer.cli", "policy", "show"],
+        env=settings_env(settings), cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    line = f"stepq: error: tenant {TENANT}'s stored policy (*) is not a valid policy"
+    assert done.returncode == 2 and done.stderr.startswith(line) and done.stderr.count("\n") == 1, done.stderr
+    assert f"clear it with `stepq policy clear --tenant {TENANT} --scope '*'`" in done.stderr
+    assert "a bug in stepq" not in done.stderr
+    _policy_cli(settings, "clear", "--tenant", TENANT, "--scope", "*")
+    assert rt.redis.hget(rt.keys.policy(TENANT), "*") is None
 
 
 def _waiting(client: Client, turn_id: str) -> None:

@@ -72,7 +72,7 @@ WholeSeconds = Annotated[int, Field(le=MAX_SECONDS)]
 class Prices(BaseModel):
     """One model's prices in `STEPQ_PRICES`, in currency units per million tokens."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     input_per_mtok: float = Field(default=0.0, ge=0)
     output_per_mtok: float = Field(default=0.0, ge=0)

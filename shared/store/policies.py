@@ -8,6 +8,7 @@ step at no extra cost per step.
 
 from __future__ import annotations
 
+import shlex
 import threading
 from typing import Any
 
@@ -42,6 +43,11 @@ Document = dict[str, Policy]
 
 class PolicyConflictError(StepqError):
     """A scope kept changing under a read-modify-write (another writer); the update was not applied."""
+
+
+class StoredPolicyError(StepqError, ValueError):
+    """A tenant's stored policy does not parse (written by an older stepq, or by hand); the message names the
+    command that removes it."""
 
 
 class PolicyStore:
@@ -95,9 +101,11 @@ class PolicyStore:
     def update(self, tenant: str, scope: str, changes: dict[str, Any], unset: list[str] | None = None) -> Policy | None:
         """Merge `changes` into the scope's policy and drop the `unset` fields; None once nothing is left.
         Compare-and-set: a concurrent writer makes it read again (a few times, then PolicyConflictError)."""
+        # removing every field does not parse what it removes: a scope that no longer parses can be cleared
+        clearing = not changes and set(unset or []) >= set(Policy.model_fields)
         for _ in range(10):
             current = self.client.hget(self.keys.policy(tenant), scope)
-            base = _parse(tenant, scope, current).model_dump(exclude_none=True) if current else {}
+            base = _parse(tenant, scope, current).model_dump(exclude_none=True) if current and not clearing else {}
             merged = {**base, **changes}
             for name in unset or []:
                 merged.pop(name, None)
@@ -128,7 +136,7 @@ def _parse(tenant: str, scope: str, raw: Any) -> Policy:
     try:
         return Policy.model_validate_json(raw)
     except ValidationError as exc:
-        raise ValueError(
+        raise StoredPolicyError(
             f"tenant {tenant}'s stored policy ({scope}) is not a valid policy ({exc.errors()[0]['msg']}); "
-            f"set it again with `stepq policy set --tenant {tenant}`"
+            f"clear it with `stepq policy clear --tenant {tenant} --scope {shlex.quote(scope)}` and set it again"
         ) from None
