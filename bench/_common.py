@@ -6,6 +6,7 @@ and deletes only its own keys when it ends.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import statistics
@@ -194,6 +195,18 @@ def stop_process(proc: subprocess.Popen[Any]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def positive_count(raw: str) -> int:
+    """argparse type of a count flag (--turns, --repeat, --levels, ...): a whole number of at least 1. A zero
+    ran nothing and then divided by it."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{raw!r}: must be 1 or more")
+    return value
 
 
 def output_path_problem(flag: str, path: str | None) -> str | None:

@@ -40,6 +40,7 @@ from bench._common import (
     cleanup,
     median,
     now,
+    positive_count,
     process_tree_cpu_seconds,
     settings_env,
     stop_process,
@@ -246,12 +247,20 @@ def measure_plain(settings: Settings, workdir: Path, n: int, timeout: float) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--items", type=int, default=2000, help="items per batch (default 2000)")
+    parser.add_argument("--items", type=positive_count, default=2000, help="items per batch (default 2000)")
     parser.add_argument(
-        "--concurrency", type=int, nargs="+", default=[1, 8], help="worker thread counts to try (default: 1 8)"
+        "--concurrency",
+        type=positive_count,
+        nargs="+",
+        default=[1, 8],
+        help="worker thread counts to try (default: 1 8)",
     )
-    parser.add_argument("--inflight", type=int, default=64, help="BatchRunner turns in flight (stepq batch default 64)")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds of plain loop + each concurrency (default 1)")
+    parser.add_argument(
+        "--inflight", type=positive_count, default=64, help="BatchRunner turns in flight (stepq batch default 64)"
+    )
+    parser.add_argument(
+        "--repeat", type=positive_count, default=1, help="rounds of plain loop + each concurrency (default 1)"
+    )
     parser.add_argument(
         "--pool", choices=["threads", "prefork"], default="threads",
         help="the worker's pool (default threads, as `stepq worker`); prefork: C single-threaded child processes",

@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from bench._common import DEFAULT_REDIS_URL, cleanup, now, percentile, table, unique_prefix
+from bench._common import DEFAULT_REDIS_URL, cleanup, now, percentile, positive_count, table, unique_prefix
 from bench.agents_batch import CHAT_TEXT
 from bench.batch_throughput import batch_bench_settings, deadline, worker_process
 from stepq.config.settings import Settings
@@ -144,10 +144,16 @@ def run_config(settings: Settings, concurrency: int, n_chats: int, n_batch: int)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--chats", type=int, default=20, help="measured chat turns per condition (default 20)")
-    parser.add_argument("--batch-items", type=int, default=5000, help="batch items queued (default 5000)")
     parser.add_argument(
-        "--concurrency", type=int, nargs="+", default=[1, 8], help="worker thread counts to try (default: 1 8)"
+        "--chats", type=positive_count, default=20, help="measured chat turns per condition (default 20)"
+    )
+    parser.add_argument("--batch-items", type=positive_count, default=5000, help="batch items queued (default 5000)")
+    parser.add_argument(
+        "--concurrency",
+        type=positive_count,
+        nargs="+",
+        default=[1, 8],
+        help="worker thread counts to try (default: 1 8)",
     )
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     args = parser.parse_args(argv)

@@ -16,7 +16,7 @@ import argparse
 import sys
 import time
 
-from bench._common import DEFAULT_REDIS_URL, bench_settings, cleanup, median, table, unique_prefix
+from bench._common import DEFAULT_REDIS_URL, bench_settings, cleanup, median, positive_count, table, unique_prefix
 from stepq.engine.runner import StepRunner
 from stepq.fleet.runtime import get_runtime
 from stepq.turns.submit import create_turn
@@ -48,8 +48,8 @@ def run_turn(redis_url: str, steps: int, check: bool) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=positive_count, default=300)
+    parser.add_argument("--rounds", type=positive_count, default=3)
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     args = parser.parse_args()
     off: list[float] = []

@@ -24,7 +24,16 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from bench._common import DEFAULT_REDIS_URL, bench_settings, cleanup, median, percentile, table, unique_prefix
+from bench._common import (
+    DEFAULT_REDIS_URL,
+    bench_settings,
+    cleanup,
+    median,
+    percentile,
+    positive_count,
+    table,
+    unique_prefix,
+)
 from stepq.engine.emitter import StepEmitter
 from stepq.fleet.runtime import get_runtime
 from stepq.models import Delta, EventType
@@ -201,11 +210,15 @@ def summarize(runs: list[RunResult]) -> RunResult:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--deltas", type=int, default=20_000, help="text deltas of 4 chars per run (default 20000)")
+    parser.add_argument(
+        "--deltas", type=positive_count, default=20_000, help="text deltas of 4 chars per run (default 20000)"
+    )
     parser.add_argument("--window-ms", type=float, default=10.0, help="coalescing window (default 10 ms)")
     parser.add_argument("--rate", type=float, default=0.0, help="producer deltas/s; 0 = as fast as it can (default)")
-    parser.add_argument("--subscribers", type=int, nargs="+", default=[1, 10], help="subscriber counts (default 1 10)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per configuration; the median is shown")
+    parser.add_argument(
+        "--subscribers", type=positive_count, nargs="+", default=[1, 10], help="subscriber counts (default 1 10)"
+    )
+    parser.add_argument("--repeat", type=positive_count, default=3, help="runs per configuration; the median is shown")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     args = parser.parse_args(argv)
 

@@ -41,6 +41,7 @@ from bench._common import (
     bench_settings,
     cleanup,
     percentile,
+    positive_count,
     process_cpu_seconds,
     settings_env,
     stop_process,
@@ -469,10 +470,12 @@ def cpu_table(results: list[dict[str, Any]]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--streams", type=int, default=TARGET_STREAMS, help="concurrent SSE clients per design")
+    parser.add_argument(
+        "--streams", type=positive_count, default=TARGET_STREAMS, help="concurrent SSE clients per design"
+    )
     parser.add_argument("--rate", type=float, default=5.0, help="text-delta events per second per turn")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long every turn streams")
-    parser.add_argument("--client-procs", type=int, default=2, help="processes the clients are spread over")
+    parser.add_argument("--client-procs", type=positive_count, default=2, help="processes the clients are spread over")
     parser.add_argument(
         "--modes", default="shared,naive", help="designs to run, in order: shared, naive, shared-<K>proc (K processes)"
     )

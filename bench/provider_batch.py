@@ -35,6 +35,7 @@ from bench._common import (
     ROOT,
     bench_settings,
     cleanup,
+    positive_count,
     process_cpu_seconds,
     settings_env,
     stop_process,
@@ -133,10 +134,10 @@ def _tick_every(client: Client, settings: Settings, tick_s: float, stop: threadi
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.provider_batch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--items", type=int, default=1000)
+    parser.add_argument("--items", type=positive_count, default=1000)
     parser.add_argument("--latency-s", type=float, default=0.5, help="simulated model latency of an online call")
-    parser.add_argument("--concurrency", type=int, default=64, help="worker threads")
-    parser.add_argument("--batch-concurrency", type=int, default=None,
+    parser.add_argument("--concurrency", type=positive_count, default=64, help="worker threads")
+    parser.add_argument("--batch-concurrency", type=positive_count, default=None,
                         help="worker threads of the provider-batch run (default: --concurrency)")  # fmt: skip
     parser.add_argument("--tick-s", type=float, default=0.5, help="the provider-batch tick's period (beat's)")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)

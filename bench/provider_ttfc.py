@@ -45,6 +45,7 @@ from bench._common import (
     bench_settings,
     cleanup,
     percentile,
+    positive_count,
     running_bare_worker,
     running_plain_worker,
     table,
@@ -208,12 +209,14 @@ def ms(values: list[float], q: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--turns", type=int, default=50, help="measured turns per side (default 50)")
+    parser.add_argument("--turns", type=positive_count, default=50, help="measured turns per side (default 50)")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured turns per side first (default 3)")
     parser.add_argument("--first-ms", type=float, default=50.0, help="upstream latency before the first event")
-    parser.add_argument("--deltas", type=int, default=20, help="text deltas per stream (default 20)")
+    parser.add_argument("--deltas", type=positive_count, default=20, help="text deltas per stream (default 20)")
     parser.add_argument("--interval-ms", type=float, default=10.0, help="gap between deltas (default 10)")
-    parser.add_argument("--concurrency", type=int, default=32, help="worker threads (default 32, as stepq worker)")
+    parser.add_argument(
+        "--concurrency", type=positive_count, default=32, help="worker threads (default 32, as stepq worker)"
+    )
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args(argv)

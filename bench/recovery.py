@@ -31,7 +31,7 @@ from typing import Any
 
 import redis
 
-from bench._common import DEFAULT_REDIS_URL, ROOT, bench_settings, cleanup, settings_env, unique_prefix
+from bench._common import DEFAULT_REDIS_URL, ROOT, bench_settings, cleanup, positive_count, settings_env, unique_prefix
 from bench.recovery_agents import counter_key
 from stepq.config.settings import Settings
 from stepq.fleet.protocol import worker_queues
@@ -208,7 +208,7 @@ def _delete_amqp_queues(url: str, settings: Settings) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.recovery", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, default=10, help="turns (one kill each) per broker")
+    parser.add_argument("--turns", type=positive_count, default=10, help="turns (one kill each) per broker")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--amqp-url", default=DEFAULT_AMQP_URL, help="RabbitMQ broker ('' skips it)")
     parser.add_argument("--seed", type=int, default=None)

@@ -38,6 +38,7 @@ from bench._common import (
     median,
     now,
     output_path_problem,
+    positive_count,
     profile_report,
     running_plain_worker,
     running_worker,
@@ -111,9 +112,11 @@ def fmt_cpu(values: list[float | None], steps: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=200, help="steps per turn = hops per chain (default 200)")
-    parser.add_argument("--turns", type=int, default=3, help="turns (and chains) per round (default 3)")
-    parser.add_argument("--repeat", type=int, default=3, help="rounds of chains then turns (default 3)")
+    parser.add_argument(
+        "--steps", type=positive_count, default=200, help="steps per turn = hops per chain (default 200)"
+    )
+    parser.add_argument("--turns", type=positive_count, default=3, help="turns (and chains) per round (default 3)")
+    parser.add_argument("--repeat", type=positive_count, default=3, help="rounds of chains then turns (default 3)")
     parser.add_argument("--worker", choices=["process", "thread"], default="process", help="default: process")
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--profile", metavar="PATH", help="cProfile the worker's task bodies; stats to PATH")

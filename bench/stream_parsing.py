@@ -27,7 +27,7 @@ from anthropic.types import RawMessageStreamEvent
 from openai.types.chat import ChatCompletionChunk
 from openai.types.responses import ResponseStreamEvent
 
-from bench._common import table
+from bench._common import positive_count, table
 from stepq.providers.anthropic.raw_stream import read_stream as read_anthropic
 from stepq.providers.anthropic.stream import RawEvent, StreamAccumulator
 from stepq.providers.openai.raw_stream import read_stream as read_openai
@@ -149,8 +149,8 @@ def per_delta_us(fn: Callable[[list[bytes]], None], chunks: list[bytes], deltas:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--deltas", type=int, default=5000)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--deltas", type=positive_count, default=5000)
+    parser.add_argument("--repeat", type=positive_count, default=5)
     args = parser.parse_args(argv)
     n = args.deltas
 

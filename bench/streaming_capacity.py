@@ -68,6 +68,7 @@ from bench._common import (
     median,
     output_path_problem,
     percentile,
+    positive_count,
     process_cpu_seconds,
     profile_report,
     table,
@@ -686,7 +687,9 @@ def renice_allowed(nice: int) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--levels", type=int, nargs="+", default=[50, 100, 200, 300, 400], help="concurrencies")
+    parser.add_argument(
+        "--levels", type=positive_count, nargs="+", default=[50, 100, 200, 300, 400], help="concurrencies"
+    )
     parser.add_argument(
         "--pools",
         nargs="+",
@@ -696,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--rate",
-        type=int,
+        type=positive_count,
         nargs="+",
         default=DEFAULT_RATES,
         help=f"upstream deltas/s per stream; every level runs at each (default {DEFAULT_RATES}: the target is "
@@ -704,8 +707,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--stream-s", type=float, default=2.0, help="how long each upstream stream lasts (2 s)")
     parser.add_argument("--first-ms", type=float, default=50.0, help="upstream latency to the first event")
-    parser.add_argument("--subscribers", type=int, default=4, help="subscriber processes (default 4)")
-    parser.add_argument("--repeat", type=int, default=3, help="rounds per level; the median round is shown")
+    parser.add_argument("--subscribers", type=positive_count, default=4, help="subscriber processes (default 4)")
+    parser.add_argument("--repeat", type=positive_count, default=3, help="rounds per level; the median round is shown")
     parser.add_argument(
         "--probe-nice",
         type=int,

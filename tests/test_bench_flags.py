@@ -3,11 +3,14 @@ write there at its shutdown, after the whole run), before anything touches Redis
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from bench import chat_under_batch, step_overhead, streaming_capacity
+from tests.conftest import ROOT
 
 
 @pytest.mark.parametrize("flag", ["--timeline", "--profile", "--profile-end"])
@@ -45,3 +48,29 @@ def test_chat_under_batch_refuses_a_backlog_too_small_to_measure(capsys: pytest.
             "backlog at their end"
         )
     )
+
+
+@pytest.mark.parametrize(
+    ("module", "flag"),
+    [
+        ("step_overhead", "--turns"),
+        ("streaming_capacity", "--levels"),
+        ("fanout", "--repeat"),
+        ("batch_throughput", "--items"),
+        ("provider_ttfc", "--turns"),
+        ("recovery", "--turns"),
+        ("compaction_check", "--steps"),
+        ("chat_under_batch", "--chats"),
+        ("provider_batch", "--items"),
+        ("gateway_streams", "--streams"),
+        ("stream_parsing", "--deltas"),
+    ],
+)
+def test_a_count_of_zero_is_refused_before_anything_runs(module: str, flag: str) -> None:
+    """A zero ran nothing and then divided by it (`--turns 0`: ZeroDivisionError after starting the workers)."""
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", flag, "0", "--redis-url", "redis://127.0.0.1:1/0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(f"error: argument {flag}: '0': must be 1 or more")
