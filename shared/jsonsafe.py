@@ -2,7 +2,7 @@
 
 JSON has no NaN or Infinity. Python's `json` writes them anyway (as `NaN`, `Infinity`), which other JSON
 parsers (a browser, `jq`, Go, the gateway's clients) reject. stepq refuses them where a caller hands them
-in (metadata: `non_finite_path` names the spot) and maps them to strings where a tool or a provider
+in (metadata, context: `caller_json_problem` names the spot) and maps them to strings where a tool or a provider
 produced them (`finite`, and `dumps`), so every event, stored result and transcript is valid JSON.
 
 Every streamed delta is parsed from its SSE event's JSON on the provider loop (`loads`), and every event is
@@ -25,16 +25,37 @@ _NAMES = {math.inf: "Infinity", -math.inf: "-Infinity"}
 
 def non_finite_path(value: Any, path: str = "$") -> str | None:
     """Where the first NaN/Infinity in a JSON-like value is (`$.a[2]`), or None if there is none."""
+    found = _first_problem(value, path, keys=False)
+    return None if found is None else found[0]
+
+
+def caller_json_problem(value: Any, name: str) -> str | None:
+    """What keeps a caller's value (`name`: `metadata`, `context`) from being stored as JSON every parser reads,
+    in words naming the spot (a NaN/Infinity, a key that is not a string); None when nothing does."""
+    found = _first_problem(value, name, keys=True)
+    if found is None:
+        return None
+    path, key = found
+    if key:
+        return f"{path} has a key that is not a string ({key}); JSON object keys are strings"
+    return f"{path} is NaN or Infinity, which JSON cannot carry: send null or a string"
+
+
+def _first_problem(value: Any, path: str, keys: bool) -> tuple[str, str] | None:
+    """(path, '') of the first NaN/Infinity, or (with `keys`) (path, repr of the key) of the first key that is not
+    a string."""
     if isinstance(value, float):
-        return None if math.isfinite(value) else path
+        return None if math.isfinite(value) else (path, "")
     if isinstance(value, dict):
         for key, item in value.items():
-            found = non_finite_path(item, f"{path}.{key}")
+            if keys and not isinstance(key, str):
+                return path, repr(key)
+            found = _first_problem(item, f"{path}.{key}", keys)
             if found:
                 return found
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
-            found = non_finite_path(item, f"{path}[{i}]")
+            found = _first_problem(item, f"{path}[{i}]", keys)
             if found:
                 return found
     return None

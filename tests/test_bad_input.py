@@ -110,6 +110,22 @@ def test_metadata_with_nan_is_refused(rt, metadata, where):
     assert _nothing_stored(rt)
 
 
+def test_metadata_or_context_a_json_parser_could_not_read_is_refused_by_submit_and_threads(rt):
+    """A key that is not a string raised pydantic's raw ValidationError from submit; a NaN in a context (of an
+    agent with no context_schema) or in a thread's metadata was stored as `NaN`, which other parsers refuse."""
+    from stepq.errors import ContextError
+    from stepq.turns.threads import create_thread
+
+    with pytest.raises(SubmitError, match=r"^metadata.a has a key that is not a string \(1\)"):
+        create_turn(rt, "rt.basic", prompt="go", metadata={"a": {1: "x"}})
+    with pytest.raises(ContextError, match=r"^context.x\[0\] is NaN or Infinity"):
+        create_turn(rt, "rt.basic", prompt="go", context={"x": [math.nan]})
+    assert _nothing_stored(rt)
+    with pytest.raises(SubmitError, match=r"^metadata.score is NaN or Infinity"):
+        create_thread(rt, "rt.basic", metadata={"score": math.inf})
+    assert not list(rt.redis.scan_iter(match=f"{rt.keys.prefix}:thread*"))
+
+
 def test_tool_returning_nan_gives_valid_json_everywhere(rt, prefix):
     state, _ = create_turn(rt, "rc.not_finite_result", prompt="go", metadata={"prefix": prefix})
     _run_to_end(rt, state.turn_id)

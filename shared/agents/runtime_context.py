@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stepq.errors import ContextError
+from stepq.jsonsafe import caller_json_problem
 
 
 def check_context(agent_id: str, schema: type[BaseModel] | None, value: Any, where: str = "context") -> dict[str, Any]:
@@ -26,6 +27,9 @@ def check_context(agent_id: str, schema: type[BaseModel] | None, value: Any, whe
     if not isinstance(value, Mapping):
         raise ContextError(f"{where} must be a JSON object, not {type(value).__name__}")
     if schema is None:
+        problem = caller_json_problem(dict(value), where)
+        if problem:
+            raise ContextError(problem)
         return dict(value)
     try:
         return schema.model_validate(dict(value)).model_dump(mode="json")

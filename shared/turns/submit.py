@@ -24,7 +24,7 @@ from stepq.errors import (
     UnknownAgentError,
 )
 from stepq.fleet.runtime import Runtime
-from stepq.jsonsafe import non_finite_path
+from stepq.jsonsafe import caller_json_problem
 from stepq.models import (
     DEFAULT_BUDGET_PRESETS,
     EventType,
@@ -379,9 +379,9 @@ def new_turn_state(
         raise SubmitError("metadata must be a JSON object")
     if not isinstance(defer_tools, bool):
         raise SubmitError("defer_tools must be true or false")
-    bad = non_finite_path(metadata)
-    if bad:
-        raise SubmitError(f"metadata{bad[1:]} is NaN or Infinity, which JSON cannot carry: send null or a string")
+    problem = caller_json_problem(metadata, "metadata")
+    if problem:
+        raise SubmitError(problem)
     stored_context = None if context is None else check_context(agent.id, agent.context_schema, context)
     caller = _caller_policy(policy)
     layers = policy_layers(rt, agent.id, caller, metadata or {})

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 
 from stepq.errors import SubmitError, ThreadBusyError, ThreadNotFoundError, UnknownAgentError
 from stepq.fleet.runtime import Runtime
+from stepq.jsonsafe import caller_json_problem
 from stepq.models import EventType, Message, Policy, TurnState, TurnStatus
 from stepq.models import closed_transcript as well_formed  # a thread keeps every tool call answered
 from stepq.store.broker_push import BrokerPush
@@ -92,6 +93,9 @@ def create_thread(rt: Runtime, agent: str, *, tenant: str = "", metadata: dict[s
         raise UnknownAgentError(f"unknown agent {agent!r}; known agents: {known}")
     if metadata is not None and not isinstance(metadata, dict):
         raise SubmitError("metadata must be a JSON object")
+    problem = caller_json_problem(metadata, "metadata")
+    if problem:
+        raise SubmitError(problem)
     try:
         encoded = json.loads(json.dumps(metadata or {}))
     except (TypeError, ValueError) as exc:
