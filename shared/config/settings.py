@@ -264,7 +264,7 @@ class Settings(BaseSettings):
     """How long a thread (a conversation continued with `Client.continue_thread` or `POST /v1/threads/{id}/turns`) is
     kept after its last use, apart from its turns.
     """
-    event_maxlen: int = Field(default=100_000, ge=1, le=2**63 - 1)  # Redis's XADD MAXLEN is a signed 64-bit
+    event_maxlen: int = Field(default=100_000, ge=1, le=1_000_000_000)  # more would not fit in any Redis
     """Cap on one turn's event log."""
     cancel_poll_s: Duration = Field(default=0.05, gt=0)
     """How often a running step checks for cancellation."""
