@@ -209,6 +209,17 @@ def positive_count(raw: str) -> int:
     return value
 
 
+def add_thread_counts(parser: argparse.ArgumentParser) -> None:
+    """--concurrency: the worker thread counts a batch benchmark tries, one run each."""
+    parser.add_argument(
+        "--concurrency",
+        type=positive_count,
+        nargs="+",
+        default=[1, 8],
+        help="worker thread counts to try (default: 1 8)",
+    )
+
+
 def output_path_problem(flag: str, path: str | None) -> str | None:
     """Why an output PATH flag cannot be written (its folder is missing), as one line; None when it can. Checked
     before the run: the worker writes these files only at its shutdown, minutes later."""

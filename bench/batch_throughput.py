@@ -36,6 +36,7 @@ from pathlib import Path
 from bench._common import (
     DEFAULT_REDIS_URL,
     ROOT,
+    add_thread_counts,
     bench_settings,
     cleanup,
     median,
@@ -248,13 +249,7 @@ def measure_plain(settings: Settings, workdir: Path, n: int, timeout: float) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=positive_count, default=2000, help="items per batch (default 2000)")
-    parser.add_argument(
-        "--concurrency",
-        type=positive_count,
-        nargs="+",
-        default=[1, 8],
-        help="worker thread counts to try (default: 1 8)",
-    )
+    add_thread_counts(parser)
     parser.add_argument(
         "--inflight", type=positive_count, default=64, help="BatchRunner turns in flight (stepq batch default 64)"
     )
@@ -268,8 +263,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--timeout", type=float, default=600.0, help="per measured batch, seconds")
     args = parser.parse_args(argv)
-    if args.items < 1 or args.inflight < 1 or args.repeat < 1 or min(args.concurrency) < 1:
-        parser.error("--items, --inflight, --repeat and --concurrency must be at least 1")
 
     prefix = unique_prefix("batch")
     settings = batch_bench_settings(args.redis_url, prefix)

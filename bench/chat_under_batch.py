@@ -24,7 +24,16 @@ import sys
 import time
 from dataclasses import dataclass
 
-from bench._common import DEFAULT_REDIS_URL, cleanup, now, percentile, positive_count, table, unique_prefix
+from bench._common import (
+    DEFAULT_REDIS_URL,
+    add_thread_counts,
+    cleanup,
+    now,
+    percentile,
+    positive_count,
+    table,
+    unique_prefix,
+)
 from bench.agents_batch import CHAT_TEXT
 from bench.batch_throughput import batch_bench_settings, deadline, worker_process
 from stepq.config.settings import Settings
@@ -148,17 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         "--chats", type=positive_count, default=20, help="measured chat turns per condition (default 20)"
     )
     parser.add_argument("--batch-items", type=positive_count, default=5000, help="batch items queued (default 5000)")
-    parser.add_argument(
-        "--concurrency",
-        type=positive_count,
-        nargs="+",
-        default=[1, 8],
-        help="worker thread counts to try (default: 1 8)",
-    )
+    add_thread_counts(parser)
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     args = parser.parse_args(argv)
-    if args.chats < 1 or min(args.concurrency) < 1:
-        parser.error("--chats and --concurrency must be at least 1")
     if args.batch_items <= MIN_BACKLOG:
         parser.error(f"--batch-items must be more than {MIN_BACKLOG}: the chats must still find a backlog at their end")
 

@@ -736,8 +736,6 @@ def main(argv: list[str] | None = None) -> int:
     prefix = unique_prefix("cap")
     settings = bench_settings(args.redis_url, prefix, agent_modules=["bench.fake_upstream"])
     stream_s = args.stream_s
-    if any(r <= 0 for r in args.rate):
-        parser.error("--rate must be positive")
     for flag, path in (("--profile", args.profile), ("--profile-end", args.profile_end), ("--timeline", args.timeline)):
         problem = output_path_problem(flag, path)
         if problem:
