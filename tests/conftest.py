@@ -228,6 +228,11 @@ def _kill_leftover_workers() -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A new test: the last one's worker logs are no longer needed."""
+    _remove_worker_logs()
+
+
+@atexit.register
+def _remove_worker_logs() -> None:
     for path in WorkerProcess.logs.values():
         path.unlink(missing_ok=True)
     WorkerProcess.logs.clear()
