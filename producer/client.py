@@ -422,7 +422,8 @@ class Client:
 
         turn_id: the turn to follow.
         after: the last seq already seen (0: from the start); reconnect with the last `event.seq`.
-        idle_timeout: seconds without a new event before WaitTimeoutError; None waits as long as the turn runs.
+        idle_timeout: seconds without a new event before WaitTimeoutError, 0 or more; None waits as long as the
+            turn runs. A NaN or negative one raises ValueError.
 
         Raises TurnNotFoundError for an unknown turn, EventCursorError for a bad `after`, and in embedded
         mode NoWorkerError when no worker in this process can run the turn. Event fields: docs/reference/events.md.
@@ -447,7 +448,8 @@ class Client:
         """Block until the turn ends and return its result (text or object, finish reason, usage, trace).
 
         turn_id: the turn to wait for.
-        timeout: seconds to wait at most (WaitTimeoutError after it); None waits as long as the turn runs.
+        timeout: seconds to wait at most, 0 or more (WaitTimeoutError after it); None waits as long as the turn
+            runs. A NaN or negative one raises ValueError.
             A parked turn waits for its approvals: decide them from another thread or process.
 
         Raises TurnNotFoundError for an unknown turn, and in embedded mode NoWorkerError when no worker
