@@ -694,7 +694,8 @@ class Client:
         """Send a decision to the `approve` task; the worker verifies the token and decides once.
 
         approval_id: from the `approval-request` event (or `stepq show TURN`).
-        approved: True runs the tool; False denies it (the model reads `denied by reviewer: <reason>`).
+        approved: True runs the tool; False denies it (the model reads `denied by reviewer: <reason>`). Anything
+            else raises TypeError (`"no"` is truthy: it must not approve).
         reason: why, shown to the model on a denial and recorded with the decision.
         reviewer: who decided, recorded with the decision and in the `approval-decision` event.
         args: the arguments you approve. Other than the requested ones, they are an edit: a tool declared
@@ -707,6 +708,8 @@ class Client:
         Returns an ApprovalReceipt: `receipt.wait()` tells whether the worker accepted the decision. An id with
         no approval record (and no `token` given) is refused at once (`unknown`): nothing is sent.
         """
+        if not isinstance(approved, bool):  # bool("no") is True: a string from a form must not approve
+            raise TypeError(f"approved must be True or False, not {approved!r}")
         if token is None:
             record = self.runtime.approvals.get(approval_id) if isinstance(approval_id, str) and approval_id else None
             if record is None:  # the worker could only answer `unknown`: refused now, not after a worker's hop
@@ -719,7 +722,7 @@ class Client:
             kwargs={
                 "approval_id": approval_id,
                 "token": token,
-                "approved": bool(approved),
+                "approved": approved,
                 "reason": reason,
                 "reviewer": reviewer,
                 "args": args,

@@ -264,3 +264,18 @@ def test_an_approved_write_the_tenant_policy_now_forbids_is_not_run_and_says_why
         "(a policy or the agent's tools changed since the approval); not run"
     )
     assert refused.output["do_not_retry"] is True
+
+
+@pytest.mark.parametrize("decision", ["no", "false", 0, None])
+def test_a_decision_that_is_not_a_bool_is_refused_and_sends_nothing(worker, client, prefix, rt, decision):
+    """`approve(id, "no")` approved: the decision was sent as bool("no"), True. Anything but True or False is a
+    TypeError now, before anything is sent; the approval stays pending and the gated call does not run."""
+    handle, [request] = _park(client, prefix)
+    approval_id = request.data["approval_id"]
+    with pytest.raises(TypeError, match="approved must be True or False"):
+        client.approve(approval_id, decision)
+    assert rt.approvals.get(approval_id).status == "pending"
+    assert _side_effects(prefix, handle.turn_id, "gated") == 0
+    assert client.approve(approval_id, False, reason="no").wait(timeout=60)  # a real decision still works
+    assert client.wait(handle.turn_id, timeout=60).status == TurnStatus.COMPLETED
+    assert _side_effects(prefix, handle.turn_id, "gated") == 0

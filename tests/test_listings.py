@@ -7,6 +7,7 @@ tests/test_listings_cluster.py.
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -159,6 +160,16 @@ def test_bad_listing_input_is_a_one_line_error(client):
         client.list_turns(limit=500)
     with pytest.raises(SubmitError, match="invalid cursor"):
         client.list_turns(cursor="nonsense")
+    # each of these reached Redis, which refused it ("min or max is not a float"), reported as Redis down
+    with pytest.raises(SubmitError, match="since must be a unix time in seconds"):
+        client.list_turns(since=math.nan)
+    for cursor in ("nan:turn_x", "inf:turn_x"):
+        with pytest.raises(SubmitError, match="invalid cursor"):
+            client.list_turns(cursor=cursor)
+    with pytest.raises(SubmitError, match="invalid cursor"):
+        client.pending_approvals(cursor="nan:apv_x")
+    with pytest.raises(SubmitError, match="invalid cursor 5"):  # not a string: was an AttributeError
+        client.list_threads(cursor=5)
 
 
 def test_a_finished_turn_leaves_the_indexes_when_its_ttl_lapses_and_they_stay_bounded(worker, client, prefix, rt):

@@ -22,6 +22,7 @@ an entry blindly: the caller reads each listed item's own record and drops what 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,12 +217,14 @@ def parse_cursor(cursor: str | None) -> tuple[str, str]:
     """A cursor is `<score>:<id>` of the last item of the previous page; ValueError names a malformed one."""
     if not cursor:
         return "+inf", ""
+    if not isinstance(cursor, str):
+        raise ValueError(f"invalid cursor {cursor!r}: pass the next_cursor of the previous page (a string)")
     score, sep, member = cursor.partition(":")
     try:
-        float(score)
+        finite = math.isfinite(float(score))  # Redis refuses a NaN bound
     except ValueError:
-        raise ValueError(f"invalid cursor {cursor[:60]!r}: pass the next_cursor of the previous page") from None
-    if not sep or not member:
+        finite = False
+    if not finite or not sep or not member:
         raise ValueError(f"invalid cursor {cursor[:60]!r}: pass the next_cursor of the previous page")
     return score, member
 

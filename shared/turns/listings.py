@@ -9,6 +9,7 @@ left out. Approval tokens never appear: an approval shows what its reviewer deci
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any, cast
 
@@ -128,7 +129,7 @@ def list_turns(
     """The tenant's turns, newest first (by creation), filtered by status, agent, thread, batch, created-since."""
     check_limit(limit)
     wanted = _status(status)
-    if since is not None and (isinstance(since, bool) or not isinstance(since, int | float)):
+    if since is not None and (isinstance(since, bool) or not isinstance(since, int | float) or math.isnan(since)):
         raise SubmitError(f"since must be a unix time in seconds (got {since!r})")
     try:
         page = rt.listings.turn_page(
