@@ -26,13 +26,14 @@ def check_context(agent_id: str, schema: type[BaseModel] | None, value: Any, whe
         value = value.model_dump(mode="json")
     if not isinstance(value, Mapping):
         raise ContextError(f"{where} must be a JSON object, not {type(value).__name__}")
+    given = dict(value)
     if schema is None:
-        problem = caller_json_problem(dict(value), where)
+        problem = caller_json_problem(given, where)
         if problem:
             raise ContextError(problem)
-        return dict(value)
+        return given
     try:
-        return schema.model_validate(dict(value)).model_dump(mode="json")
+        return schema.model_validate(given).model_dump(mode="json")
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"]) or "(root)"
