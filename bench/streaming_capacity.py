@@ -198,7 +198,7 @@ class SubStats:
 def subscriber_main(redis_url: str, prefix: str, index: int, digits: str, nice: int, ctl: Any, out: Any) -> None:
     """Follow every turn whose id starts with one of `digits`; answer the driver's commands on `ctl`."""
     renice(nice)
-    pattern = f"{prefix}:turn:{{[{digits}]*"  # a turn's home starts its id
+    pattern = f"{prefix}:turn:{{[{digits}]*:ch"  # a turn's home starts its id; its event channel
     reader = PubSubReader(redis_url, f"{prefix}-sub{index}", [pattern])
     out.put(("ready", index))
     stats = SubStats()

@@ -47,7 +47,7 @@ from stepq.fleet.protocol import (
 )
 from stepq.fleet.runtime import Runtime, get_runtime
 from stepq.logging import redact_url
-from stepq.models import Event, EventType, Policy, TurnResult, TurnState
+from stepq.models import Event, Policy, TurnResult, TurnState
 from stepq.store.broker_push import BrokerPush
 from stepq.store.connection import ever_reached
 from stepq.turns import client_results as client_tools
@@ -131,9 +131,6 @@ def check_timeout(name: str, value: float | None) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
         raise ValueError(f"{name} must be None or a number of seconds >= 0, not {value!r}")
     return value
-
-
-_FINISH_MARK = f'"type":"{EventType.TURN_FINISH.value}"'
 
 
 @contextmanager
@@ -460,7 +457,7 @@ class Client:
     def _wait(self, turn_id: str, timeout: float | None) -> TurnResult:
         deadline = None if timeout is None else time.monotonic() + timeout
         pubsub = self.runtime.redis.pubsub(ignore_subscribe_messages=True)
-        pubsub.subscribe(self.runtime.keys.channel(turn_id))
+        pubsub.subscribe(self.runtime.keys.finished(turn_id))  # told once, as turn-finish is written: not per event
         unserved_since: list[float] = []
         try:
             state = self.get(turn_id)
@@ -471,10 +468,10 @@ class Client:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise WaitTimeoutError(f"turn {turn_id} still {state.status.value} after {timeout}s")
-                message = pubsub.get_message(timeout=min(remaining if remaining is not None else 1.0, 1.0))
-                # re-read the state only when the turn may have ended: its finish event, or a quiet second
-                if message is None or _FINISH_MARK in str(message.get("data", "")):
-                    state = self.get(turn_id)
+                pubsub.get_message(timeout=min(remaining if remaining is not None else 1.0, 1.0))
+                state = self.get(
+                    turn_id
+                )  # told it ended, or a quiet second (its writer may have died after the commit)
         finally:
             pubsub.close()
 

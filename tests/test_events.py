@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from stepq.fleet.runtime import get_runtime
@@ -215,3 +217,75 @@ def test_a_follow_waits_a_quiet_tick_for_the_turn_finish_that_follows_the_commit
 
     seen = list(rt.events.follow(turn_id, after=first, idle_timeout=60, is_finished=finished))
     assert [e.type for e in seen] == [EventType.TURN_FINISH]
+
+
+def _told(rt, pubsub, channel: str) -> list[str]:
+    """What `channel` has carried so far: every message up to a sentinel this test publishes after them."""
+    rt.redis.publish(channel, "sentinel")
+    told: list[str] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=1)  # None also for the subscribe confirmation, which it skips
+        if message is None:
+            continue
+        if message["data"] == "sentinel":
+            return told
+        told.append(message["data"])
+    raise AssertionError(f"the sentinel never came back on {channel}")
+
+
+@pytest.mark.parametrize(
+    "agent_id",
+    [
+        "eng.simple",  # nothing waits on its end: the commit itself writes turn-finish
+        "otel_t.hooked",  # its hooks run between the commit and turn-finish: the event is written after them
+    ],
+)
+def test_a_turns_finished_channel_is_told_once_with_the_seq_of_its_turn_finish(rt, prefix, agent_id):
+    turn_id = start(rt, agent_id, prefix)
+    pubsub = rt.redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(rt.keys.finished(turn_id))
+    try:
+        assert drive(rt, turn_id).status == TurnStatus.COMPLETED
+        told = _told(rt, pubsub, rt.keys.finished(turn_id))
+    finally:
+        pubsub.close()
+    events = rt.events.read(turn_id)
+    assert events[-1].type == EventType.TURN_FINISH and len(events) > 3
+    assert told == [str(events[-1].seq)]
+
+
+def test_a_waiting_client_is_woken_once_per_turn_not_per_event(worker, client, prefix, monkeypatch):
+    """`Client.wait` follows the turn's `finished` channel: a streamed, multi-step turn wakes it once (its end),
+    where following the event channel would wake it for every delta and tool event."""
+    import threading
+
+    import redis.client
+
+    woken: list[object] = []
+    waiter_thread: list[threading.Thread] = []
+    read = redis.client.PubSub.get_message
+
+    def counted(self, *args, **kwargs):
+        message = read(self, *args, **kwargs)
+        if message is not None and threading.current_thread() in waiter_thread:
+            woken.append(message["channel"])
+        return message
+
+    monkeypatch.setattr(redis.client.PubSub, "get_message", counted)
+    handle = client.submit("eng.gated", prompt="go", metadata={"prefix": prefix})  # parks on its tool's gate
+    results: list[object] = []
+    waiter = threading.Thread(target=lambda: results.append(handle.wait(timeout=120)), daemon=True)
+    waiter_thread.append(waiter)
+    waiter.start()
+    finished = client.runtime.keys.finished(handle.turn_id)
+    while not client.runtime.redis.pubsub_numsub(finished)[0][1]:  # the waiter has subscribed
+        assert waiter.is_alive(), results
+    client.runtime.redis.rpush(gate_key(prefix, "g"), "open")  # the rest: a tool result, a streamed step
+    waiter.join(timeout=120)
+    assert not waiter.is_alive() and results[0].status == TurnStatus.COMPLETED
+    events = client.runtime.events.read(handle.turn_id)
+    gate = next(e.seq for e in events if e.type == EventType.TOOL_CALL)
+    after_gate = [e.type for e in events if e.seq > gate]  # written while the waiter was subscribed
+    assert EventType.TEXT_DELTA in after_gate and len(after_gate) >= 5, after_gate
+    assert woken == [finished]

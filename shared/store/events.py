@@ -27,8 +27,9 @@ from stepq.models import CONTENT_EVENTS, Event, EventType
 from stepq.store.keys import Keys
 from stepq.store.pipelines import evalsha_batch, queue_evalsha, runs_again
 
-# KEYS: seq, events, channel, emitted. ARGV: maxlen, then per event: body, content flag, step.
-# Several events of one turn go in one call (a step's flush); returns the last seq.
+# KEYS: seq, events, channel, emitted, finished. ARGV: maxlen, then per event: body, kind ('1' a content event,
+# 'end' the turn's `turn-finish`, '0' any other), step. Several events of one turn go in one call (a step's
+# flush); returns the last seq.
 _PUBLISH = """
 local seq
 for i = 2, #ARGV, 3 do
@@ -36,7 +37,12 @@ for i = 2, #ARGV, 3 do
   local payload = '{"seq":' .. seq .. ',' .. ARGV[i]
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], seq .. '-0', 'e', payload)
   redis.call('PUBLISH', KEYS[3], payload)
-  if ARGV[i + 1] == '1' then redis.call('SET', KEYS[4], ARGV[i + 2]) end
+  local kind = ARGV[i + 1]
+  if kind == '1' then
+    redis.call('SET', KEYS[4], ARGV[i + 2])
+  elseif kind == 'end' then
+    redis.call('PUBLISH', KEYS[5], seq)
+  end
 end
 return seq
 """
@@ -50,6 +56,12 @@ def _body(turn_id: str, type_: EventType, step: int, data: dict[str, Any], now: 
     return jsonsafe.dumps({"turn_id": turn_id, "type": type_.value, "step": step, "data": data, "ts": now})[1:]
 
 
+def _kind(type_: EventType) -> str:
+    """The publish script's mark for an event: a content event records its step, `turn-finish` tells the
+    turn's `finished` channel too."""
+    return "1" if type_ in CONTENT_EVENTS else "end" if type_ == TERMINAL else "0"
+
+
 _NAMED_TURNS = 4096  # turns whose publish keys are kept named (a worker streams at most a few hundred at once)
 _LEAD_ROUNDS = 8  # batches one leader sends in a row before it hands the lead on
 
@@ -61,6 +73,7 @@ class Announcement:
     channel: str
     maxlen: int
     body: bytes  # the envelope's JSON without its opening brace: the script puts `{"seq":N,` in front
+    finished: str = ""  # for a `turn-finish`: the turn's `Keys.finished` channel, told too
 
 
 class PendingPublish:
@@ -190,7 +203,7 @@ class EventLog:
         self.maxlen = maxlen
         self._publish = client.register_script(_PUBLISH)
         self._commits = _GroupCommit(client, self._publish)
-        self._named: dict[str, tuple[str, str, str, str]] = {}
+        self._named: dict[str, tuple[str, str, str, str, str]] = {}
 
     def publish(self, turn_id: str, type_: EventType, step: int, data: dict[str, Any]) -> int:
         """Append one event and fan it out; returns its seq."""
@@ -205,20 +218,22 @@ class EventLog:
         now = time.time()
         args: list[Any] = [self.maxlen]
         for type_, step, data in events:
-            args += [_body(turn_id, type_, step, data, now), "1" if type_ in CONTENT_EVENTS else "0", step]
+            args += [_body(turn_id, type_, step, data, now), _kind(type_), step]
         return self._commits.submit(self._publish_keys(turn_id), args)
 
     def announcement(self, turn_id: str, type_: EventType, step: int, data: dict[str, Any]) -> Announcement:
         """An event (stamped now, not a content event) for a commit to write if it takes."""
         assert type_ not in CONTENT_EVENTS, "a commit's announcement does not mark the step's content as streamed"
-        return Announcement(self.keys.channel(turn_id), self.maxlen, _body(turn_id, type_, step, data, time.time()))
+        body = _body(turn_id, type_, step, data, time.time())
+        finished = self.keys.finished(turn_id) if type_ == TERMINAL else ""
+        return Announcement(self.keys.channel(turn_id), self.maxlen, body, finished)
 
     def _publish_keys(self, turn_id: str) -> list[str]:
-        """The publish script's four keys of a turn, named once per turn (a streamed step asks per delta)."""
+        """The publish script's five keys of a turn, named once per turn (a streamed step asks per delta)."""
         named = self._named.get(turn_id)
         if named is None:
             k = self.keys
-            named = (k.seq(turn_id), k.events(turn_id), k.channel(turn_id), k.emitted(turn_id))
+            named = (k.seq(turn_id), k.events(turn_id), k.channel(turn_id), k.emitted(turn_id), k.finished(turn_id))
             if len(self._named) >= _NAMED_TURNS:
                 self._named.clear()  # turns come and go: a bounded memo, refilled by the next delta
             self._named[turn_id] = named

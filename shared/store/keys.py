@@ -95,6 +95,11 @@ class Keys:
     def channel(self, turn_id: str) -> str:
         return f"{self.turn(turn_id)}:ch"
 
+    def finished(self, turn_id: str) -> str:
+        """A pub/sub channel with one message, as `turn-finish` is written: what `Client.wait` follows, so a
+        waiter is not woken by every event of the turn."""
+        return f"{self.turn(turn_id)}:done"
+
     def emitted(self, turn_id: str) -> str:
         """The step whose content reached subscribers but was not committed yet (for step-reset)."""
         return f"{self.turn(turn_id)}:emitted"

@@ -92,8 +92,8 @@ return 1
 #       other slots and are updated around the script.
 # ARGV: expected version, new json, turn id, status, index score ('' = none), ttl, lease token ('' = none),
 #       release ('1'), #new messages, #new trace rows, new messages..., new trace..., then, to announce an event
-#       only if the commit takes (a turn's `turn-finish`): the event log's maxlen and the event's body (as the
-#       event publish script's)
+#       only if the commit takes (a turn's `turn-finish`): the event log's maxlen, the event's body (as the
+#       event publish script's) and the turn's `finished` channel to tell ('' = none; a channel is not a key)
 _COMMIT = """
 local current = redis.call('GET', KEYS[2])
 if current ~= ARGV[1] then return 0 end
@@ -107,6 +107,7 @@ if #ARGV > last then  -- the announced event, before the expiry below so the log
   local payload = '{"seq":' .. seq .. ',' .. ARGV[last + 2]
   redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[last + 1], seq .. '-0', 'e', payload)
   redis.call('PUBLISH', KEYS[#KEYS], payload)
+  if ARGV[last + 3] ~= '' then redis.call('PUBLISH', ARGV[last + 3], seq) end  -- a turn-finish: its waiters
 end
 redis.call('SET', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], tonumber(ARGV[1]) + 1)
@@ -560,7 +561,7 @@ class TurnStore:
         ]
         if announce is not None:
             keys.append(announce.channel)
-            args += [announce.maxlen, announce.body]
+            args += [announce.maxlen, announce.body, announce.finished]
         prepared = PreparedWrite(
             self._commit, keys, args, state, expected, state._stored_status, state._stored_score, state.status, score
         )
