@@ -26,6 +26,7 @@ from redis.commands.core import Script
 
 from stepq.models import Message, StepOutput, StepTrace, TurnState, TurnStatus, carry_files
 from stepq.store.broker_push import BrokerPush
+from stepq.store.bulk import collection_paused
 from stepq.store.events import Announcement
 from stepq.store.indexes import ACTIVE, AWAITING, RUNNING, SweepIndexes, on_awaiting_list
 from stepq.store.keys import Keys, home, idempotency_home
@@ -475,8 +476,9 @@ class TurnStore:
         new_trace: list[str],
     ) -> TurnState:
         state = TurnState.model_validate_json(raw)
-        state.messages = [*messages, *(_MESSAGE.validate_json(m) for m in new_messages)]
-        state.trace.steps = [*trace, *(StepTrace.model_validate_json(t) for t in new_trace)]
+        with collection_paused(len(new_messages) + len(new_trace)):
+            state.messages = [*messages, *(_MESSAGE.validate_json(m) for m in new_messages)]
+            state.trace.steps = [*trace, *(StepTrace.model_validate_json(t) for t in new_trace)]
         self._stored(state)
         return state
 
