@@ -19,7 +19,8 @@ BULK_ROWS = 256  # fewer rows than this (a step's few new ones) are parsed with 
 @contextmanager
 def collection_paused(rows: int) -> Iterator[None]:
     """Pause automatic collection while `rows` rows are parsed, if they are many; then restore it as it was
-    (a process that turned the collector off keeps it off)."""
+    (a process that turned the collector off keeps it off). The switch is the process's: another thread's
+    bulk parse may turn it back on a little early, which only costs that thread its saving."""
     if rows < BULK_ROWS or not gc.isenabled():
         yield
         return
