@@ -468,7 +468,8 @@ class Client:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise WaitTimeoutError(f"turn {turn_id} still {state.status.value} after {timeout}s")
-                # told it ended, or a quiet second (its writer may have died after the commit): look again
+                # look again once the subscription is confirmed (an end told before it took was missed), when
+                # told it ended, and after a quiet second (its writer may have died after the commit)
                 pubsub.get_message(timeout=min(remaining if remaining is not None else 1.0, 1.0))
                 state = self.get(turn_id)
         finally:
