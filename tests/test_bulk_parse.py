@@ -59,10 +59,13 @@ def _fresh_store(rt: Runtime) -> TurnStore:
 def test_a_long_history_is_parsed_without_a_collection_per_700_objects(rt, prefix, collections):
     assert gc.isenabled()
     turn_id = _long_turn(rt, prefix, 1000)
+    store = _fresh_store(rt)
     collections.clear()
-    state = _fresh_store(rt).load(turn_id)
+    state = store.load(turn_id)
     assert state is not None and len(state.trace.steps) == 1000
-    assert len(collections) <= 1, collections  # each row is ~20 objects: ~30 collections if not paused
+    # ~27 collections if not paused (each row is ~20 objects); with the pause, one may run as it ends, and another
+    # thread of this process (an earlier test's lease heartbeat) may set off one more
+    assert len(collections) <= 3, collections
     assert gc.isenabled()
 
 
