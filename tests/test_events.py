@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
+import redis.client
 
 from stepq.fleet.runtime import get_runtime
 from stepq.models import EventType, FinishReason, TurnStatus
@@ -259,10 +261,6 @@ def test_a_waiting_client_listens_for_the_turns_end_not_for_its_events(worker, c
     """`Client.wait` subscribes to the turn's `finished` channel, not to its event channel: a streamed,
     multi-step turn wakes it at most once (its end; a quiet second's re-read may see the end first), where
     following the event channel would wake it for every delta and tool event."""
-    import threading
-
-    import redis.client
-
     woken: list[object] = []
     waiter_thread: list[threading.Thread] = []
     read = redis.client.PubSub.get_message
