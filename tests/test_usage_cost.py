@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from stepq.config.settings import Settings
 from stepq.models import EventType, TurnStatus
-from tests.conftest import make_settings
+from tests.conftest import eventually, make_settings
 from tests.fakes import anthropic_server as anth
 from tests.fakes import gemini_server as gem
 
@@ -108,9 +108,14 @@ def test_anthropic_attempt_failing_after_message_start_counts_its_input_tokens(a
     [finish] = [e for e in events if e.type == EventType.TURN_FINISH]
     assert finish.data["cost"] == result.cost and finish.data["usage"]["input_tokens"] == 2534
 
+    # a step is counted when its delivery returns, just after the turn-finish a waiter sees; cost is counted last
+    expected_cost = float(failed_cost + ok_cost)
+    eventually(
+        lambda: _metric("stepq_cost_total", **labels) >= expected_cost * (1 - 1e-12), WAIT, "the step's usage counted"
+    )
     assert _metric("stepq_tokens_total", **labels, kind="input") == 2534
     assert _metric("stepq_tokens_total", **labels, kind="cache_read") == 400
-    assert _metric("stepq_cost_total", **labels) == pytest.approx(float(failed_cost + ok_cost), rel=1e-12)
+    assert _metric("stepq_cost_total", **labels) == pytest.approx(expected_cost, rel=1e-12)
 
 
 def test_anthropic_turn_failing_after_message_start_still_reports_the_tokens(anthropic_fake, worker, client):
