@@ -30,7 +30,7 @@ from stepq.producer.gateway.errors import GatewayError
 from stepq.producer.gateway.health import RedisHealth
 from stepq.producer.gateway.metrics import GatewayMetrics
 from stepq.producer.gateway.streams import EventReader, StreamHub
-from stepq.store.connection import BACKOFF_BASE_S, BACKOFF_CAP_S, CLUSTER_SCHEME, parse_cluster_url
+from stepq.store.connection import BACKOFF_BASE_S, BACKOFF_CAP_S, CLUSTER_SCHEME, disconnect, parse_cluster_url
 
 CLIENT_NAME = "stepq-gateway"
 T = TypeVar("T")
@@ -91,7 +91,7 @@ class Gateway:
                 # next use when the loop has not yet seen its close: retried on a new one, not a 503
                 retry=AsyncRetry(ExponentialWithJitterBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), COMMAND_RETRIES),
             )
-            self.redis = aioredis.Redis(connection_pool=pool)
+            self.redis = aioredis.Redis.from_pool(pool)  # owns the pool: closing the client disconnects it
             # the one pub/sub connection: a pool of its own, so it never competes with the commands
             self._pubsub_redis = aioredis.Redis.from_url(url, decode_responses=True, max_connections=1)
         self.hub = (hub_factory or StreamHub)(self._pubsub_redis)
@@ -113,6 +113,8 @@ class Gateway:
             await self.hub.close()
             await self._pubsub_redis.aclose()
             await self.redis.aclose()
+            if self.settings.redis_url is not None:  # embedded: the in-process worker still uses that client
+                disconnect(self.runtime.redis)  # the sync side's (submit, load): the runtime is cached per process
 
     async def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
         """The library's sync code (submit, load, cancel) in a worker thread, off the event loop."""

@@ -147,6 +147,14 @@ def get_many(client: redis.Redis, keys: list[str]) -> list[str | None]:
     return cast(list[str | None], client.mget(keys))
 
 
+def disconnect(client: redis.Redis) -> None:
+    """Close a shared client's sockets (a server shutting down); it stays usable and reconnects on its next command."""
+    if isinstance(client, RedisCluster):
+        client.disconnect_connection_pools()
+    else:
+        client.connection_pool.disconnect()
+
+
 def first_contact(settings: Settings) -> None:
     """Reach Redis once within FIRST_CONTACT_S, else raise redis-py's ConnectionError (or TimeoutError).
 
