@@ -36,6 +36,7 @@ class RedisHealth:
         self.down_since: float | None = None
         self.last_error = ""
         self._watcher: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     @property
     def down(self) -> bool:
@@ -44,7 +45,10 @@ class RedisHealth:
     async def probe(self) -> bool:
         """Ping Redis once and record the answer; True when it answered."""
         try:
-            await asyncio.wait_for(self.client.ping(), self.timeout_s)
+            # not asyncio.wait_for: on 3.11 it returns the ping's answer when the task is cancelled as the answer
+            # arrives, and the watcher then never ends (the gateway's shutdown hung in `close`)
+            async with asyncio.timeout(self.timeout_s):
+                await self.client.ping()
         except UNREACHABLE as exc:
             self._saw_failure(exc)
             return False
@@ -66,18 +70,28 @@ class RedisHealth:
         )
 
     async def start(self) -> None:
+        self._stopping = asyncio.Event()  # a new one per start: an app's lifespan may run again, on another loop
         self._watcher = asyncio.create_task(self._watch(), name="stepq-redis-health")
 
-    async def close(self) -> None:
+    def stop(self) -> None:
+        """End the watcher: cancelled, and told to stop, since the client may swallow a cancellation that lands
+        inside its ping (redis-py's pool did, and the gateway's shutdown then hung in `close`)."""
+        self._stopping.set()
         if self._watcher is not None:
             self._watcher.cancel()
+
+    async def close(self) -> None:
+        self.stop()
+        if self._watcher is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
 
     async def _watch(self) -> None:
-        while True:  # the first ping at once: a Redis down at start is known before the first request
+        while not self._stopping.is_set():  # the first ping at once: a Redis down at start is known at once
             await self.probe()
-            await asyncio.sleep(PROBE_INTERVAL_S)  # the probe's period, not a synchronization
+            with contextlib.suppress(TimeoutError):  # the probe's period, or the stop
+                async with asyncio.timeout(PROBE_INTERVAL_S):
+                    await self._stopping.wait()
 
     def _saw_failure(self, exc: BaseException) -> None:
         self.last_error = type(exc).__name__

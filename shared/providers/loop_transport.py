@@ -348,16 +348,14 @@ class _Pool:
     ) -> _Connection:
         _, host, port = origin
         try:
-            _, conn = await asyncio.wait_for(
-                self.loop.create_connection(
+            async with asyncio.timeout(timeout):  # not wait_for, which on 3.11 can swallow the step's cancellation
+                _, conn = await self.loop.create_connection(
                     lambda: _Connection(self, origin),
                     host,
                     port,
                     ssl=context,
                     server_hostname=host if context else None,
-                ),
-                timeout,
-            )
+                )
         except TimeoutError as exc:
             raise httpx2.ConnectTimeout("The connect operation timed out", request=request) from exc
         except OSError as exc:
