@@ -61,10 +61,10 @@ class AnswersAsTheGatewayStops(aioredis.Redis):
         return answer
 
 
-def test_the_health_watcher_ends_when_cancelled_as_redis_answers(gw_settings):
+def test_the_health_watcher_ends_when_stopped_as_redis_answers(gw_settings):
     url = gateway_settings(gw_settings).redis_url
 
-    async def cancelled_as_answered() -> None:
+    async def stopped_as_answered() -> None:
         client = AnswersAsTheGatewayStops.from_url(url)
         health = client.health = RedisHealth(client, timeout_s=30)
         try:
@@ -77,4 +77,4 @@ def test_the_health_watcher_ends_when_cancelled_as_redis_answers(gw_settings):
         finally:
             await client.aclose()
 
-    asyncio.run(cancelled_as_answered())
+    asyncio.run(stopped_as_answered())
